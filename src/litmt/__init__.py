@@ -1,0 +1,21 @@
+"""litmt: Transformer machine translation on Lightning + Hydra with swappable attention."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litmt.errors import LitmtError
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `import litmt` stays light; `from litmt import Translator` loads the decoder stack.
+    if name == "Translator":
+        from litmt.translate import Translator
+
+        return Translator
+    raise AttributeError(f"module 'litmt' has no attribute {name!r}")
+
+
+__all__ = ["LitmtError", "Translator", "__version__"]

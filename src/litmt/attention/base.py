@@ -1,0 +1,161 @@
+"""The attention-kernel contract, support declarations and shared mask helpers.
+
+Letters used in shapes: B batch, Tq query length, Tk key length, H heads, D head dim.
+
+A kernel is a parameter-free ``nn.Module`` called as::
+
+    kernel(q, k, v, *, key_padding_mask=None, causal=False, dropout_p=0.0) -> out
+      q: (B, Tq, H, D)   k, v: (B, Tk, H, D)   out: (B, Tq, H, D)
+      key_padding_mask: (B, Tk) bool, True = padding (gets no attention), or None
+      causal: query i sees keys j <= i (only meaningful when Tq == Tk)
+
+Because kernels own no weights, a checkpoint trained with one exact backend runs with any
+other.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from litmt.errors import BackendError
+
+ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class BackendSupport:
+    """What a backend can serve. Checked when the model is built, not on the first batch."""
+
+    padding_mask: bool = True  # honours key_padding_mask
+    causal: bool = True  # honours causal=True
+    dropout: bool = True  # honours dropout_p > 0 in training
+    weights: bool = False  # can return attention weights (B, H, Tq, Tk)
+    devices: tuple[str, ...] = ("cpu", "cuda")  # torch device types it runs on
+    dtypes: tuple[torch.dtype, ...] = ALL_DTYPES  # input dtypes it accepts
+    exact: bool = True  # computes full softmax attention (parity with `math`)
+    packages: tuple[str, ...] = ()  # optional import names it needs
+    extra: str | None = None  # the pip extra that installs them
+    notes: str = ""  # one line shown in `litmt.attention.describe_backends()`
+    min_cuda_capability: tuple[int, int] | None = None  # e.g. (8, 0) for sm80+
+
+
+@dataclass
+class AttentionRequest:
+    """What a model site will ask of its kernel; used for build-time validation."""
+
+    causal: bool = False
+    padding_mask: bool = False
+    dropout: bool = False
+    need_weights: bool = False
+    device: str | torch.device | None = None
+    dtype: torch.dtype | None = None
+    site: str = "attention"
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class AttentionKernel(nn.Module):
+    """Base class of every backend. Subclasses set `name`, `support` and implement `forward`."""
+
+    name: ClassVar[str] = "base"
+    support: ClassVar[BackendSupport] = BackendSupport()
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__()
+        if options:
+            raise BackendError(
+                f"attention backend '{self.name}' takes no options, got {sorted(options)}"
+            )
+        self.import_packages()
+
+    # -- availability -------------------------------------------------------------------
+    @classmethod
+    def import_packages(cls) -> list[Any]:
+        """Import the optional packages this backend needs (lazily), or raise `BackendError`."""
+        modules = []
+        for pkg in cls.support.packages:
+            try:
+                modules.append(importlib.import_module(pkg))
+            except ImportError as exc:  # pragma: no cover - depends on the machine
+                extra = f"pip install 'litmt[{cls.support.extra}]'" if cls.support.extra else ""
+                raise BackendError(
+                    f"attention backend '{cls.name}' needs the '{pkg}' package, which is not "
+                    f"installed ({exc.__class__.__name__}); install it with {extra or 'pip'}"
+                ) from exc
+        return modules
+
+    def validate(self, request: AttentionRequest) -> None:
+        """Raise `BackendError` if this kernel cannot serve `request`."""
+        s, where = self.support, f"attention backend '{self.name}' (at {request.site})"
+        if request.device is not None:
+            dev = torch.device(request.device)
+            if dev.type not in s.devices:
+                raise BackendError(
+                    f"{where} runs only on {'/'.join(s.devices)}, not on '{dev.type}'; "
+                    f"choose attention=sdpa or attention=math there"
+                )
+            if dev.type == "cuda" and s.min_cuda_capability is not None:
+                if not torch.cuda.is_available():
+                    raise BackendError(f"{where} needs CUDA, which this machine does not have")
+                cap = torch.cuda.get_device_capability(dev)
+                if cap < s.min_cuda_capability:
+                    need = "sm{}{}".format(*s.min_cuda_capability)
+                    raise BackendError(
+                        f"{where} needs a GPU of {need} or newer, found sm{cap[0]}{cap[1]}"
+                    )
+        if request.dtype is not None and request.dtype not in s.dtypes:
+            names = ", ".join(str(d).replace("torch.", "") for d in s.dtypes)
+            raise BackendError(
+                f"{where} does not run in {str(request.dtype).replace('torch.', '')}; "
+                f"it supports {names} (set trainer.precision accordingly)"
+            )
+        if request.causal and not s.causal:
+            raise BackendError(f"{where} cannot do causal attention")
+        if request.padding_mask and not s.padding_mask:
+            raise BackendError(f"{where} cannot apply a key padding mask")
+        if request.dropout and not s.dropout:
+            raise BackendError(f"{where} does not support attention dropout; set it to 0")
+        if request.need_weights and not s.weights:
+            raise BackendError(
+                f"{where} is a fused kernel and cannot return attention weights; use 'math'"
+            )
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> Tensor:
+        """Attend `q` (B, Tq, H, D) over `k`, `v` (B, Tk, H, D); return (B, Tq, H, D)."""
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"name={self.name}"
+
+
+def safe_padding_mask(key_padding_mask: Tensor | None) -> Tensor | None:
+    """Un-mask rows whose keys are *all* padding, so softmax never sees an empty row.
+
+    Args:
+        key_padding_mask: (B, Tk) bool, True = padding, or None.
+
+    Returns:
+        (B, Tk) bool with fully padded rows set to False (their output is then finite
+        garbage at positions that are padding anyway), or None.
+    """
+    if key_padding_mask is None:
+        return None
+    return key_padding_mask & ~key_padding_mask.all(dim=-1, keepdim=True)
+
+
+def causal_mask(tq: int, tk: int, device: torch.device) -> Tensor:
+    """(Tq, Tk) bool, True where query i may see key j (j <= i + Tk - Tq)."""
+    return torch.ones(tq, tk, dtype=torch.bool, device=device).tril(diagonal=tk - tq)

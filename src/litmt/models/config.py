@@ -1,0 +1,156 @@
+"""`TransformerConfig`: the one typed description of a model, validated on construction.
+
+It is stored as a plain dict inside checkpoints (`to_dict` / `from_dict`), so a checkpoint
+can be read back without unpickling arbitrary objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from litmt.errors import ConfigError
+
+# Special token ids shared by the tokenizer and the model.
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "rope")
+ACTIVATIONS = ("relu", "gelu", "swiglu")
+ATTENTION_SITES = ("encoder_self", "decoder_self", "cross")
+
+
+@dataclass
+class AttentionConfig:
+    """Which kernel each attention site uses, with per-site options.
+
+    Override one site from the command line with e.g.
+    ``model.attention.encoder_self=local model.attention.encoder_self_options.window=64``.
+    """
+
+    encoder_self: str = "sdpa"  # encoder self-attention backend
+    decoder_self: str = "sdpa"  # decoder causal self-attention backend
+    cross: str = "sdpa"  # decoder→encoder cross-attention backend
+    encoder_self_options: dict[str, Any] = field(default_factory=dict)
+    decoder_self_options: dict[str, Any] = field(default_factory=dict)
+    cross_options: dict[str, Any] = field(default_factory=dict)
+
+    def backend(self, site: str) -> tuple[str, dict[str, Any]]:
+        """(name, options) of the kernel at `site` (one of `ATTENTION_SITES`)."""
+        return getattr(self, site), dict(getattr(self, f"{site}_options") or {})
+
+
+@dataclass
+class TransformerConfig:
+    """Hyper-parameters of a `Seq2SeqTransformer`. Invalid combinations raise `ConfigError`."""
+
+    src_vocab_size: int = 8000  # source vocabulary (the joint one when shared)
+    tgt_vocab_size: int | None = None  # target vocabulary; None = same as source (joint)
+    d_model: int = 512  # model width
+    n_heads: int = 8  # attention heads; d_model must be divisible by it
+    d_ff: int = 2048  # feed-forward inner width
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    dropout: float = 0.1  # residual and embedding dropout
+    attention_dropout: float = 0.0  # dropout on attention weights
+    activation_dropout: float = 0.0  # dropout after the FFN activation
+    activation: str = "relu"  # relu | gelu | swiglu
+    norm_first: bool = True  # pre-norm (True, stable) or post-norm (False, the 2017 paper)
+    positional: str = "sinusoidal"  # sinusoidal | learned | rope
+    max_positions: int = 1024  # longest sequence (learned table / sinusoid cache size)
+    share_embeddings: bool = True  # tie source and target embeddings (needs a joint vocab)
+    tie_output: bool = True  # tie the target embedding and the output projection
+    scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model)
+    bias: bool = True  # biases in linear layers
+    layer_norm_eps: float = 1e-5
+    pad_id: int = PAD_ID
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attention, dict):
+            self.attention = AttentionConfig(**_known(AttentionConfig, dict(self.attention)))
+        if self.tgt_vocab_size is None:
+            self.tgt_vocab_size = self.src_vocab_size
+        for name in (
+            "src_vocab_size",
+            "tgt_vocab_size",
+            "d_model",
+            "n_heads",
+            "d_ff",
+            "max_positions",
+        ):
+            if int(getattr(self, name)) <= 0:
+                raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
+        for name in ("n_encoder_layers", "n_decoder_layers"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"model.{name} must be at least 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}"
+            )
+        if self.positional not in POSITIONAL_ENCODINGS:
+            raise ConfigError(
+                f"unknown positional encoding '{self.positional}'; valid names: "
+                f"{', '.join(POSITIONAL_ENCODINGS)}"
+            )
+        if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
+            raise ConfigError("rope needs an even head dimension (d_model / n_heads)")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(
+                f"unknown activation '{self.activation}'; valid names: {', '.join(ACTIVATIONS)}"
+            )
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0.0 <= float(getattr(self, name)) < 1.0:
+                raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ConfigError(
+                "model.share_embeddings=true needs a joint vocabulary, but src_vocab_size="
+                f"{self.src_vocab_size} != tgt_vocab_size={self.tgt_vocab_size}; set "
+                "model.share_embeddings=false or train a joint tokenizer"
+            )
+        ids = {self.pad_id, self.bos_id, self.eos_id}
+        if len(ids) != 3 or max(ids) >= min(self.src_vocab_size, self.tgt_vocab_size):
+            raise ConfigError("pad/bos/eos ids must be distinct and inside both vocabularies")
+        from litmt.attention import list_backends  # local: keep config import-light
+
+        for site in ATTENTION_SITES:
+            name, _ = self.attention.backend(site)
+            if name not in list_backends():
+                raise ConfigError(
+                    f"unknown attention backend '{name}' for model.attention.{site}; "
+                    f"valid names: {', '.join(list_backends())}"
+                )
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head width D = d_model / n_heads."""
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-types dict (safe to store in a checkpoint)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
+        """Build from a dict (e.g. a checkpoint's or Hydra's); unknown keys raise `ConfigError`."""
+        data = dict(data)
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigError(
+                f"unknown model config keys {sorted(unknown)}; valid keys: "
+                f"{', '.join(f.name for f in fields(cls))}"
+            )
+        return cls(**data)
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    valid = {f.name for f in fields(cls)}
+    unknown = set(data) - valid
+    if unknown:
+        raise ConfigError(
+            f"unknown keys {sorted(unknown)} in model.attention; valid keys: {', '.join(sorted(valid))}"
+        )
+    return {
+        k: (dict(v) if k.endswith("_options") and v is not None else v) for k, v in data.items()
+    }
