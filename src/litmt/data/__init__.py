@@ -1,0 +1,1 @@
+"""Data: tokenizer (sentencepiece), corpus loading (datasets), bucketing sampler, DataModule."""
