@@ -1,0 +1,218 @@
+"""Self-contained, safe checkpoints.
+
+A litmt checkpoint is a Lightning `.ckpt` whose extra key ``"litmt"`` holds everything needed
+to rebuild the translator without the training config:
+
+    {"format": 1, "model_config": dict, "tokenizer": {"src_model": bytes, "tgt_model": bytes | None},
+     "src_lang": str, "tgt_lang": str}
+
+Only plain types and tensors are stored, so files load with ``torch.load(weights_only=True)``:
+loading never executes code from the file. Saves are atomic (temporary file, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from litmt.data.tokenizer import Tokenizer
+from litmt.errors import CheckpointError
+from litmt.models import Seq2SeqTransformer, TransformerConfig
+
+FORMAT_VERSION = 1
+META_KEY = "litmt"
+MODEL_PREFIX = "model."
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """`torch.save` to a temporary file in the same directory, fsync, then rename over `path`.
+
+    A crash or kill during the write leaves any previous file at `path` intact.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint dict safely (``weights_only=True``), with clear errors.
+
+    Raises:
+        CheckpointError: missing, truncated/corrupt, or containing pickled code.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(
+            f"checkpoint not found: {path} (pass ckpt_path=<path to a .ckpt file>)"
+        )
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes); the save was interrupted")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "unsafe content"
+        if "Weights only load failed" in str(exc) or "Unsupported" in str(exc):
+            raise CheckpointError(
+                f"refusing to load {path}: it contains pickled objects other than tensors and "
+                "plain types, which could run code; only load checkpoints you trust with litmt's format"
+            ) from exc
+        raise CheckpointError(f"checkpoint {path} is corrupt ({first})") from exc
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({first[:160]})") from exc
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise CheckpointError(f"{path} is not a litmt checkpoint (no state_dict)")
+    if META_KEY not in ckpt:
+        raise CheckpointError(
+            f"{path} is not a litmt checkpoint (no '{META_KEY}' metadata: model config and tokenizer)"
+        )
+    if ckpt[META_KEY].get("format") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format {ckpt[META_KEY].get('format')}, this litmt reads {FORMAT_VERSION}"
+        )
+    return ckpt
+
+
+def model_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The `Seq2SeqTransformer` weights of a Lightning checkpoint (prefix stripped)."""
+    sd = ckpt["state_dict"]
+    return {k[len(MODEL_PREFIX) :]: v for k, v in sd.items() if k.startswith(MODEL_PREFIX)}
+
+
+def average_state_dicts(state_dicts: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Element-wise mean of several state dicts with identical keys and shapes (float tensors)."""
+    if not state_dicts:
+        raise CheckpointError("no checkpoints to average")
+    keys = set(state_dicts[0])
+    for i, sd in enumerate(state_dicts[1:], start=1):
+        if set(sd) != keys or any(sd[k].shape != state_dicts[0][k].shape for k in keys):
+            raise CheckpointError(
+                f"checkpoint #{i + 1} has different weights than #1 (another model config); "
+                "only checkpoints of one run can be averaged"
+            )
+    out = {}
+    for k in state_dicts[0]:
+        t = state_dicts[0][k]
+        if t.is_floating_point():
+            out[k] = sum(sd[k].double() for sd in state_dicts).div(len(state_dicts)).to(t.dtype)
+        else:
+            out[k] = t.clone()
+    return out
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for decoding, with its tokenizer and checkpoint metadata."""
+
+    model: Seq2SeqTransformer
+    tokenizer: Tokenizer
+    src_lang: str
+    tgt_lang: str
+    meta: dict[str, Any]
+
+
+def load_model(
+    paths: str | Path | Sequence[str | Path],
+    map_location: str | torch.device = "cpu",
+    *,
+    attention: str | None = None,
+) -> LoadedModel:
+    """Rebuild the model (weights averaged over several checkpoints) and tokenizer.
+
+    Args:
+        paths: one checkpoint path or a list (weights are averaged; metadata of the first).
+        map_location: device to load tensors to.
+        attention: override every attention site with this backend (e.g. "math"); None keeps
+            the backends the checkpoint was trained with.
+    """
+    path_list = [paths] if isinstance(paths, str | Path) else list(paths)
+    if not path_list:
+        raise CheckpointError("no checkpoint given (pass ckpt_path=<path to a .ckpt file>)")
+    ckpts = [load_checkpoint(p, map_location) for p in path_list]
+    meta = ckpts[0][META_KEY]
+    for p, c in zip(path_list[1:], ckpts[1:], strict=True):
+        if (
+            c[META_KEY]["model_config"] != meta["model_config"]
+            or c[META_KEY]["tokenizer"] != meta["tokenizer"]
+        ):
+            raise CheckpointError(
+                f"{p} has another model config or tokenizer than {path_list[0]}; "
+                "only checkpoints of one run can be averaged"
+            )
+    config = TransformerConfig.from_dict(meta["model_config"])
+    if attention is not None:
+        for site in ("encoder_self", "decoder_self", "cross"):
+            setattr(config.attention, site, attention)
+            setattr(config.attention, f"{site}_options", {})
+    model = Seq2SeqTransformer(config)
+    states = [model_state_dict(c) for c in ckpts]
+    state = states[0] if len(states) == 1 else average_state_dicts(states)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise CheckpointError(
+            f"weights in {path_list[0]} do not match its model config: {str(exc).splitlines()[0]}"
+        ) from exc
+    model.to(map_location).eval()
+    tokenizer = Tokenizer.from_dict(meta["tokenizer"])
+    if (
+        tokenizer.src_vocab_size != config.src_vocab_size
+        or tokenizer.tgt_vocab_size != config.tgt_vocab_size
+    ):
+        raise CheckpointError(
+            f"{path_list[0]}: tokenizer vocabulary ({tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size}) "
+            f"does not match the model's ({config.src_vocab_size}/{config.tgt_vocab_size})"
+        )
+    return LoadedModel(model, tokenizer, meta["src_lang"], meta["tgt_lang"], meta)
+
+
+def make_meta(
+    config: TransformerConfig, tokenizer: Tokenizer, src_lang: str, tgt_lang: str
+) -> dict[str, Any]:
+    """The ``"litmt"`` entry written into every checkpoint."""
+    return {
+        "format": FORMAT_VERSION,
+        "model_config": config.to_dict(),
+        "tokenizer": tokenizer.to_dict(),
+        "src_lang": src_lang,
+        "tgt_lang": tgt_lang,
+    }
+
+
+def save_model_checkpoint(
+    path: str | Path,
+    model: Seq2SeqTransformer,
+    tokenizer: Tokenizer,
+    src_lang: str,
+    tgt_lang: str,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write a minimal litmt checkpoint (weights + metadata, no optimiser state), atomically.
+
+    Used for averaged checkpoints and tests; training writes full Lightning checkpoints with
+    the same ``state_dict`` prefix and ``"litmt"`` entry.
+    """
+    ckpt = {
+        "state_dict": {MODEL_PREFIX + k: v.detach().cpu() for k, v in model.state_dict().items()},
+        META_KEY: make_meta(model.config, tokenizer, src_lang, tgt_lang),
+        **(extra or {}),
+    }
+    atomic_save(ckpt, path)
+    return Path(path)
