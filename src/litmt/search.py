@@ -1,0 +1,295 @@
+"""Greedy and batched beam search over `Seq2SeqTransformer.decode_step` (KV-cache decoding).
+
+Shapes: B sentences, K beam size, S source length, t tokens generated so far, V target
+vocabulary, L longest allowed hypothesis (tokens, eos excluded).
+
+Conventions shared by both searches:
+
+- A hypothesis is a list of target ids *without* bos and eos.
+- Its length |y| for the length penalty counts the generated tokens *including* eos.
+- Score = log P(y, eos | x) / lp(|y|) with the GNMT penalty lp(n) = ((5 + n) / 6) ** alpha
+  (alpha = ``length_penalty``; 0 ranks by raw log-probability).
+- A sentence may produce at most ``max_len = min(floor(a * src_len + b), max_positions - 1)``
+  tokens before eos (src_len = non-pad source tokens); at that point eos is forced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from litmt.errors import ConfigError
+from litmt.models import Seq2SeqTransformer
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Hypothesis:
+    """One finished translation.
+
+    Attributes:
+        tokens: target ids without bos/eos.
+        score: length-normalised log-probability (the ranking score).
+        log_prob: total log-probability of tokens + eos.
+    """
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+
+
+def length_penalty_factor(length: Tensor | float, alpha: float) -> Tensor | float:
+    """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_lengths(
+    src: Tensor, pad_id: int, max_positions: int, max_len_a: float, max_len_b: int
+) -> Tensor:
+    """Per-sentence output budget (B,) long: min(floor(a * src_len + b), max_positions - 1)."""
+    src_len = src.ne(pad_id).sum(dim=1).to(torch.float64)  # (B,)
+    budget = torch.floor(src_len * max_len_a + max_len_b).long()
+    return budget.clamp(min=0, max=max_positions - 1)
+
+
+def _check(model: Seq2SeqTransformer, src: Tensor) -> None:
+    if src.dim() != 2:
+        raise ValueError(f"src must be (B, S) token ids, got shape {tuple(src.shape)}")
+    if src.size(1) > model.config.max_positions:
+        raise ConfigError(
+            f"source of {src.size(1)} tokens exceeds the model's max_positions="
+            f"{model.config.max_positions}; truncate the input"
+        )
+
+
+@torch.no_grad()
+def greedy_search(
+    model: Seq2SeqTransformer,
+    src: Tensor,
+    *,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    length_penalty: float = 1.0,
+) -> list[Hypothesis]:
+    """Batched greedy decoding; stops as soon as every row has emitted eos.
+
+    Args:
+        model: the model, in eval mode.
+        src: (B, S) source ids, right-padded with `pad_id`.
+        max_len_a, max_len_b: output budget a * src_len + b (see module docstring).
+        length_penalty: alpha, used only for the reported `score`.
+
+    Returns:
+        One `Hypothesis` per source row, in input order.
+    """
+    _check(model, src)
+    cfg = model.config
+    bsz, device = src.size(0), src.device
+    if bsz == 0:
+        return []
+    budget = max_lengths(src, cfg.pad_id, cfg.max_positions, max_len_a, max_len_b).to(device)
+    memory, mask = model.encode(src)
+    state = model.init_state(memory, mask)
+    tokens = torch.full((bsz,), cfg.bos_id, dtype=torch.long, device=device)  # (B,)
+    out = torch.full((bsz, int(budget.max()) + 1), cfg.pad_id, dtype=torch.long, device=device)
+    finished = torch.zeros(bsz, dtype=torch.bool, device=device)  # (B,)
+    log_prob = torch.zeros(bsz, dtype=torch.float32, device=device)  # (B,)
+    lengths = torch.zeros(bsz, dtype=torch.long, device=device)  # (B,) incl. eos
+    vocab_ids = torch.arange(cfg.tgt_vocab_size, device=device)  # (V,)
+    for step in range(out.size(1)):
+        logp = F.log_softmax(model.decode_step(tokens, state).float(), dim=-1)  # (B, V)
+        force_eos = budget.eq(step)[:, None] & (vocab_ids != cfg.eos_id)  # (B, V)
+        logp = logp.masked_fill(force_eos, NEG_INF)  # at the budget only eos is allowed
+        tokens = logp.argmax(dim=-1)  # (B,)
+        tokens = tokens.masked_fill(finished, cfg.pad_id)
+        log_prob += logp.gather(1, tokens[:, None])[:, 0].masked_fill(finished, 0.0)
+        lengths += (~finished).long()
+        out[:, step] = tokens
+        finished |= tokens.eq(cfg.eos_id)
+        if bool(finished.all()):  # the one host sync per step
+            break
+    score = log_prob / length_penalty_factor(lengths.float(), length_penalty)
+    rows, lps, scs, lens = out.tolist(), log_prob.tolist(), score.tolist(), lengths.tolist()
+    # row[: n - 1] drops eos and the padding after it
+    return [Hypothesis(rows[i][: lens[i] - 1], scs[i], lps[i]) for i in range(bsz)]
+
+
+@torch.no_grad()
+def beam_search(
+    model: Seq2SeqTransformer,
+    src: Tensor,
+    *,
+    beam_size: int = 5,
+    length_penalty: float = 1.0,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    n_best: int = 1,
+) -> list[list[Hypothesis]]:
+    """Batched beam search with a KV cache, GNMT length penalty and n-best output.
+
+    Each step scores the K*V continuations of every sentence's K live beams, keeps the 2K
+    best: eos candidates among the top K become finished hypotheses (kept, per sentence, in a
+    device buffer of the K best by normalised score), the K best non-eos candidates live on.
+
+    Stopping criterion, per sentence: it is done when (a) it has K finished hypotheses (the
+    usual rule of fairseq/Marian, which makes K = 1 identical to greedy), or (b) its n-th best
+    finished score already beats the best score any live beam could still reach (its
+    log-probability can only fall, and lp grows at most to lp(max_len + 1) when alpha > 0),
+    or (c) it reached its length budget (eos forced). Done sentences are dropped from the
+    batch (cache rows included); the search ends when every sentence is done.
+
+    Args:
+        model: the model, in eval mode.
+        src: (B, S) source ids, right-padded with `pad_id`.
+        beam_size: K.
+        length_penalty: alpha of the GNMT penalty.
+        max_len_a, max_len_b: output budget a * src_len + b.
+        n_best: hypotheses returned per sentence (<= K), best first.
+
+    Returns:
+        For each source row, `n_best` hypotheses sorted by decreasing score.
+    """
+    _check(model, src)
+    if beam_size < 1:
+        raise ConfigError(f"beam_size must be at least 1, got {beam_size}")
+    if not 1 <= n_best <= beam_size:
+        raise ConfigError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
+    cfg = model.config
+    bsz, k, device = src.size(0), beam_size, src.device
+    if bsz == 0:
+        return []
+    vocab = model.config.tgt_vocab_size
+    if 2 * k > vocab:
+        raise ConfigError(f"beam_size={k} is too large for a target vocabulary of {vocab}")
+    budget = max_lengths(src, cfg.pad_id, cfg.max_positions, max_len_a, max_len_b).to(device)
+    max_steps = int(budget.max()) + 1
+
+    memory, mask = model.encode(src)  # (B, S, C), (B, S)
+    rows = torch.arange(bsz, device=device).repeat_interleave(k)  # (B*K,)
+    state = model.init_state(memory.index_select(0, rows), mask.index_select(0, rows))
+
+    # Finished hypotheses of every sentence (global, indexed by original sentence id).
+    fin_score = torch.full((bsz, k), NEG_INF, device=device)  # (B, K) normalised
+    fin_logp = torch.full((bsz, k), NEG_INF, device=device)  # (B, K)
+    fin_tokens = torch.full((bsz, k, max_steps), cfg.pad_id, dtype=torch.long, device=device)
+    fin_len = torch.zeros((bsz, k), dtype=torch.long, device=device)  # tokens, eos excluded
+
+    # Live state of the still-active sentences (b of them).
+    active = torch.arange(bsz, device=device)  # (b,) original ids
+    scores = torch.full((bsz, k), NEG_INF, device=device)  # (b, K) cumulative log-probs
+    scores[:, 0] = 0.0  # only beam 0 is real at the start
+    history = torch.empty((bsz * k, 0), dtype=torch.long, device=device)  # (b*K, t)
+    last = torch.full((bsz * k,), cfg.bos_id, dtype=torch.long, device=device)  # (b*K,)
+    arange_2k = torch.arange(2 * k, device=device)  # (2K,)
+    vocab_ids = torch.arange(vocab, device=device)  # (V,)
+    lp_max = length_penalty_factor(budget.double() + 1, length_penalty).float()  # (B,)
+
+    for step in range(max_steps):
+        b = active.numel()
+        logp = F.log_softmax(model.decode_step(last, state).float(), dim=-1)  # (b*K, V)
+        force_eos = budget[active].eq(step).repeat_interleave(k)[:, None] & (
+            vocab_ids != cfg.eos_id
+        )
+        logp = logp.masked_fill(force_eos, NEG_INF)  # (b*K, V); at the budget only eos
+        cand = (scores[:, :, None] + logp.view(b, k, vocab)).view(b, k * vocab)  # (b, K*V)
+        top_val, top_idx = cand.topk(2 * k, dim=1)  # (b, 2K)
+        top_beam, top_tok = top_idx // vocab, top_idx % vocab  # (b, 2K)
+        is_eos = top_tok.eq(cfg.eos_id)  # (b, 2K)
+
+        # -- finish: eos candidates among the top K, merged into each sentence's buffer.
+        new_fin = is_eos[:, :k] & torch.isfinite(top_val[:, :k])  # (b, K)
+        n_tok = step + 1  # generated tokens incl. eos
+        new_score = torch.where(
+            new_fin, top_val[:, :k] / length_penalty_factor(float(n_tok), length_penalty), NEG_INF
+        )  # (b, K)
+        src_rows = (torch.arange(b, device=device)[:, None] * k + top_beam[:, :k]).view(-1)
+        new_tokens = history.index_select(0, src_rows).view(b, k, step)  # (b, K, t)
+        new_tokens = F.pad(new_tokens, (0, max_steps - step), value=cfg.pad_id)  # (b, K, L+1)
+        all_score = torch.cat([fin_score[active], new_score], dim=1)  # (b, 2K)
+        keep_score, keep = all_score.topk(k, dim=1)  # (b, K)
+        all_logp = torch.cat([fin_logp[active], top_val[:, :k]], dim=1)  # (b, 2K)
+        all_tokens = torch.cat([fin_tokens[active], new_tokens], dim=1)  # (b, 2K, L+1)
+        new_len = torch.full((b, k), step, dtype=torch.long, device=device)
+        all_len = torch.cat([fin_len[active], new_len], dim=1)  # (b, 2K)
+        fin_score[active] = keep_score
+        fin_logp[active] = all_logp.gather(1, keep)
+        fin_len[active] = all_len.gather(1, keep)
+        fin_tokens[active] = all_tokens.gather(1, keep[:, :, None].expand(-1, -1, max_steps))
+
+        # -- continue: the K best non-eos candidates (there are at least K among 2K).
+        order = arange_2k + is_eos.long() * 2 * k  # eos candidates sort last
+        live = order.topk(k, dim=1, largest=False).indices  # (b, K)
+        scores = top_val.gather(1, live)  # (b, K)
+        beam = top_beam.gather(1, live)  # (b, K)
+        last = top_tok.gather(1, live).view(-1)  # (b*K,)
+        reorder = (torch.arange(b, device=device)[:, None] * k + beam).view(-1)  # (b*K,)
+        history = torch.cat([history.index_select(0, reorder), last[:, None]], dim=1)
+        state.reorder(reorder, cross=False)  # beams stay within their sentence
+
+        # -- stop test: one host sync per step.
+        n_done_fin = torch.isfinite(keep_score).sum(dim=1)  # (b,)
+        best_live = scores.max(dim=1).values  # (b,)
+        if length_penalty > 0:
+            reachable = best_live / lp_max[active]
+        else:  # lp shrinks or stays with length: the next step's lp is the most favourable
+            reachable = best_live / length_penalty_factor(float(n_tok + 1), length_penalty)
+        beaten = keep_score[:, n_best - 1] >= reachable  # (b,) False while < n_best finished
+        done = (n_done_fin >= k) | beaten | budget[active].le(step) | ~torch.isfinite(best_live)
+        n_done = int(done.sum())
+        if n_done == b:
+            break
+        if n_done:
+            keep_rows = (~done).nonzero().squeeze(1)  # (b',)
+            active = active.index_select(0, keep_rows)
+            scores = scores.index_select(0, keep_rows)
+            beam_rows = (keep_rows[:, None] * k + torch.arange(k, device=device)).view(-1)
+            history = history.index_select(0, beam_rows)
+            last = last.index_select(0, beam_rows)
+            state.reorder(beam_rows, cross=True)
+
+    results: list[list[Hypothesis]] = []
+    for i in range(bsz):
+        hyps = []
+        for j in range(n_best):
+            s = float(fin_score[i, j])
+            if s == NEG_INF:
+                break
+            n = int(fin_len[i, j])
+            hyps.append(Hypothesis(fin_tokens[i, j, :n].tolist(), s, float(fin_logp[i, j])))
+        results.append(hyps)
+    return results
+
+
+def generate(
+    model: Seq2SeqTransformer,
+    src: Tensor,
+    *,
+    beam_size: int = 1,
+    length_penalty: float = 1.0,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+) -> list[list[int]]:
+    """Best hypothesis token ids per source row (greedy when `beam_size` is 1).
+
+    Args:
+        src: (B, S) source ids, right-padded.
+
+    Returns:
+        B lists of target ids without bos/eos.
+    """
+    if beam_size == 1:
+        hyps = greedy_search(model, src, max_len_a=max_len_a, max_len_b=max_len_b)
+        return [h.tokens for h in hyps]
+    nbest = beam_search(
+        model,
+        src,
+        beam_size=beam_size,
+        length_penalty=length_penalty,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+    )
+    return [h[0].tokens if h else [] for h in nbest]

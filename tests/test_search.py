@@ -1,0 +1,198 @@
+"""Greedy and beam search against naive full-recomputation references on tiny random models."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from litmt.errors import ConfigError
+from litmt.models import EOS_ID, PAD_ID, Seq2SeqTransformer, TransformerConfig
+from litmt.search import beam_search, generate, greedy_search, length_penalty_factor, max_lengths
+
+VOCAB = 40
+
+
+def tiny_model(seed: int = 0, eos_boost: float = 2.5, **kw) -> Seq2SeqTransformer:
+    """A random model whose eos is likely enough that hypotheses end at varied lengths."""
+    torch.manual_seed(seed)
+    cfg = dict(
+        src_vocab_size=VOCAB,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        dropout=0.0,
+        max_positions=64,
+    )
+    cfg.update(kw)
+    model = Seq2SeqTransformer(TransformerConfig(**cfg)).eval()
+    with torch.no_grad():
+        model.tgt_embed.weight[EOS_ID] *= eos_boost  # tied output: raises eos logits
+    return model
+
+
+def sources(n: int = 6, s: int = 9, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (n, s), generator=g)
+    for i in range(n):
+        src[i, s - i :] = PAD_ID  # varied lengths, row 0 unpadded
+    return src
+
+
+@torch.no_grad()
+def full_logprobs(model, src_row: torch.Tensor, prefix: list[int]) -> torch.Tensor:
+    """log P(. | prefix) by a full forward pass (no cache): (V,)."""
+    tgt = torch.tensor([[model.config.bos_id, *prefix]])
+    logits = model(src_row[None], tgt)[0, -1]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def naive_greedy(model, src_row, budget: int) -> list[int]:
+    out: list[int] = []
+    for step in range(budget + 1):
+        logp = full_logprobs(model, src_row, out)
+        tok = EOS_ID if step == budget else int(logp.argmax())
+        if tok == EOS_ID:
+            return out
+        out.append(tok)
+    raise AssertionError("unreachable")
+
+
+def naive_beam(model, src_row, budget: int, k: int, alpha: float, n_best: int):
+    """Per-sentence beam search with full recomputation and plain Python bookkeeping."""
+    live = [(0.0, [])]  # (log-prob, tokens)
+    finished: list[tuple[float, float, list[int]]] = []  # (score, log-prob, tokens)
+    for step in range(budget + 1):
+        cands = []
+        for lp, toks in live:
+            logp = full_logprobs(model, src_row, toks)
+            if step == budget:
+                cands.append((lp + float(logp[EOS_ID]), toks, EOS_ID))
+                continue
+            for tok in range(logp.numel()):
+                cands.append((lp + float(logp[tok]), toks, tok))
+        cands.sort(key=lambda c: -c[0])
+        cands = cands[: 2 * k]
+        for total, toks, tok in cands[:k]:
+            if tok == EOS_ID:
+                finished.append((total / ((5 + step + 1) / 6) ** alpha, total, toks))
+        finished.sort(key=lambda f: -f[0])
+        finished = finished[:k]
+        live = [(total, [*toks, tok]) for total, toks, tok in cands if tok != EOS_ID][:k]
+        if len(finished) >= k or step == budget or not live:
+            break
+        best = max(lp for lp, _ in live)
+        reach = best / ((5 + budget + 1) / 6) ** alpha if alpha > 0 else best
+        if len(finished) >= n_best and finished[n_best - 1][0] >= reach:
+            break
+    return finished[:n_best]
+
+
+def budgets(model, src, a=1.2, b=10):
+    return max_lengths(src, PAD_ID, model.config.max_positions, a, b).tolist()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_size_one_equals_greedy(seed):
+    model = tiny_model(seed)
+    src = sources(8, seed=seed + 10)
+    greedy = greedy_search(model, src)
+    beam = beam_search(model, src, beam_size=1)
+    lengths = {len(h.tokens) for h in greedy}
+    assert len(lengths) > 1, "test model should stop at varied lengths"
+    for g, (b,) in zip(greedy, beam, strict=True):
+        assert b.tokens == g.tokens
+        assert b.log_prob == pytest.approx(g.log_prob, abs=1e-4)
+        assert b.score == pytest.approx(g.score, abs=1e-4)
+    assert generate(model, src, beam_size=1) == [h.tokens for h in greedy]
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "rope"])
+def test_cached_greedy_equals_full_recomputation(positional):
+    model = tiny_model(3, positional=positional)
+    src = sources(5)
+    hyps = greedy_search(model, src, max_len_a=1.0, max_len_b=4)
+    for i, budget in enumerate(budgets(model, src, 1.0, 4)):
+        row = src[i][src[i] != PAD_ID]
+        assert hyps[i].tokens == naive_greedy(model, row, budget)
+
+
+@pytest.mark.parametrize(("k", "alpha", "n_best"), [(3, 1.0, 3), (4, 0.0, 2), (2, 0.6, 1)])
+def test_cached_beam_equals_naive_full_recomputation(k, alpha, n_best):
+    model = tiny_model(4)
+    src = sources(4)
+    got = beam_search(model, src, beam_size=k, length_penalty=alpha, n_best=n_best, max_len_b=3)
+    for i, budget in enumerate(budgets(model, src, 1.2, 3)):
+        row = src[i][src[i] != PAD_ID]
+        ref = naive_beam(model, row, budget, k, alpha, n_best)
+        assert [h.tokens for h in got[i]] == [toks for _, _, toks in ref]
+        for h, (score, logp, _) in zip(got[i], ref, strict=True):
+            assert h.score == pytest.approx(score, abs=1e-4)
+            assert h.log_prob == pytest.approx(logp, abs=1e-4)
+
+
+def test_nbest_lists_are_sorted_and_scores_are_consistent():
+    model = tiny_model(5)
+    src = sources(6)
+    alpha = 0.8
+    nbest = beam_search(model, src, beam_size=5, n_best=5, length_penalty=alpha)
+    for hyps in nbest:
+        assert len(hyps) == 5
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 5  # distinct hypotheses
+        for h in hyps:
+            lp = length_penalty_factor(len(h.tokens) + 1, alpha)
+            assert h.score == pytest.approx(h.log_prob / lp, rel=1e-5)
+            assert EOS_ID not in h.tokens and PAD_ID not in h.tokens
+
+
+def test_beam_scores_match_the_model_probability_of_the_hypothesis():
+    model = tiny_model(6)
+    src = sources(3)
+    for i, hyps in enumerate(beam_search(model, src, beam_size=3, n_best=3)):
+        row = src[i][src[i] != PAD_ID]
+        for h in hyps:
+            logp = sum(
+                float(full_logprobs(model, row, h.tokens[:j])[tok])
+                for j, tok in enumerate([*h.tokens, EOS_ID])
+            )
+            assert h.log_prob == pytest.approx(logp, abs=1e-4)
+
+
+def test_beam_search_is_batch_independent():
+    model = tiny_model(7)
+    src = sources(6)
+    batched = beam_search(model, src, beam_size=4, n_best=2)
+    for i in range(src.size(0)):
+        row = src[i : i + 1, : int(src[i].ne(PAD_ID).sum())]
+        alone = beam_search(model, row, beam_size=4, n_best=2)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]
+
+
+def test_max_length_is_a_times_src_len_plus_b_clamped():
+    model = tiny_model(9, eos_boost=0.0)  # eos never wins: every hypothesis hits the budget
+    src = sources(4)
+    src_len = src.ne(PAD_ID).sum(1).tolist()
+    for hyp, n in zip(greedy_search(model, src, max_len_a=0.5, max_len_b=2), src_len, strict=True):
+        assert len(hyp.tokens) == math.floor(0.5 * n + 2)
+    for hyps, n in zip(
+        beam_search(model, src, beam_size=3, max_len_a=1.0, max_len_b=1), src_len, strict=True
+    ):
+        assert len(hyps[0].tokens) == n + 1
+    long = beam_search(model, src[:1], beam_size=2, max_len_a=10.0, max_len_b=100)
+    assert len(long[0][0].tokens) == model.config.max_positions - 1
+
+
+def test_bad_search_options_raise_config_errors():
+    model = tiny_model(0)
+    src = sources(2)
+    with pytest.raises(ConfigError, match="n_best must be between 1 and beam_size=2"):
+        beam_search(model, src, beam_size=2, n_best=3)
+    with pytest.raises(ConfigError, match="beam_size must be at least 1"):
+        beam_search(model, src, beam_size=0)
+    with pytest.raises(ConfigError, match="exceeds the model's max_positions=64"):
+        greedy_search(model, torch.randint(4, VOCAB, (1, 70)))
