@@ -1,0 +1,126 @@
+"""Tokenised examples as a torch Dataset, and the collate function that pads them.
+
+Shapes: B sentences in a batch, S longest source, T longest target + 1 (bos/eos).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from litmt.models.config import BOS_ID, EOS_ID, PAD_ID
+
+_EMPTY_SRC = np.array([EOS_ID], dtype=np.int64)
+Example = tuple[int, np.ndarray, np.ndarray]  # (index in split, source ids, target ids)
+
+
+class TokenizedPairs(Dataset):
+    """Source/target token ids stored flat (values + offsets), cheap to share with workers.
+
+    Args:
+        src_values, src_offsets: concatenated source ids and (N+1,) row offsets.
+        tgt_values, tgt_offsets: the same for the target (ids without bos/eos).
+        indices: (N,) index of each example in its split (differs from the position only
+            when training examples were filtered out).
+        max_src_len: truncate sources to this many tokens (None = keep).
+        max_tgt_len: truncate targets to this many tokens (None = keep).
+    """
+
+    def __init__(
+        self,
+        src_values: np.ndarray,
+        src_offsets: np.ndarray,
+        tgt_values: np.ndarray,
+        tgt_offsets: np.ndarray,
+        indices: np.ndarray | None = None,
+        max_src_len: int | None = None,
+        max_tgt_len: int | None = None,
+    ) -> None:
+        self.src_values, self.src_offsets = src_values, np.asarray(src_offsets, dtype=np.int64)
+        self.tgt_values, self.tgt_offsets = tgt_values, np.asarray(tgt_offsets, dtype=np.int64)
+        n = len(self.src_offsets) - 1
+        self.indices = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices)
+        self.max_src_len, self.max_tgt_len = max_src_len, max_tgt_len
+
+    @classmethod
+    def from_lists(
+        cls, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], **kwargs: object
+    ) -> TokenizedPairs:
+        """Build from python lists of ids (tests, small data)."""
+
+        def flat(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+            offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+            offsets[1:] = np.cumsum([len(r) for r in rows])
+            values = np.fromiter((i for r in rows for i in r), dtype=np.int32, count=offsets[-1])
+            return values, offsets
+
+        return cls(*flat(src), *flat(tgt), **kwargs)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def src_lengths(self) -> np.ndarray:
+        """(N,) source tensor lengths (after truncation)."""
+        lens = np.diff(self.src_offsets)
+        return lens if self.max_src_len is None else np.minimum(lens, self.max_src_len)
+
+    def tgt_lengths(self) -> np.ndarray:
+        """(N,) target tensor lengths: tokens (after truncation) + 1 for bos/eos."""
+        lens = np.diff(self.tgt_offsets)
+        lens = lens if self.max_tgt_len is None else np.minimum(lens, self.max_tgt_len)
+        return lens + 1
+
+    def __getitem__(self, pos: int) -> Example:
+        s = self.src_values[self.src_offsets[pos] : self.src_offsets[pos + 1]]
+        t = self.tgt_values[self.tgt_offsets[pos] : self.tgt_offsets[pos + 1]]
+        if self.max_src_len is not None:
+            s = s[: self.max_src_len]
+        if self.max_tgt_len is not None:
+            t = t[: self.max_tgt_len]
+        return int(self.indices[pos]), s, t
+
+
+def collate(examples: Sequence[Example]) -> dict[str, Tensor | int]:
+    """Pad a list of examples into a batch.
+
+    Returns:
+        dict with
+        - `src` (B, S) long, right-padded with PAD=0 (no bos/eos; an empty source is [eos]);
+        - `tgt_in` (B, T) long = bos + y, right-padded; `tgt_out` (B, T) long = y + eos;
+        - `src_padding_mask` (B, S) / `tgt_padding_mask` (B, T) bool, True = padding;
+        - `src_lengths`, `tgt_lengths` (B,) long (target length counts the bos/eos);
+        - `index` (B,) long, each example's index in its split;
+        - `ntokens` python int, the number of non-pad target tokens (= tgt_lengths.sum()).
+    """
+    b = len(examples)
+    # an empty source (possible in valid/test, never filtered) becomes one eos so that no
+    # row of the encoder's key padding mask is all padding
+    examples = [(i, s if len(s) else _EMPTY_SRC, t) for i, s, t in examples]
+    src_len = torch.tensor([len(e[1]) for e in examples], dtype=torch.long)
+    tgt_len = torch.tensor([len(e[2]) + 1 for e in examples], dtype=torch.long)
+    src = torch.full((b, max(int(src_len.max()), 1)), PAD_ID, dtype=torch.long)  # (B, S)
+    tgt_in = torch.full((b, int(tgt_len.max())), PAD_ID, dtype=torch.long)  # (B, T)
+    tgt_out = torch.full_like(tgt_in, PAD_ID)  # (B, T)
+    for i, (_, s, t) in enumerate(examples):
+        n = len(t)
+        src[i, : len(s)] = torch.from_numpy(np.asarray(s, dtype=np.int64))
+        y = torch.from_numpy(np.asarray(t, dtype=np.int64))
+        tgt_in[i, 0] = BOS_ID
+        tgt_in[i, 1 : n + 1] = y
+        tgt_out[i, :n] = y
+        tgt_out[i, n] = EOS_ID
+    return {
+        "src": src,
+        "tgt_in": tgt_in,
+        "tgt_out": tgt_out,
+        "src_padding_mask": src.eq(PAD_ID),
+        "tgt_padding_mask": tgt_out.eq(PAD_ID),
+        "src_lengths": src_len,
+        "tgt_lengths": tgt_len,
+        "index": torch.tensor([e[0] for e in examples], dtype=torch.long),
+        "ntokens": int(tgt_len.sum()),
+    }

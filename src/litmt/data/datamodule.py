@@ -1,0 +1,451 @@
+"""`TranslationDataModule`: corpus → sentencepiece → cached token ids → bucketed batches.
+
+`prepare_data` (one process per node) trains or loads the tokenizer and tokenises every
+split into a `datasets` cache; `setup` (every process) reads those caches back. Both are
+safe to call alone: whatever is missing is built, whatever is cached is reused.
+
+Cache layout under `cache_dir` (default `data/`):
+- `tokenizers/{name}-{src}-{tgt}-{settings key}-{corpus hash}/` sentencepiece model(s);
+- `cache/{name}-{src}-{tgt}-{split}-{hash}/` (`save_to_disk`) raw text + token ids of one split, keyed
+  by the split's files (path, size, mtime) or hub coordinates and by the tokenizer bytes.
+
+Batches: see `collate.collate` (keys `src`, `tgt_in`, `tgt_out`, masks, lengths, `index`,
+`ntokens` as a python int). Train batches come from `TokenBudgetBatchSampler` (shuffled,
+bucketed, deterministic per (seed, epoch), split across DDP ranks, resumable mid-epoch);
+valid/test batches are length-sorted, never filtered, and also split across ranks with
+equal batch counts (examples repeat only when a split has fewer examples than ranks, so
+gather hypotheses by `index` and drop duplicates).
+
+Under DDP set `trainer.use_distributed_sampler=false`: the sampler reads rank and world
+size from `torch.distributed` when the dataloader is created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import datasets
+import lightning as L
+import numpy as np
+import torch
+
+from litmt.data.collate import TokenizedPairs, collate
+from litmt.data.corpus import SPLITS, HubSpec, ParallelCorpus, short_hash
+from litmt.data.loader import ResumableDataLoader
+from litmt.data.sampler import TokenBudgetBatchSampler, dist_rank_world
+from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+_CACHE_VERSION = 1  # bump when the cached columns change
+
+
+def _plain(value: Any) -> Any:
+    """DictConfig/ListConfig (or any mapping/list) → plain dict/list, without importing omegaconf."""
+    if isinstance(value, Mapping) or (hasattr(value, "items") and hasattr(value, "keys")):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
+        return [_plain(v) for v in value]
+    return value
+
+
+def _resolve_path(path: str | os.PathLike[str]) -> Path:
+    """Relative paths are relative to the original working dir (Hydra's, if it runs)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.utils import to_absolute_path
+
+        if HydraConfig.initialized():
+            return Path(to_absolute_path(str(path)))
+    except ImportError:  # pragma: no cover - hydra is a dependency, but keep data usable alone
+        pass
+    return Path(path)
+
+
+@dataclass
+class FilterSettings:
+    """Training-split filters (`data.filter`); valid/test are never filtered."""
+
+    min_len: int = 1  # drop pairs with a side shorter than this many tokens
+    max_len: int = 256  # drop pairs with a side longer than this many tokens
+    max_ratio: float | None = 3.0  # drop pairs whose length ratio exceeds this (None = off)
+
+
+def _split_ids(ds: datasets.Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(values, offsets) of a list-of-int column, zero-copy from Arrow."""
+    arr = ds.data.column(column).combine_chunks()
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values.to_numpy(zero_copy_only=False)
+    return values[offsets[0] : offsets[-1]], offsets - offsets[0]
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """Silence `datasets` progress bars (they flood training logs); restore afterwards."""
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
+
+
+_TOKENIZERS: dict[str, Tokenizer] = {}  # per worker process, keyed by model digest
+
+
+def _encode_batch(batch: dict[str, list[Any]], src: bytes, tgt: bytes | None) -> dict[str, Any]:
+    key = short_hash(src, tgt)
+    tok = _TOKENIZERS.get(key)
+    if tok is None:
+        tok = _TOKENIZERS[key] = Tokenizer(src, tgt)
+    return {
+        "src_ids": tok.encode_src([s or "" for s in batch["src"]]),
+        "tgt_ids": tok.encode_tgt([t or "" for t in batch["tgt"]]),
+    }
+
+
+class TranslationDataModule(L.LightningDataModule):
+    """Loads a parallel corpus, tokenises it and serves padded batches.
+
+    Args (each one is a key of `conf/data/*.yaml`, where they are documented):
+        name: corpus name used in cache keys.
+        src_lang, tgt_lang: translation direction.
+        dir: local directory (None = the hub); relative to the original working dir.
+        format: local format: text | tsv | jsonl | parquet.
+        splits: split → local file stem, e.g. {train: train, valid: valid, test: test2016}.
+        hub: {path, name, revision, splits} of the hub copy.
+        layout, columns, translation_column: how tables (hub, tsv/jsonl/parquet) hold text.
+        tokenizer: `TokenizerSettings` fields.
+        cache_dir: root of the tokenizer and token-id caches.
+        max_tokens: train token budget per batch, padding included (None = by sentences).
+        batch_size: sentences per train batch when `max_tokens` is None (else a cap).
+        eval_max_tokens, eval_batch_size: the same for valid/test (None = train values).
+        filter: `FilterSettings` fields for the train split.
+        bucket_pool: sort within pools of this many batches' worth (None = whole split).
+        max_positions: valid/test sources and targets are truncated to this many tokens
+            (targets to max_positions - 1, leaving room for bos/eos).
+        limit: keep only the first N training examples (debugging).
+        num_workers, pin_memory (None = on when CUDA is available), num_proc, seed.
+    """
+
+    def __init__(
+        self,
+        name: str = "corpus",
+        src_lang: str = "en",
+        tgt_lang: str = "de",
+        dir: str | None = None,
+        format: str = "text",
+        splits: Mapping[str, str] | None = None,
+        hub: Mapping[str, Any] | None = None,
+        layout: str = "columns",
+        columns: Mapping[str, str] | None = None,
+        translation_column: str = "translation",
+        tokenizer: Mapping[str, Any] | None = None,
+        cache_dir: str = "data",
+        max_tokens: int | None = 4096,
+        batch_size: int | None = None,
+        eval_max_tokens: int | None = None,
+        eval_batch_size: int | None = None,
+        filter: Mapping[str, Any] | None = None,
+        bucket_pool: int | None = None,
+        max_positions: int | None = 1024,
+        limit: int | None = None,
+        num_workers: int = 0,
+        pin_memory: bool | None = None,
+        num_proc: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+    ) -> None:
+        super().__init__()
+        self.name, self.src_lang, self.tgt_lang = str(name), str(src_lang), str(tgt_lang)
+        tok = _plain(tokenizer) or {}
+        known = {f.name for f in fields(TokenizerSettings)}
+        if unknown := set(tok) - known:
+            raise ConfigError(
+                f"unknown data.tokenizer keys {sorted(unknown)}; known: {sorted(known)}"
+            )
+        tok.setdefault("seed", seed)
+        self.tokenizer_settings = TokenizerSettings(**tok)
+        flt = _plain(filter) or {}
+        known = {f.name for f in fields(FilterSettings)}
+        if unknown := set(flt) - known:
+            raise ConfigError(f"unknown data.filter keys {sorted(unknown)}; known: {sorted(known)}")
+        self.filter = FilterSettings(**flt)
+        self.cache_dir = _resolve_path(cache_dir)
+        local_dir = _resolve_path(dir) if dir is not None else None
+        split_map = {"train": "train", "valid": "valid", "test": "test"}
+        split_map.update(_plain(splits) or {})
+        hub_spec = HubSpec(**(_plain(hub) or {}))
+        self.corpus = ParallelCorpus(
+            src_lang=self.src_lang,
+            tgt_lang=self.tgt_lang,
+            dir=local_dir,
+            format=format,
+            splits=split_map,
+            hub=hub_spec,
+            layout=layout,
+            columns=_plain(columns),
+            translation_column=translation_column,
+            hf_cache_dir=str(self.cache_dir / "hf"),
+        )
+        self.max_tokens, self.batch_size = max_tokens, batch_size
+        self.eval_max_tokens = eval_max_tokens if eval_max_tokens is not None else max_tokens
+        self.eval_batch_size = eval_batch_size if eval_batch_size is not None else batch_size
+        self.bucket_pool, self.max_positions, self.limit = bucket_pool, max_positions, limit
+        self.num_workers, self.pin_memory, self.seed = num_workers, pin_memory, seed
+        self.num_proc, self.shuffle = num_proc, shuffle
+        if max_positions is not None and self.filter.max_len > max_positions - 1:
+            raise ConfigError(
+                f"data.filter.max_len={self.filter.max_len} leaves no room for bos/eos within "
+                f"data.max_positions={max_positions}; set data.filter.max_len<={max_positions - 1}"
+            )
+        if max_tokens is not None and self.filter.max_len + 1 > max_tokens:
+            raise ConfigError(
+                f"data.max_tokens={max_tokens} is smaller than the longest allowed training "
+                f"example (data.filter.max_len={self.filter.max_len} + 1); raise max_tokens"
+            )
+        self.tokenizer: Tokenizer | None = None
+        self.datasets: dict[str, TokenizedPairs] = {}
+        self._text: dict[str, datasets.Dataset] = {}
+        self.timings: dict[str, float] = {}  # seconds per stage of the last prepare/setup
+
+    # -- tokenizer ----------------------------------------------------------------------
+    def tokenizer_dir(self) -> Path:
+        """Where this corpus/direction/settings' sentencepiece models are cached."""
+        fp = self.corpus.fingerprint("train")
+        if self.limit is not None:
+            fp = short_hash(fp, self.limit)
+        key = self.tokenizer_settings.key()
+        return (
+            self.cache_dir
+            / "tokenizers"
+            / f"{self.name}-{self.src_lang}-{self.tgt_lang}-{key}-{fp[:8]}"
+        )
+
+    def _get_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is not None:
+            return self.tokenizer
+        d = self.tokenizer_dir()
+        if (d / "src.model").exists():
+            self.tokenizer = Tokenizer.load(d)
+            log.info("tokenizer: loaded %s", d)
+            return self.tokenizer
+        train = self._raw("train")
+        t0 = time.perf_counter()
+        tok = Tokenizer.train(train["src"], train["tgt"], self.tokenizer_settings)
+        self.timings["tokenizer_train_s"] = time.perf_counter() - t0
+        tmp = d.with_name(d.name + f".tmp{os.getpid()}")
+        tok.save(tmp)
+        with contextlib.suppress(OSError):  # atomic; another process may have finished first
+            tmp.rename(d)
+        log.info(
+            "tokenizer: trained on %d pairs in %.1fs → %s (vocab %d/%d)",
+            len(train), self.timings["tokenizer_train_s"], d, tok.src_vocab_size, tok.tgt_vocab_size,
+        )  # fmt: skip
+        self.tokenizer = tok
+        return tok
+
+    # -- raw text and token ids -----------------------------------------------------------
+    def _raw(self, split: str) -> datasets.Dataset:
+        if split not in self._text:
+            ds = self.corpus.load(split)
+            if split == "train" and self.limit is not None:
+                ds = ds.select(range(min(self.limit, len(ds))))
+            self._text[split] = ds
+        return self._text[split]
+
+    def _cache_path(self, split: str, tok: Tokenizer) -> Path:
+        fp = self.corpus.fingerprint(split)
+        key = short_hash(
+            _CACHE_VERSION, fp, short_hash(tok.src_model_bytes, tok.tgt_model_bytes),
+            self.limit if split == "train" else None,
+        )  # fmt: skip
+        return (
+            self.cache_dir / "cache" / f"{self.name}-{self.src_lang}-{self.tgt_lang}-{split}-{key}"
+        )
+
+    def _tokenized(self, split: str) -> datasets.Dataset:
+        """The split with columns src, tgt (text) and src_ids, tgt_ids, from cache if present."""
+        tok = self._get_tokenizer()
+        path = self._cache_path(split, tok)
+        if (path / "dataset_info.json").exists():
+            return datasets.load_from_disk(str(path))
+        raw = self._raw(split)
+        big = self.num_proc is not None and self.num_proc > 1 and len(raw) >= 10_000
+        with _quiet_datasets():
+            ds = raw.map(
+                _encode_batch,
+                batched=True,
+                batch_size=2000,
+                num_proc=self.num_proc if big else None,
+                fn_kwargs={"src": tok.src_model_bytes, "tgt": tok.tgt_model_bytes},
+                new_fingerprint=path.name,
+                desc=f"tokenising {split}",
+            )
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        with _quiet_datasets():
+            ds.save_to_disk(str(tmp))
+        try:
+            tmp.rename(path)  # atomic; another process may have written it first
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return datasets.load_from_disk(str(path))
+
+    def _pairs(self, split: str) -> TokenizedPairs:
+        ds = self._tokenized(split)
+        self._text[split] = ds.select_columns(["src", "tgt"])
+        src_v, src_o = _split_ids(ds, "src_ids")
+        tgt_v, tgt_o = _split_ids(ds, "tgt_ids")
+        n = len(src_o) - 1
+        if split != "train":
+            lim = self.max_positions
+            return TokenizedPairs(
+                src_v, src_o, tgt_v, tgt_o, None,
+                max_src_len=lim, max_tgt_len=None if lim is None else lim - 1,
+            )  # fmt: skip
+        keep = self._filter(np.diff(src_o), np.diff(tgt_o), n)
+        pos = np.flatnonzero(keep)
+        src_v, src_o = _gather(src_v, src_o, pos)
+        tgt_v, tgt_o = _gather(tgt_v, tgt_o, pos)
+        return TokenizedPairs(src_v, src_o, tgt_v, tgt_o, pos)
+
+    def _filter(self, ls: np.ndarray, lt: np.ndarray, n: int) -> np.ndarray:
+        """Boolean keep-mask of training pairs; logs how many each rule removed."""
+        f = self.filter
+        empty = (ls == 0) | (lt == 0)
+        short = ~empty & ((ls < f.min_len) | (lt < f.min_len))
+        long_ = ~empty & ~short & ((ls > f.max_len) | (lt > f.max_len))
+        ratio = np.zeros(n, dtype=bool)
+        if f.max_ratio is not None:
+            r = np.maximum(ls, lt) / np.maximum(np.minimum(ls, lt), 1)
+            ratio = ~empty & ~short & ~long_ & (r > f.max_ratio)
+        keep = ~(empty | short | long_ | ratio)
+        self.filter_counts = {
+            "total": n, "kept": int(keep.sum()), "empty": int(empty.sum()),
+            "too_short": int(short.sum()), "too_long": int(long_.sum()),
+            "bad_ratio": int(ratio.sum()),
+        }  # fmt: skip
+        c = self.filter_counts
+        log.info(
+            "train filter: kept %d of %d pairs (empty %d, shorter than %d: %d, longer than %d: "
+            "%d, length ratio > %s: %d)",
+            c["kept"], n, c["empty"], f.min_len, c["too_short"], f.max_len, c["too_long"],
+            f.max_ratio, c["bad_ratio"],
+        )  # fmt: skip
+        if not c["kept"]:
+            raise DataError(
+                f"no training pairs left after filtering {n} (see data.filter: min_len, max_len, "
+                f"max_ratio); loosen the filters or check the corpus"
+            )
+        return keep
+
+    # -- LightningDataModule ------------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Train/load the tokenizer and tokenise every split into the cache (one process)."""
+        t0 = time.perf_counter()
+        tok = self._get_tokenizer()
+        for split in SPLITS:
+            self._tokenized(split)
+        self.timings["prepare_s"] = time.perf_counter() - t0
+        del tok
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load the tokenizer and the splits `stage` needs (fit: train+valid)."""
+        t0 = time.perf_counter()
+        self._get_tokenizer()
+        need = {
+            "fit": ("train", "valid"),
+            "validate": ("valid",),
+            "test": ("test",),
+            "predict": ("test",),
+        }.get(stage or "", SPLITS)
+        for split in need:
+            if split not in self.datasets:
+                self.datasets[split] = self._pairs(split)
+        self.timings["setup_s"] = time.perf_counter() - t0
+
+    def _dataset(self, split: str) -> TokenizedPairs:
+        if split not in SPLITS:
+            raise ConfigError(f"unknown split {split!r}; use one of {SPLITS}")
+        if split not in self.datasets:
+            self.setup({"train": "fit", "valid": "validate", "test": "test"}[split])
+        return self.datasets[split]
+
+    def references(self, split: str) -> list[str]:
+        """Raw target sentences of `split` in example-index order (valid/test: all of them)."""
+        self._dataset(split)
+        return list(self._text[split]["tgt"])
+
+    def sources(self, split: str) -> list[str]:
+        """Raw source sentences of `split`, same order as `references`."""
+        self._dataset(split)
+        return list(self._text[split]["src"])
+
+    def _pin(self) -> bool:
+        return torch.cuda.is_available() if self.pin_memory is None else bool(self.pin_memory)
+
+    def _loader(self, split: str, train: bool) -> ResumableDataLoader:
+        ds = self._dataset(split)
+        self._check_distributed()
+        sampler = TokenBudgetBatchSampler(
+            ds.src_lengths(),
+            ds.tgt_lengths(),
+            max_tokens=self.max_tokens if train else self.eval_max_tokens,
+            batch_size=self.batch_size if train else self.eval_batch_size,
+            shuffle=train and self.shuffle,
+            sort=True,
+            bucket_pool=self.bucket_pool if train else None,
+            seed=self.seed,
+        )
+        if train and self.trainer is not None:
+            sampler.set_epoch(self.trainer.current_epoch)
+        return ResumableDataLoader(
+            ds,
+            batch_sampler=sampler,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            pin_memory=self._pin(),
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def _check_distributed(self) -> None:
+        trainer = self.trainer
+        if trainer is None or dist_rank_world()[1] == 1:
+            return
+        connector = getattr(trainer, "_accelerator_connector", None)
+        if getattr(connector, "use_distributed_sampler", False):
+            raise ConfigError(
+                "TranslationDataModule splits batches across ranks itself; set "
+                "trainer.use_distributed_sampler=false"
+            )
+
+    def train_dataloader(self) -> ResumableDataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> ResumableDataLoader:
+        return self._loader("valid", train=False)
+
+    def test_dataloader(self) -> ResumableDataLoader:
+        return self._loader("test", train=False)
+
+
+def _gather(
+    values: np.ndarray, offsets: np.ndarray, pos: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows `pos` of a flat (values, offsets) ragged array."""
+    lens = offsets[pos + 1] - offsets[pos]
+    new_off = np.zeros(len(pos) + 1, dtype=np.int64)
+    new_off[1:] = np.cumsum(lens)
+    starts = np.repeat(offsets[pos] - new_off[:-1], lens)
+    idx = np.arange(new_off[-1], dtype=np.int64) + starts
+    return values[idx], new_off

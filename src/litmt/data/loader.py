@@ -1,0 +1,52 @@
+"""A DataLoader whose position inside an epoch is saved in Lightning checkpoints.
+
+Lightning (2.x) stores `dataloader.state_dict()` in the checkpoint (`loops.fit_loop.state_dict.
+combined_loader`) for every train dataloader that has `state_dict`/`load_state_dict`, and on
+resume calls `load_state_dict` before creating the iterator. The batch sampler computes its
+batches in the main process and runs ahead of training when workers prefetch, so the loader
+counts the batches it really handed out and saves that count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from litmt.data.sampler import TokenBudgetBatchSampler
+
+
+class ResumableDataLoader(DataLoader):
+    """`DataLoader(dataset, batch_sampler=TokenBudgetBatchSampler, ...)` plus resume state."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._consumed = 0
+
+    @property
+    def token_sampler(self) -> TokenBudgetBatchSampler:
+        sampler = self.batch_sampler
+        assert isinstance(sampler, TokenBudgetBatchSampler)
+        return sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (Lightning does this itself through `batch_sampler.sampler`)."""
+        self.token_sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        sampler = self.token_sampler
+        res = sampler._resume
+        self._consumed = res["consumed"] if res is not None and res["epoch"] == sampler.epoch else 0
+        for batch in super().__iter__():
+            self._consumed += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """{epoch, consumed (batches handed out this epoch), world_size, seed}."""
+        return self.token_sampler.state_dict(consumed=self._consumed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next iteration of `state['epoch']` yields only the batches not yet seen."""
+        self.token_sampler.load_state_dict(state)
+        self._consumed = int(state["consumed"])
