@@ -1,0 +1,414 @@
+"""Translate text with a trained checkpoint: the `Translator` API and the `translate(cfg)` job.
+
+>>> from litmt import Translator
+>>> Translator.from_checkpoint("model.ckpt").translate(["A man is walking."])
+['Ein Mann geht.']
+
+Input hygiene (never crashes, never shifts lines): control characters other than tab are
+removed with a warning; empty or whitespace-only inputs give "" without running the model;
+sources longer than the model's `max_positions` are truncated with a warning. Warnings go to
+the ``litmt`` logger (the scripts print them on stderr as ``warning: ...``).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from omegaconf import DictConfig, ListConfig
+from tqdm import tqdm
+
+from litmt.checkpoint import load_model
+from litmt.data.tokenizer import Tokenizer
+from litmt.errors import BackendError, ConfigError, DataError
+from litmt.models import Seq2SeqTransformer
+from litmt.search import Hypothesis, beam_search, greedy_search
+
+log = logging.getLogger("litmt.translate")
+
+# Every Unicode control character (category Cc: U+0000-001F, U+007F-009F) except tab.
+_CONTROL = {c: None for c in [*range(0x20), *range(0x7F, 0xA0)] if c != 0x09}
+
+NBest = list[tuple[str, float]]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """`device`, or CUDA when available else CPU when None/"auto"."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={device} was asked for but CUDA is not available; use device=cpu"
+        )
+    return dev
+
+
+def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Group indices into batches of at most `max_tokens` padded source tokens.
+
+    Sentences are sorted longest first (so similar lengths share a batch and an
+    out-of-memory shows up at once); a sentence longer than `max_tokens` gets its own batch.
+
+    Returns:
+        Lists of indices into `lengths`.
+    """
+    if max_tokens < 1:
+        raise ConfigError(f"max_tokens must be positive, got {max_tokens}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = lengths[current[0]] if current else lengths[i]
+        if current and (len(current) + 1) * longest > max_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+class Translator:
+    """A model + tokenizer ready to translate plain text.
+
+    Args:
+        model: a `Seq2SeqTransformer` (put in eval mode and moved to `device`).
+        tokenizer: its `Tokenizer`.
+        src_lang, tgt_lang: language codes from the checkpoint (informative).
+        device: where to run; None picks CUDA when available.
+    """
+
+    def __init__(
+        self,
+        model: Seq2SeqTransformer,
+        tokenizer: Tokenizer,
+        *,
+        src_lang: str = "",
+        tgt_lang: str = "",
+        device: str | torch.device | None = None,
+    ) -> None:
+        self.device = resolve_device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer, self.src_lang, self.tgt_lang = tokenizer, src_lang, tgt_lang
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path | Sequence[str | Path],
+        *,
+        device: str | torch.device | None = None,
+        attention: str | None = None,
+    ) -> Translator:
+        """Load a checkpoint (several paths: their weights are averaged).
+
+        Args:
+            path: a `.ckpt` file or a list of them.
+            device: "cpu", "cuda", ... or None for CUDA when available.
+            attention: decode with this kernel at every site (e.g. "sdpa"); None keeps the
+                checkpoint's backends.
+
+        Raises:
+            CheckpointError: missing/corrupt checkpoint. BackendError: the checkpoint's
+            kernel cannot run here (pass `attention`).
+        """
+        dev = resolve_device(device)
+        try:
+            loaded = load_model(path, map_location=dev, attention=attention)
+            loaded.model.validate_backends(dev, training=False)
+        except BackendError as err:
+            if attention is not None:
+                raise
+            msg = str(err).splitlines()[0]
+            raise BackendError(f"{msg}; decode with an exact kernel: attention=sdpa") from err
+        return cls(
+            loaded.model,
+            loaded.tokenizer,
+            src_lang=loaded.src_lang,
+            tgt_lang=loaded.tgt_lang,
+            device=dev,
+        )
+
+    # -- preprocessing ------------------------------------------------------------------
+    @property
+    def max_source_tokens(self) -> int:
+        """Longest source the model accepts (its `max_positions`)."""
+        return self.model.config.max_positions
+
+    def prepare(self, text: str, where: str = "input") -> list[int]:
+        """Clean and encode one source sentence; [] for empty/whitespace input.
+
+        Control characters (except tab) are removed and over-long sources truncated to
+        `max_source_tokens`, each with a warning naming `where` (e.g. "line 3").
+        """
+        cleaned = text.translate(_CONTROL)
+        if len(cleaned) != len(text):
+            log.warning("%s: removed %d control character(s)", where, len(text) - len(cleaned))
+        if not cleaned.strip():
+            return []
+        ids = self.tokenizer.encode_src([cleaned])[0]
+        if len(ids) > self.max_source_tokens:
+            log.warning(
+                "%s: %d subword tokens, truncated to the model's maximum of %d",
+                where,
+                len(ids),
+                self.max_source_tokens,
+            )
+            ids = ids[: self.max_source_tokens]
+        return ids
+
+    # -- decoding -----------------------------------------------------------------------
+    def search_ids(
+        self,
+        sources: Sequence[Sequence[int]],
+        *,
+        beam_size: int = 5,
+        length_penalty: float = 1.0,
+        max_len_a: float = 1.2,
+        max_len_b: int = 10,
+        max_tokens: int = 4096,
+        n_best: int = 1,
+        progress: bool = False,
+    ) -> list[list[Hypothesis]]:
+        """Decode prepared source ids in token-budget batches, returning results in input order.
+
+        Empty sources give ``[Hypothesis([], 0.0, 0.0)]`` without running the model.
+        """
+        if beam_size < 1:
+            raise ConfigError(f"beam_size must be at least 1, got {beam_size}")
+        if not 1 <= n_best <= beam_size:
+            raise ConfigError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
+        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
+        todo = [i for i, ids in enumerate(sources) if len(ids) > 0]
+        pad = self.model.config.pad_id
+        with tqdm(
+            total=len(sources), disable=not progress, file=sys.stderr, unit="sent", leave=False
+        ) as bar:
+            bar.update(len(sources) - len(todo))
+            for batch in token_batches([len(sources[i]) for i in todo], max_tokens):
+                idx = [todo[j] for j in batch]
+                width = max(len(sources[i]) for i in idx)
+                src = torch.full((len(idx), width), pad, dtype=torch.long)  # (B, S)
+                for row, i in enumerate(idx):
+                    src[row, : len(sources[i])] = torch.as_tensor(sources[i])
+                src = src.to(self.device)
+                if beam_size == 1:
+                    found = [
+                        [h]
+                        for h in greedy_search(
+                            self.model,
+                            src,
+                            max_len_a=max_len_a,
+                            max_len_b=max_len_b,
+                            length_penalty=length_penalty,
+                        )
+                    ]
+                else:
+                    found = beam_search(
+                        self.model,
+                        src,
+                        beam_size=beam_size,
+                        length_penalty=length_penalty,
+                        max_len_a=max_len_a,
+                        max_len_b=max_len_b,
+                        n_best=n_best,
+                    )
+                for i, hyps in zip(idx, found, strict=True):
+                    results[i] = hyps
+                bar.update(len(idx))
+        return results
+
+    def translate(
+        self,
+        sentences: Sequence[str],
+        *,
+        beam_size: int = 5,
+        length_penalty: float = 1.0,
+        max_len_a: float = 1.2,
+        max_len_b: int = 10,
+        max_tokens: int = 4096,
+        n_best: int = 1,
+        return_scores: bool = False,
+        progress: bool = False,
+        first_line: int = 1,
+    ) -> list[str] | list[NBest]:
+        """Translate sentences (any order of lengths; output order = input order).
+
+        Args:
+            sentences: source texts.
+            beam_size: K (1 = greedy).
+            length_penalty: GNMT alpha.
+            max_len_a, max_len_b: output budget a * src_len + b subword tokens.
+            max_tokens: padded source tokens per batch.
+            n_best: hypotheses per sentence (<= beam_size).
+            return_scores: return (text, score) pairs.
+            progress: show a tqdm bar on stderr.
+            first_line: number of the first sentence in warnings ("line N").
+
+        Returns:
+            With ``n_best == 1`` and not ``return_scores``: one string per sentence. Otherwise,
+            per sentence, a best-first list of (text, length-normalised log-prob score); an
+            empty input gives ``[("", 0.0)]``.
+        """
+        if isinstance(sentences, str):
+            raise ConfigError("translate() takes a list of sentences, not one string")
+        ids = [self.prepare(s, f"line {first_line + i}") for i, s in enumerate(sentences)]
+        found = self.search_ids(
+            ids,
+            beam_size=beam_size,
+            length_penalty=length_penalty,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            max_tokens=max_tokens,
+            n_best=n_best,
+            progress=progress,
+        )
+        if n_best == 1 and not return_scores:
+            return self.tokenizer.decode_tgt([hyps[0].tokens for hyps in found])
+        out: list[NBest] = []
+        for hyps in found:
+            texts = self.tokenizer.decode_tgt([h.tokens for h in hyps])
+            out.append([(t, h.score) for t, h in zip(texts, hyps, strict=True)])
+        return out
+
+    def translate_stream(
+        self,
+        lines: Iterable[str],
+        *,
+        chunk_lines: int = 256,
+        max_tokens: int = 4096,
+        **options: Any,
+    ) -> Iterator[str | NBest]:
+        """Translate an iterable of lines lazily, one result per line, in order.
+
+        Lines are read in chunks of at most `chunk_lines` lines or `max_tokens` source
+        tokens, so long inputs stream with bounded memory. Trailing newlines are stripped.
+
+        Args:
+            lines: e.g. a text file object.
+            chunk_lines: lines per chunk (1 answers each line as soon as it is read).
+            max_tokens: batch budget, also used to cut chunks.
+            options: `translate` options (beam_size, n_best, return_scores, ...).
+        """
+        if chunk_lines < 1:
+            raise ConfigError(f"chunk_lines must be positive, got {chunk_lines}")
+        chunk: list[str] = []
+        tokens, first = 0, 1
+        for line in lines:
+            line = line.removesuffix("\n").removesuffix("\r")
+            chunk.append(line)
+            tokens += len(line.split()) + 1  # cheap estimate; exact batching comes later
+            if len(chunk) >= chunk_lines or tokens >= max_tokens:
+                yield from self.translate(chunk, max_tokens=max_tokens, first_line=first, **options)
+                first += len(chunk)
+                chunk, tokens = [], 0
+        if chunk:
+            yield from self.translate(chunk, max_tokens=max_tokens, first_line=first, **options)
+
+
+# -- the `scripts/translate.py` job ------------------------------------------------------
+def open_text_input(stream: IO[bytes]) -> io.TextIOWrapper:
+    """UTF-8 text over a byte stream: invalid bytes become U+FFFD, only "\\n" ends a line."""
+    return io.TextIOWrapper(stream, encoding="utf-8-sig", errors="replace", newline="\n")
+
+
+def format_result(result: str | NBest, index: int, n_best: int, scores: bool) -> list[str]:
+    """Output lines for one input line.
+
+    - ``n_best == 1``: ``hypothesis``, or ``score<TAB>hypothesis`` with `scores`.
+    - ``n_best > 1``: exactly `n_best` lines ``index<TAB>score<TAB>hypothesis`` (index =
+      0-based input line), best first; missing hypotheses (empty input) are padded with
+      empty text and score ``-inf``.
+    """
+    if isinstance(result, str):
+        return [result]
+    entries = list(result) + [("", float("-inf"))] * (n_best - len(result))
+    lines = []
+    for text, score in entries[:n_best]:
+        cols = [str(index)] if n_best > 1 else []
+        cols += [f"{score:.4f}"] if scores else []
+        lines.append("\t".join([*cols, text]))
+    return lines
+
+
+def _sentences_from_cfg(text: Any) -> list[str]:
+    if isinstance(text, str):
+        return [text]
+    if isinstance(text, ListConfig | list | tuple):
+        return [str(t) for t in text]
+    raise ConfigError(f"text must be a sentence or a list of sentences, got {type(text).__name__}")
+
+
+def translate(cfg: DictConfig) -> int:
+    """Translate `text=[...]`, `input=FILE` or stdin to `output=FILE` or stdout.
+
+    One output line per input line (`n_best` lines with n_best > 1); see `format_result`.
+
+    Returns:
+        Number of input lines translated.
+    """
+    if not cfg.get("ckpt_path"):
+        raise ConfigError("no checkpoint given: pass ckpt_path=<path to a .ckpt file>")
+    ckpt = cfg.ckpt_path
+    ckpt = [str(p) for p in ckpt] if isinstance(ckpt, ListConfig) else str(ckpt)
+    n_best, scores = int(cfg.n_best), bool(cfg.scores) or int(cfg.n_best) > 1
+    options = dict(
+        beam_size=int(cfg.beam_size),
+        length_penalty=float(cfg.length_penalty),
+        max_len_a=float(cfg.max_len_a),
+        max_len_b=int(cfg.max_len_b),
+        n_best=n_best,
+        return_scores=scores,
+    )
+    if n_best > options["beam_size"]:
+        raise ConfigError(f"n_best={n_best} needs beam_size >= {n_best}")
+    text, input_path, output_path = cfg.get("text"), cfg.get("input"), cfg.get("output")
+    if text is not None and input_path is not None:
+        raise ConfigError("give either text=[...] or input=FILE, not both")
+    if input_path is not None and not Path(str(input_path)).is_file():
+        raise DataError(f"input file not found: {input_path}")
+    translator = Translator.from_checkpoint(
+        ckpt, device=cfg.get("device"), attention=cfg.get("attention")
+    )
+    chunk_lines = int(cfg.chunk_lines)
+    with ExitStack() as stack:
+        lines: Iterable[str]
+        if text is not None:
+            lines = _sentences_from_cfg(text)
+        elif input_path is not None:
+            raw = stack.enter_context(Path(str(input_path)).open("rb"))
+            lines = open_text_input(raw)
+        else:
+            stdin = open_text_input(sys.stdin.buffer)
+            stack.callback(stdin.detach)  # do not close the process's stdin
+            lines = stdin
+            chunk_lines = 1 if sys.stdin.isatty() else chunk_lines
+        out: IO[str]
+        if output_path is not None:
+            Path(str(output_path)).parent.mkdir(parents=True, exist_ok=True)
+            out = stack.enter_context(
+                Path(str(output_path)).open("w", encoding="utf-8", newline="\n")
+            )
+        else:
+            out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
+            stack.callback(out.detach)  # leave sys.stdout usable afterwards
+            stack.callback(out.flush)
+        count = 0
+        results = translator.translate_stream(
+            lines, chunk_lines=chunk_lines, max_tokens=int(cfg.max_tokens), **options
+        )
+        for i, result in enumerate(results):
+            out.write("\n".join(format_result(result, i, n_best, scores)) + "\n")
+            count += 1
+            if output_path is None:
+                out.flush()  # stream: each translation appears as soon as it is ready
+    return count
+
+
+__all__ = ["Translator", "format_result", "token_batches", "translate"]

@@ -1,0 +1,276 @@
+"""Attention heatmaps: cross-attention and encoder/decoder self-attention of one sentence.
+
+Works whatever kernel the model was trained or runs with: every `MultiHeadAttention` is
+switched to ``record_weights`` for one forward pass, which runs the `math` kernel and keeps
+its weights (B, H, Tq, Tk). The decoder is teacher-forced with the model's own greedy
+translation (or a given target).
+
+Axis labels are subword pieces. Decoder positions are labelled by the token each one
+*predicts* (y1 ... yn, ``</s>``) on the query axis, and by the token it *reads* (``<s>``,
+y1 ... yn) on the key axis of decoder self-attention.
+
+Shapes: H heads, S source pieces, T target positions (n + 1).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from omegaconf import DictConfig, ListConfig
+from torch import Tensor
+
+from litmt.data.tokenizer import Tokenizer
+from litmt.errors import ConfigError
+from litmt.models import Seq2SeqTransformer
+from litmt.search import greedy_search
+
+log = logging.getLogger("litmt.visualize")
+
+KINDS = {"cross": "cross", "encoder": "encoder_self", "decoder": "decoder_self"}
+
+
+@dataclass
+class AttentionMaps:
+    """Attention weights of one sentence pair, per layer.
+
+    Attributes:
+        src_pieces: S source subwords.
+        tgt_in_pieces: T decoder inputs (``<s>`` y1 ... yn).
+        tgt_out_pieces: T decoder outputs (y1 ... yn ``</s>``).
+        translation: the detokenised target used for forced decoding.
+        weights: {"cross": [(H, T, S)] * layers, "encoder": [(H, S, S)] * layers,
+            "decoder": [(H, T, T)] * layers}, float32 on CPU.
+    """
+
+    src_pieces: list[str]
+    tgt_in_pieces: list[str]
+    tgt_out_pieces: list[str]
+    translation: str
+    weights: dict[str, list[Tensor]]
+
+    def labels(self, kind: str) -> tuple[list[str], list[str]]:
+        """(query/row labels, key/column labels) for `kind`."""
+        if kind == "cross":
+            return self.tgt_out_pieces, self.src_pieces
+        if kind == "encoder":
+            return self.src_pieces, self.src_pieces
+        return self.tgt_out_pieces, self.tgt_in_pieces
+
+
+@torch.no_grad()
+def collect_attention(
+    model: Seq2SeqTransformer,
+    tokenizer: Tokenizer,
+    sentence: str,
+    *,
+    target: str | None = None,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+) -> AttentionMaps:
+    """Run one sentence through the model, recording every attention map.
+
+    Args:
+        model: the model (any attention backend; it is not modified).
+        tokenizer: its tokenizer.
+        sentence: source text.
+        target: target text to force-decode; None = the model's greedy translation.
+        max_len_a, max_len_b: greedy output budget.
+    """
+    cfg = model.config
+    device = next(model.parameters()).device
+    src_ids = tokenizer.encode_src([sentence])[0][: cfg.max_positions]
+    if not src_ids:
+        raise ConfigError("the sentence to visualise is empty")
+    src = torch.tensor([src_ids], device=device)  # (1, S)
+    was_training = model.training
+    model.eval()
+    if target is None:
+        tgt_ids = greedy_search(model, src, max_len_a=max_len_a, max_len_b=max_len_b)[0].tokens
+    else:
+        tgt_ids = tokenizer.encode_tgt([target])[0][: cfg.max_positions - 1]
+    tgt_in = torch.tensor([[cfg.bos_id, *tgt_ids]], device=device)  # (1, T)
+    modules = model.attention_modules()
+    try:
+        for m in modules:
+            m.record_weights, m.last_weights = True, None
+        model(src, tgt_in)
+        weights: dict[str, list[Tensor]] = {kind: [] for kind in KINDS}
+        site_to_kind = {site: kind for kind, site in KINDS.items()}
+        for m in modules:  # model order: encoder layers, then decoder layers (self, cross)
+            assert m.last_weights is not None
+            weights[site_to_kind[m.site]].append(m.last_weights[0].float().cpu())  # (H, Tq, Tk)
+    finally:
+        for m in modules:
+            m.record_weights, m.last_weights = False, None
+        model.train(was_training)
+    return AttentionMaps(
+        src_pieces=tokenizer.src_pieces(src_ids),
+        tgt_in_pieces=["<s>", *tokenizer.tgt_pieces(tgt_ids)],
+        tgt_out_pieces=[*tokenizer.tgt_pieces(tgt_ids), "</s>"],
+        translation=tokenizer.decode_tgt([tgt_ids])[0],
+        weights=weights,
+    )
+
+
+def _select(values: Sequence[int] | None, n: int, what: str, default: list[int]) -> list[int]:
+    chosen = list(default if values is None else values)
+    if not chosen:
+        raise ConfigError(f"no {what} selected")
+    for v in chosen:
+        if not -n <= int(v) < n:
+            raise ConfigError(
+                f"{what[:-1]} {v} does not exist: the model has {n} {what} (0-{n - 1})"
+            )
+    return [int(v) % n for v in chosen]
+
+
+def plot_attention(
+    maps: AttentionMaps,
+    kind: str = "cross",
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    grid: bool = False,
+    figsize: tuple[float, float] | None = None,
+    dpi: int = 100,
+    cmap: str = "viridis",
+) -> Figure:
+    """Heatmap(s) of one kind of attention.
+
+    Args:
+        maps: from `collect_attention`.
+        kind: "cross", "encoder" (self) or "decoder" (self).
+        layers: layer indices (negative counts from the end); None = the last layer.
+        heads: head indices; None = all heads.
+        grid: one panel per (layer, head) — rows layers, columns heads. Otherwise one panel
+            with the weights averaged over the selected layers and heads.
+        figsize: (width, height) in inches; None = sized from the number of tokens. The PNG
+            is ``figsize * dpi`` pixels.
+        dpi: dots per inch of the figure (and of saved PNGs).
+        cmap: matplotlib colormap.
+
+    Returns:
+        A matplotlib `Figure` (no pyplot state; save with ``fig.savefig(path)``).
+    """
+    if kind not in KINDS:
+        raise ConfigError(f"unknown attention kind '{kind}'; valid kinds: {', '.join(KINDS)}")
+    per_layer = maps.weights[kind]
+    n_layers, n_heads = len(per_layer), per_layer[0].size(0)
+    layer_ids = _select(layers, n_layers, "layers", [n_layers - 1])
+    head_ids = _select(heads, n_heads, "heads", list(range(n_heads)))
+    rows, cols = maps.labels(kind)
+    panels: list[tuple[str, np.ndarray]] = []
+    if grid:
+        for li in layer_ids:
+            for hi in head_ids:
+                panels.append((f"layer {li} head {hi}", per_layer[li][hi].numpy()))
+        n_rows, n_cols = len(layer_ids), len(head_ids)
+    else:
+        stack = torch.stack([per_layer[li][head_ids] for li in layer_ids])  # (L, h, Tq, Tk)
+        heads_txt = "all heads" if len(head_ids) == n_heads else f"heads {head_ids}"
+        layers_txt = f"layer {layer_ids[0]}" if len(layer_ids) == 1 else f"layers {layer_ids}"
+        panels.append((f"{layers_txt}, {heads_txt} (mean)", stack.mean(dim=(0, 1)).numpy()))
+        n_rows = n_cols = 1
+    if figsize is None:
+        cell = 0.28  # inches per token
+        w = max(3.0, 1.2 + cell * len(cols)) * n_cols
+        h = max(2.5, 1.2 + cell * len(rows)) * n_rows
+        figsize = (w, h)
+    fig = Figure(figsize=figsize, dpi=dpi)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(n_rows, n_cols, squeeze=False)
+    title = {"cross": "cross-attention", "encoder": "encoder self-attention"}.get(
+        kind, "decoder self-attention"
+    )
+    fig.suptitle(f"{title}: {maps.translation}", fontsize=9)
+    small = grid and len(panels) > 1
+    for ax, (name, matrix) in zip(axes.flat, panels, strict=True):
+        image = ax.imshow(matrix, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_title(name, fontsize=7 if small else 9)
+        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=5 if small else 7)
+        ax.set_yticks(range(len(rows)), rows, fontsize=5 if small else 7)
+        if not small:
+            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.set_layout_engine("constrained")
+    return fig
+
+
+def attention_figure(
+    model: Seq2SeqTransformer,
+    tokenizer: Tokenizer,
+    sentence: str,
+    kind: str = "cross",
+    *,
+    target: str | None = None,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    grid: bool = False,
+    figsize: tuple[float, float] | None = None,
+    dpi: int = 100,
+) -> Figure:
+    """`collect_attention` + `plot_attention` in one call (e.g. to log to W&B each validation)."""
+    maps = collect_attention(model, tokenizer, sentence, target=target)
+    return plot_attention(
+        maps, kind, layers=layers, heads=heads, grid=grid, figsize=figsize, dpi=dpi
+    )
+
+
+def figure_to_array(fig: Figure) -> np.ndarray:
+    """Render a figure to an (height, width, 3) uint8 RGB array (for image loggers)."""
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def visualize(cfg: DictConfig) -> list[Path]:
+    """The `scripts/visualize_attention.py` job: save PNG heatmap(s) of one sentence.
+
+    Returns:
+        The PNG paths written (one per kind; with several kinds, ``out`` gets a ``_<kind>``
+        suffix).
+    """
+    from litmt.checkpoint import load_model
+
+    if not cfg.get("ckpt_path"):
+        raise ConfigError("no checkpoint given: pass ckpt_path=<path to a .ckpt file>")
+    if not cfg.get("sentence") or not str(cfg.sentence).strip():
+        raise ConfigError('no sentence given: pass sentence="A man is walking."')
+    kinds = [str(k) for k in cfg.kind] if isinstance(cfg.kind, ListConfig) else [str(cfg.kind)]
+    for kind in kinds:
+        if kind not in KINDS:
+            raise ConfigError(f"unknown attention kind '{kind}'; valid kinds: {', '.join(KINDS)}")
+    ckpt = cfg.ckpt_path
+    ckpt = [str(p) for p in ckpt] if isinstance(ckpt, ListConfig) else str(ckpt)
+    loaded = load_model(ckpt, map_location=cfg.get("device") or "cpu")
+    maps = collect_attention(
+        loaded.model, loaded.tokenizer, str(cfg.sentence), target=cfg.get("target")
+    )
+    layers = list(cfg.layers) if cfg.get("layers") is not None else None
+    heads = list(cfg.heads) if cfg.get("heads") is not None else None
+    figsize = tuple(float(v) for v in cfg.figsize) if cfg.get("figsize") is not None else None
+    out = Path(str(cfg.out))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    for kind in kinds:
+        fig = plot_attention(
+            maps,
+            kind,
+            layers=layers,
+            heads=heads,
+            grid=bool(cfg.grid),
+            figsize=figsize,  # type: ignore[arg-type]
+            dpi=int(cfg.dpi),
+        )
+        path = out if len(kinds) == 1 else out.with_name(f"{out.stem}_{kind}{out.suffix}")
+        fig.savefig(path, dpi=int(cfg.dpi), format="png")
+        w, h = fig.get_size_inches() * int(cfg.dpi)
+        log.info("wrote %s (%dx%d px): %s", path, round(w), round(h), maps.translation)
+        written.append(path)
+    return written

@@ -1,0 +1,88 @@
+"""A tiny trained translator for decoding tests: synthetic English→German, seconds on CPU.
+
+`build_tiny_checkpoint(directory)` trains a sentencepiece tokenizer and a 2-layer model on
+a few hundred template sentences ("a red dog runs ." → "ein roter Hund rennt .") and saves a
+litmt checkpoint. It is cached per test session by `tiny_checkpoint_path`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from litmt.checkpoint import save_model_checkpoint
+from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.models import BOS_ID, EOS_ID, PAD_ID, Seq2SeqTransformer, TransformerConfig
+
+ADJ = {"red": "roter", "big": "großer", "small": "kleiner", "old": "alter", "young": "junger"}
+NOUN = {"dog": "Hund", "man": "Mann", "boy": "Junge", "cat": "Kater", "bird": "Vogel"}
+VERB = {"runs": "rennt", "sleeps": "schläft", "eats": "isst", "sings": "singt", "walks": "geht"}
+PLACE = {"": "", "outside": "draußen", "here": "hier", "today": "heute"}
+
+
+def corpus(seed: int = 0) -> tuple[list[str], list[str]]:
+    """All template pairs, shuffled: (english, german)."""
+    pairs = []
+    for (a, a2), (n, n2), (v, v2), (p, p2) in itertools.product(
+        ADJ.items(), NOUN.items(), VERB.items(), PLACE.items()
+    ):
+        en = " ".join(w for w in ("A", a, n, v, p) if w) + "."
+        de = " ".join(w for w in ("Ein", a2, n2, v2, p2) if w) + "."
+        pairs.append((en, de))
+    random.Random(seed).shuffle(pairs)
+    return [e for e, _ in pairs], [d for _, d in pairs]
+
+
+def _batch(ids: list[list[int]], bos_eos: bool) -> torch.Tensor:
+    seqs = [[BOS_ID, *s, EOS_ID] if bos_eos else s for s in ids]
+    out = torch.full((len(seqs), max(map(len, seqs))), PAD_ID, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s)
+    return out
+
+
+def build_tiny_checkpoint(directory: Path, steps: int = 60) -> Path:
+    """Train the tiny model and save ``directory/tiny.ckpt`` (a few seconds on CPU)."""
+    torch.manual_seed(0)
+    en, de = corpus()
+    tok = Tokenizer.train(en, de, TokenizerSettings(vocab_size=80, model_type="unigram"))
+    config = TransformerConfig(
+        src_vocab_size=tok.src_vocab_size,
+        d_model=64,
+        n_heads=4,
+        d_ff=128,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        dropout=0.0,
+        max_positions=48,
+    )
+    model = Seq2SeqTransformer(config)
+    src_ids, tgt_ids = tok.encode_src(en), tok.encode_tgt(de)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(steps):
+        idx = torch.randint(len(en), (32,), generator=gen).tolist()
+        src = _batch([src_ids[i] for i in idx], bos_eos=False)
+        tgt = _batch([tgt_ids[i] for i in idx], bos_eos=True)
+        logits = model(src, tgt[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD_ID)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    return save_model_checkpoint(directory / "tiny.ckpt", model, tok, "en", "de")
+
+
+def tiny_checkpoint_path(tmp_path_factory) -> Path:
+    """The session's tiny checkpoint, built on first use."""
+    directory = tmp_path_factory.getbasetemp() / "tiny_checkpoint"
+    path = directory / "tiny.ckpt"
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        build_tiny_checkpoint(directory)
+    return path
