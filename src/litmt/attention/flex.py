@@ -35,7 +35,7 @@ from litmt.attention.base import (
     BackendSupport,
     safe_padding_mask,
 )
-from litmt.attention.local import _positive_int
+from litmt.attention.local import _no_unknown, _positive_int
 from litmt.attention.sparse import SPARSE_MODES, block_layout
 from litmt.errors import BackendError
 
@@ -45,6 +45,15 @@ MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 _COMPILED: dict[str, Any] = {}  # "fn" -> the compiled flex_attention (one per process)
 _CACHE_SIZE = 32
+_FLEX_OPTIONS = (
+    "window",
+    "sparse",
+    "sparse_block_size",
+    "sparse_stride",
+    "sparse_summary",
+    "compile",
+    "kernel_block_size",
+)
 
 
 def _flex_module() -> Any:
@@ -87,8 +96,10 @@ class FlexAttention(AttentionKernel):
         sparse_summary: int = 1,
         compile: bool = True,
         kernel_block_size: int = 128,
+        **unknown: Any,
     ) -> None:
         super().__init__()
+        _no_unknown(self.name, unknown, _FLEX_OPTIONS)
         self._flex = _flex_module()
         self.window = None if window is None else _positive_int("window", window, self.name, 0)
         if sparse is not None and sparse not in SPARSE_MODES:

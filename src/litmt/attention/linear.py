@@ -19,12 +19,14 @@ Attention dropout does not exist here (no attention matrix), so it is declared u
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from litmt.attention.base import AttentionKernel, BackendSupport, safe_padding_mask
-from litmt.attention.local import _positive_int
+from litmt.attention.local import _no_unknown, _positive_int
 
 
 def feature_map(x: Tensor) -> Tensor:
@@ -47,8 +49,9 @@ class LinearAttention(AttentionKernel):
         notes="phi(x)=elu(x)+1 kernel attention; O(T) time and memory, causal via chunked prefix sums",
     )
 
-    def __init__(self, chunk_size: int = 64, eps: float = 1e-6) -> None:
+    def __init__(self, chunk_size: int = 64, eps: float = 1e-6, **unknown: Any) -> None:
         super().__init__()
+        _no_unknown(self.name, unknown, ("chunk_size", "eps"))
         self.chunk_size = _positive_int("chunk_size", chunk_size, self.name, 1)
         self.eps = float(eps)
 

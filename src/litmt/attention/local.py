@@ -31,6 +31,14 @@ from litmt.errors import BackendError
 _MIN_CHUNK = 64  # chunks shorter than this waste time on per-chunk overhead
 
 
+def _no_unknown(backend: str, unknown: dict[str, Any], valid: tuple[str, ...]) -> None:
+    if unknown:
+        raise BackendError(
+            f"attention backend '{backend}' has no option(s) {sorted(unknown)}; "
+            f"valid options: {', '.join(valid)}"
+        )
+
+
 def _positive_int(name: str, value: Any, backend: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise BackendError(
@@ -55,8 +63,9 @@ class LocalAttention(AttentionKernel):
         notes="sliding window |i-j| <= window; O(T*window) time and memory via query chunks",
     )
 
-    def __init__(self, window: int = 128, chunk_size: int | None = None) -> None:
+    def __init__(self, window: int = 128, chunk_size: int | None = None, **unknown: Any) -> None:
         super().__init__()
+        _no_unknown(self.name, unknown, ("window", "chunk_size"))
         self.window = _positive_int("window", window, self.name, 0)
         self.chunk_size = (
             None if chunk_size is None else _positive_int("chunk_size", chunk_size, self.name, 1)

@@ -19,6 +19,8 @@ least the number of blocks) is exactly full attention.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -29,7 +31,7 @@ from litmt.attention.base import (
     BackendSupport,
     safe_padding_mask,
 )
-from litmt.attention.local import _positive_int
+from litmt.attention.local import _no_unknown, _positive_int
 from litmt.errors import BackendError
 
 SPARSE_MODES = ("fixed", "strided")
@@ -87,9 +89,15 @@ class SparseAttention(AttentionKernel):
     )
 
     def __init__(
-        self, mode: str = "fixed", block_size: int = 64, stride: int = 4, summary: int = 1
+        self,
+        mode: str = "fixed",
+        block_size: int = 64,
+        stride: int = 4,
+        summary: int = 1,
+        **unknown: Any,
     ) -> None:
         super().__init__()
+        _no_unknown(self.name, unknown, ("mode", "block_size", "stride", "summary"))
         if mode not in SPARSE_MODES:
             raise BackendError(
                 f"attention backend 'sparse': unknown mode '{mode}'; valid modes: "

@@ -1,0 +1,468 @@
+"""CPU tests of the optional backends: parity, patterns, decode steps, errors, learning.
+
+Exact backends (sdpa, flex, auto) are compared with `math`, which test_contract.py checks
+against a hand-written reference. Approximate backends are exact where they should be
+(local with window >= T, sparse with a covering layout) and otherwise compared with dense
+references written here from their definitions (band mask, block layout, naive O(T²) linear
+attention).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from litmt.attention import build_backend, list_backends
+from litmt.attention.base import AttentionRequest
+from litmt.attention.linear import feature_map
+from litmt.attention.sparse import block_layout
+from litmt.attention.te import fp8_autocast
+from litmt.errors import BackendError
+from litmt.models.config import BOS_ID, EOS_ID, PAD_ID, AttentionConfig, TransformerConfig
+from litmt.models.transformer import Seq2SeqTransformer
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+CASES = {
+    "self": dict(tq=9, tk=9, lengths=None, causal=False),
+    "cross": dict(tq=5, tk=11, lengths=None, causal=False),
+    "padding": dict(tq=7, tk=7, lengths=[7, 3, 5], causal=False),
+    "cross_padding": dict(tq=4, tk=10, lengths=[10, 2, 6], causal=False),
+    "causal": dict(tq=8, tk=8, lengths=None, causal=True),
+    "causal_padding": dict(tq=8, tk=8, lengths=[8, 4, 6], causal=True),
+    "decode_step": dict(tq=1, tk=12, lengths=None, causal=False),
+    "decode_chunk": dict(tq=3, tk=12, lengths=None, causal=True),
+}
+
+
+def make_inputs(case: dict, b: int = 3, h: int = 2, d: int = 16):
+    q = torch.randn(b, case["tq"], h, d)
+    k, v = torch.randn(b, case["tk"], h, d), torch.randn(b, case["tk"], h, d)
+    mask = None
+    if case["lengths"]:
+        lengths = torch.tensor(case["lengths"])
+        mask = torch.arange(case["tk"])[None, :] >= lengths[:, None]  # (B, Tk) True = pad
+    return q, k, v, mask
+
+
+def dense_reference(q, k, v, allowed):
+    """softmax(QKᵀ/√D) V in float64 with `allowed` (B|1, 1, Tq, Tk) bool; (B, Tq, H, D)."""
+    q, k, v = (t.permute(0, 2, 1, 3).double() for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ v).permute(0, 2, 1, 3).float()
+
+
+def positions_mask(tq, tk, key_padding_mask, causal, extra=None):
+    """(B|1, 1, Tq, Tk) allowed-mask over absolute positions (query i at Tk - Tq + i)."""
+    qpos = torch.arange(tq)[:, None] + (tk - tq)
+    kpos = torch.arange(tk)[None, :]
+    allowed = torch.ones(tq, tk, dtype=torch.bool)
+    if causal:
+        allowed &= kpos <= qpos
+    if extra is not None:
+        allowed &= extra(qpos, kpos)
+    allowed = allowed[None, None]
+    if key_padding_mask is not None:
+        allowed = allowed & ~key_padding_mask[:, None, None, :]
+    return allowed
+
+
+def real_rows(case, mask):
+    """(B, Tq) bool: query rows that are not padding (padded rows' outputs are arbitrary)."""
+    b = 3
+    if mask is None or case["tq"] != case["tk"]:
+        return torch.ones(b, case["tq"], dtype=torch.bool)
+    return ~mask
+
+
+# -- exact backends against math -------------------------------------------------------
+EXACT_CPU = {
+    "sdpa": {},
+    "flex": {"compile": False},
+    "auto": {},
+}
+
+
+@pytest.mark.parametrize("backend", list(EXACT_CPU))
+@pytest.mark.parametrize("case", list(CASES))
+def test_exact_backends_match_math(backend, case):
+    c = CASES[case]
+    q, k, v, mask = make_inputs(c)
+    kernel = build_backend(backend, **EXACT_CPU[backend])
+    out = kernel(q, k, v, key_padding_mask=mask, causal=c["causal"])
+    ref = build_backend("math")(q, k, v, key_padding_mask=mask, causal=c["causal"])
+    assert out.shape == (3, c["tq"], 2, 16)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["padding", "causal"])
+def test_compiled_flex_matches_math(case):
+    """The compiled (inductor, C++) flex kernel on CPU; compiling takes ~10-20 s per shape."""
+    c = CASES[case]
+    q, k, v, mask = make_inputs(c)
+    out = build_backend("flex")(q, k, v, key_padding_mask=mask, causal=c["causal"])
+    ref = build_backend("math")(q, k, v, key_padding_mask=mask, causal=c["causal"])
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_flex_trains_on_cpu_through_the_dense_fallback():
+    """torch has no CPU backward for flex; the same mask then goes through sdpa."""
+    q, k, v, mask = make_inputs(CASES["causal_padding"])
+    q.requires_grad_(True)
+    out = build_backend("flex", window=3)(q, k, v, key_padding_mask=mask, causal=True)
+    out.sum().backward()
+    allowed = positions_mask(8, 8, mask, True, lambda i, j: (i - j).abs() <= 3)
+    q2 = q.detach().requires_grad_(True)
+    ref = dense_reference(q2, k, v, allowed)
+    ref.sum().backward()
+    rows = real_rows(CASES["causal_padding"], mask)
+    torch.testing.assert_close(out[rows], ref[rows], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(q.grad[rows], q2.grad[rows].float(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("options", "extra"),
+    [
+        ({"window": 2}, lambda i, j: (i - j).abs() <= 2),
+        (
+            {"sparse": "strided", "sparse_block_size": 2, "sparse_stride": 2},
+            lambda i, j: block_layout(torch.arange(8), 8, mode="strided", stride=2, causal=False)[
+                i // 2, j // 2
+            ],
+        ),
+    ],
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_flex_patterns_match_dense_masks(options, extra, causal):
+    q, k, v, mask = make_inputs(CASES["padding"])
+    out = build_backend("flex", compile=False, **options)(
+        q, k, v, key_padding_mask=mask, causal=causal
+    )
+    ref = dense_reference(q, k, v, positions_mask(7, 7, mask, causal, extra))
+    rows = real_rows(CASES["padding"], mask)
+    torch.testing.assert_close(out[rows], ref[rows], atol=1e-5, rtol=1e-5)
+
+
+# -- local ------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("cross")])
+def test_local_with_window_covering_the_sequence_is_exact(case):
+    c = CASES[case]
+    q, k, v, mask = make_inputs(c)
+    out = build_backend("local", window=c["tk"])(q, k, v, key_padding_mask=mask, causal=c["causal"])
+    ref = build_backend("math")(q, k, v, key_padding_mask=mask, causal=c["causal"])
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("cross")])
+@pytest.mark.parametrize(("window", "chunk"), [(0, None), (2, None), (3, 2), (2, 5)])
+def test_local_matches_a_dense_band_mask(case, window, chunk):
+    c = CASES[case]
+    q, k, v, mask = make_inputs(c)
+    kernel = build_backend("local", window=window, chunk_size=chunk)
+    out = kernel(q, k, v, key_padding_mask=mask, causal=c["causal"])
+    band = positions_mask(c["tq"], c["tk"], mask, c["causal"], lambda i, j: (i - j).abs() <= window)
+    ref = dense_reference(q, k, v, band)
+    rows = real_rows(c, mask)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[rows], ref[rows], atol=1e-5, rtol=1e-5)
+
+
+def test_local_never_builds_a_full_length_mask(monkeypatch):
+    """Each chunk attends C + 2w keys whatever T is: the cost is O(T·w), not O(T²)."""
+    seen = []
+    real_sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        seen.append((tuple(k.shape), tuple(attn_mask.shape)))
+        return real_sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr("litmt.attention.local.F.scaled_dot_product_attention", spy)
+    t, w = 1024, 8
+    q = k = v = torch.randn(1, t, 2, 8)
+    build_backend("local", window=w, chunk_size=16)(q, k, v, causal=False)
+    build_backend("local", window=w, chunk_size=16)(q, k, v, causal=True)
+    assert seen[0] == ((t // 16, 2, 16 + 2 * w, 8), (t // 16, 1, 16, 16 + 2 * w))
+    assert seen[1] == ((t // 16, 2, 16 + w, 8), (t // 16, 1, 16, 16 + w))
+
+
+# -- sparse -----------------------------------------------------------------------------
+def test_sparse_layouts_follow_child_et_al():
+    fixed = block_layout(torch.arange(6), 6, mode="fixed", stride=3)
+    expected_fixed = torch.tensor(
+        [
+            [1, 1, 1, 0, 0, 1],  # own group {0,1,2} + summary blocks {2, 5}
+            [1, 1, 1, 0, 0, 1],
+            [1, 1, 1, 0, 0, 1],
+            [0, 0, 1, 1, 1, 1],
+            [0, 0, 1, 1, 1, 1],
+            [0, 0, 1, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(fixed, expected_fixed)
+    strided = block_layout(torch.arange(6), 6, mode="strided", stride=2, causal=True)
+    expected_strided = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],  # neighbour 1 and every 2nd block back: 0, 2
+            [0, 1, 1, 1, 0, 0],
+            [1, 0, 1, 1, 1, 0],
+            [0, 1, 0, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(strided, expected_strided)
+
+
+@pytest.mark.parametrize("mode", ["fixed", "strided"])
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("cross")])
+def test_sparse_with_a_covering_layout_is_exact(mode, case):
+    c = CASES[case]
+    q, k, v, mask = make_inputs(c)
+    kernel = build_backend("sparse", mode=mode, block_size=2, stride=64)  # stride >= blocks
+    out = kernel(q, k, v, key_padding_mask=mask, causal=c["causal"])
+    ref = build_backend("math")(q, k, v, key_padding_mask=mask, causal=c["causal"])
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["fixed", "strided"])
+@pytest.mark.parametrize("case", ["padding", "causal_padding", "decode_step", "decode_chunk"])
+def test_sparse_matches_its_dense_layout(mode, case):
+    c = CASES[case]
+    q, k, v, mask = make_inputs(c)
+    p, s = 2, 2
+    layout = block_layout(torch.arange(8), 8, mode=mode, stride=s, causal=c["causal"])
+    allowed = positions_mask(
+        c["tq"], c["tk"], mask, c["causal"], lambda i, j: layout[i // p, j // p]
+    )
+    out = build_backend("sparse", mode=mode, block_size=p, stride=s)(
+        q, k, v, key_padding_mask=mask, causal=c["causal"]
+    )
+    ref = dense_reference(q, k, v, allowed)
+    rows = real_rows(c, mask)
+    torch.testing.assert_close(out[rows], ref[rows], atol=1e-5, rtol=1e-5)
+
+
+# -- linear -----------------------------------------------------------------------------
+def naive_linear(q, k, v, key_padding_mask=None, causal=False, eps=1e-6):
+    """out_i = Σ_j s_ij v_j / (Σ_j s_ij + eps), s_ij = φ(q_i)·φ(k_j) over allowed j; O(T²)."""
+    q, k, v = (t.double() for t in (q, k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", feature_map(q), feature_map(k))  # (B, H, Tq, Tk)
+    s = s * positions_mask(q.size(1), k.size(1), key_padding_mask, causal)
+    out = torch.einsum("bhqk,bkhd->bqhd", s, v) / (s.sum(-1).transpose(1, 2)[..., None] + eps)
+    return out.float()
+
+
+@pytest.mark.parametrize("chunk", [3, 64])
+@pytest.mark.parametrize("case", list(CASES))
+def test_linear_matches_its_naive_quadratic_formula(case, chunk):
+    c = CASES[case]
+    q, k, v, mask = make_inputs(c)
+    out = build_backend("linear", chunk_size=chunk)(
+        q, k, v, key_padding_mask=mask, causal=c["causal"]
+    )
+    torch.testing.assert_close(out, naive_linear(q, k, v, mask, c["causal"]), atol=1e-5, rtol=1e-5)
+
+
+# -- decoding: one step against a KV cache equals the row of the full pass -----------------
+@pytest.mark.parametrize(
+    ("backend", "options"),
+    [
+        ("local", {"window": 3}),
+        ("sparse", {"mode": "fixed", "block_size": 2, "stride": 2}),
+        ("sparse", {"mode": "strided", "block_size": 2, "stride": 2}),
+        ("linear", {}),
+        ("flex", {"window": 3, "compile": False}),
+    ],
+)
+def test_decode_steps_match_the_full_causal_pass(backend, options):
+    q, k, v = (torch.randn(2, 10, 2, 8) for _ in range(3))
+    kernel = build_backend(backend, **options)
+    full = kernel(q, k, v, causal=True)
+    for t in range(10):  # what MultiHeadAttention does with a cache: causal=False, Tq=1
+        step = kernel(q[:, t : t + 1], k[:, : t + 1], v[:, : t + 1], causal=False)
+        torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
+
+
+# -- build-time errors ------------------------------------------------------------------
+def tiny_config(**attention) -> TransformerConfig:
+    return TransformerConfig(
+        src_vocab_size=16,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        attention=AttentionConfig(**attention),
+    )
+
+
+@pytest.mark.parametrize(
+    ("backend", "package", "extra"),
+    [
+        ("flash", "flash_attn", "flash"),
+        ("xformers", "xformers", "xformers"),
+        ("te", "transformer_engine", "te"),
+    ],
+)
+def test_cuda_only_backends_fail_at_build_time_on_cpu(backend, package, extra):
+    cfg = dict(encoder_self=backend, decoder_self=backend, cross=backend)
+    if importlib.util.find_spec(package) is None:
+        with pytest.raises(
+            BackendError,
+            match=rf"needs the '{package}.*install it with pip install 'litmt\[{extra}\]'",
+        ):
+            Seq2SeqTransformer(tiny_config(**cfg))
+        return
+    model = Seq2SeqTransformer(tiny_config(**cfg))  # pragma: no cover - package installed
+    with pytest.raises(BackendError, match=rf"'{backend}' \(at encoder_self\) runs only on cuda"):
+        model.validate_backends("cpu")
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "local", "sparse", "linear", "auto"])
+def test_fused_kernels_cannot_return_weights(backend):
+    model = Seq2SeqTransformer(tiny_config(encoder_self=backend))
+    model.validate_backends("cpu", torch.float32)
+    with pytest.raises(BackendError, match="cannot return attention weights; use 'math'"):
+        model.validate_backends("cpu", need_weights=True)
+
+
+@pytest.mark.parametrize("backend", ["linear", "flex"])
+def test_backends_without_dropout_refuse_attention_dropout(backend):
+    cfg = tiny_config(encoder_self=backend)
+    cfg.attention_dropout = 0.1
+    model = Seq2SeqTransformer(cfg)
+    model.validate_backends("cpu", training=False)  # no dropout at inference
+    with pytest.raises(
+        BackendError, match=rf"'{backend}' \(at encoder_self\) does not support attention dropout"
+    ):
+        model.validate_backends("cpu", training=True)
+
+
+@pytest.mark.parametrize(
+    ("backend", "options"), [("local", {}), ("sparse", {}), ("flex", {"window": 4})]
+)
+def test_positional_patterns_are_refused_across_sequences(backend, options):
+    model = Seq2SeqTransformer(tiny_config(cross=backend, cross_options=options))
+    with pytest.raises(BackendError, match=rf"'{backend}' \(at cross\).*model.attention.cross"):
+        model.validate_backends("cpu")
+
+
+@pytest.mark.parametrize(
+    ("backend", "options", "message"),
+    [
+        ("local", {"window": -1}, "option window must be an integer >= 0, got -1"),
+        ("local", {"window": 4, "size": 2}, r"no option\(s\) \['size'\]; valid options: window"),
+        ("sparse", {"mode": "dense"}, "unknown mode 'dense'; valid modes: fixed, strided"),
+        ("sparse", {"stride": 2, "summary": 3}, "summary=3 must not exceed stride=2"),
+        ("flex", {"sparse": "random"}, "unknown sparse mode 'random'"),
+        ("linear", {"chunk_size": 0}, "option chunk_size must be an integer >= 1"),
+    ],
+)
+def test_bad_options_raise_clear_errors(backend, options, message):
+    with pytest.raises(BackendError, match=message):
+        build_backend(backend, **options)
+
+
+def test_approximate_backends_declare_it():
+    assert not build_backend("local").support.exact
+    assert not build_backend("linear").support.exact
+    assert not build_backend("sparse").support.exact
+    assert build_backend("flex").support.exact
+    assert not build_backend("flex", window=4).support.exact
+
+
+def test_auto_picks_sdpa_on_cpu_and_logs_it(caplog):
+    kernel = build_backend("auto")
+    with caplog.at_level(logging.INFO, logger="litmt.attention.auto"):
+        kernel.validate(AttentionRequest(device="cpu", dtype=torch.float32, site="encoder_self"))
+    assert "attention=auto at encoder_self: using 'sdpa' on cpu (float32)" in caplog.text
+
+
+def test_fp8_autocast_is_a_no_op_when_disabled_and_explains_itself_otherwise():
+    with fp8_autocast(enabled=False):
+        pass
+    with pytest.raises(BackendError, match="unknown FP8 format 'E5M3'"):
+        fp8_autocast(enabled=True, fp8_format="E5M3")
+    if importlib.util.find_spec("transformer_engine") is None:
+        with pytest.raises(BackendError, match=r"pip install 'litmt\[te\]'"):
+            fp8_autocast(enabled=True)
+
+
+# -- config groups ----------------------------------------------------------------------
+@pytest.mark.parametrize("group", sorted(p.stem for p in (CONF / "attention").glob("*.yaml")))
+def test_every_attention_group_composes_and_builds(group):
+    hydra = pytest.importorskip("hydra")
+    from omegaconf import OmegaConf
+
+    overrides = [f"attention={group}"]
+    if group == "local":
+        overrides.append("model.attention.encoder_self_options.window=64")
+    with hydra.initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = hydra.compose("train", overrides=overrides)
+    attention = OmegaConf.to_container(cfg.model.attention)
+    assert {attention[s] for s in ("encoder_self", "decoder_self", "cross")} <= set(list_backends())
+    if group == "local":
+        assert attention["encoder_self_options"]["window"] == 64
+    try:
+        model = Seq2SeqTransformer(tiny_config(**attention))
+    except BackendError as err:  # optional package missing: the message names the extra
+        assert "pip install 'litmt[" in str(err)
+        return
+    model.validate_backends("cpu" if group not in ("flash", "xformers", "te") else "cuda")
+
+
+# -- learning ---------------------------------------------------------------------------
+def reverse_batch(generator: torch.Generator, batch: int = 32, vocab: int = 12):
+    """Random sequences (ids 4..V-1) of length 3..8; the target is the sequence reversed."""
+    lengths = torch.randint(3, 9, (batch,), generator=generator)
+    src = torch.full((batch, 9), PAD_ID)
+    tgt_in = torch.full((batch, 10), PAD_ID)
+    tgt_out = torch.full((batch, 10), PAD_ID)
+    for i, n in enumerate(lengths.tolist()):
+        seq = torch.randint(4, vocab, (n,), generator=generator)
+        src[i, :n], src[i, n] = seq, EOS_ID
+        tgt_in[i, 0], tgt_in[i, 1 : n + 1] = BOS_ID, seq.flip(0)
+        tgt_out[i, :n], tgt_out[i, n] = seq.flip(0), EOS_ID
+    return src, tgt_in, tgt_out
+
+
+@pytest.mark.parametrize(("backend", "options"), [("local", {"window": 2}), ("linear", {})])
+def test_tiny_model_with_approximate_encoder_attention_learns_to_reverse(backend, options):
+    torch.manual_seed(0)
+    cfg = TransformerConfig(
+        src_vocab_size=12,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        n_encoder_layers=2,
+        n_decoder_layers=1,
+        dropout=0.0,
+        max_positions=16,
+        attention=AttentionConfig(encoder_self=backend, encoder_self_options=options),
+    )
+    model = Seq2SeqTransformer(cfg)
+    model.validate_backends("cpu", torch.float32)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(250):
+        src, tgt_in, tgt_out = reverse_batch(gen)
+        logits = model(src, tgt_in)  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    start, end = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
+    assert end < 0.25 * start, f"{backend}: loss {start:.3f} -> {end:.3f}"
