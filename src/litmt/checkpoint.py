@@ -74,7 +74,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                 "plain types, which could run code; only load checkpoints you trust with litmt's format"
             ) from exc
         raise CheckpointError(f"checkpoint {path} is corrupt ({first})") from exc
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, LookupError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({first[:160]})") from exc
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
