@@ -269,6 +269,8 @@ class Translator:
             n_best=n_best,
             progress=progress,
         )
+        if not found:
+            return []
         if n_best == 1 and not return_scores:
             return self.tokenizer.decode_tgt([hyps[0].tokens for hyps in found])
         out: list[NBest] = []

@@ -1,0 +1,144 @@
+"""The `Translator` API: batching, order, n-best, input hygiene and the output format."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+from tiny_checkpoint import corpus, tiny_checkpoint_path
+
+from litmt import Translator
+from litmt.errors import CheckpointError, ConfigError
+from litmt.search import greedy_search
+from litmt.translate import format_result, token_batches
+
+
+@pytest.fixture(scope="session")
+def ckpt(tmp_path_factory):
+    return tiny_checkpoint_path(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def translator(ckpt):
+    return Translator.from_checkpoint(ckpt, device="cpu")
+
+
+def test_translates_the_synthetic_task(translator):
+    en, de = corpus(seed=1)
+    hyps = translator.translate(en[:20], beam_size=3)
+    assert sum(h == r for h, r in zip(hyps, de[:20], strict=True)) >= 15
+
+
+def test_token_batches_respect_the_budget_and_cover_every_sentence():
+    lengths = [5, 1, 9, 3, 3, 12, 7, 2]
+    batches = token_batches(lengths, max_tokens=12)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 12
+    assert token_batches([30], max_tokens=4) == [[0]]  # too long: alone, not dropped
+    with pytest.raises(ConfigError, match="max_tokens must be positive"):
+        token_batches([1], 0)
+
+
+def test_output_order_does_not_depend_on_batching(translator):
+    en, _ = corpus(seed=2)
+    sents = [en[0], en[1] + " " + en[2], en[3], "A dog.", en[4] + " " + en[5] + " " + en[6]]
+    one_batch = translator.translate(sents, beam_size=3, max_tokens=10_000)
+    tiny_batches = translator.translate(sents, beam_size=3, max_tokens=8)
+    one_by_one = [translator.translate([s], beam_size=3)[0] for s in sents]
+    assert one_batch == tiny_batches == one_by_one
+
+
+def test_empty_and_whitespace_inputs_give_empty_outputs_without_the_model(translator, monkeypatch):
+    calls = []
+    import litmt.translate as mod
+
+    def spy(model, src, **kw):
+        calls.append(src.size(0))
+        return greedy_search(model, src, **kw)
+
+    monkeypatch.setattr(mod, "greedy_search", spy)
+    out = translator.translate(["", "A red dog runs.", "   \t ", "", "A cat eats."], beam_size=1)
+    assert out[0] == out[2] == out[3] == ""
+    assert out[1] and out[4]
+    assert calls == [2]  # only the two real sentences reached the model
+    assert translator.translate([""] * 3) == ["", "", ""]
+    assert translator.translate([]) == []
+
+
+def test_control_characters_are_removed_with_a_warning(translator, caplog):
+    with caplog.at_level(logging.WARNING, logger="litmt"):
+        out = translator.translate(["A red dog runs.", "A red\x00 dog\x1b runs.\r"], beam_size=1)
+    assert out[0] == out[1]
+    assert "line 2: removed 3 control character(s)" in caplog.text
+    assert "line 1" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="litmt"):
+        assert translator.translate(["\x07\x08"]) == [""]
+    assert "line 1: removed 2 control character(s)" in caplog.text
+
+
+def test_long_sources_are_truncated_to_max_positions_with_a_warning(translator, caplog):
+    long = " ".join(["A big red dog runs outside."] * 40)
+    n_ids = len(translator.tokenizer.encode_src([long])[0])
+    assert n_ids > translator.max_source_tokens == 48
+    with caplog.at_level(logging.WARNING, logger="litmt"):
+        out = translator.translate(["A dog.", long], beam_size=2)
+    assert len(out) == 2 and out[1]
+    assert f"line 2: {n_ids} subword tokens, truncated to the model's maximum of 48" in caplog.text
+
+
+def test_nbest_lists_are_sorted_and_start_with_the_one_best(translator):
+    sents = ["A big bird sings outside.", "", "A young cat sleeps."]
+    best = translator.translate(sents, beam_size=4)
+    nbest = translator.translate(sents, beam_size=4, n_best=3)
+    assert nbest[1] == [("", 0.0)]
+    for i in (0, 2):
+        assert len(nbest[i]) == 3
+        scores = [s for _, s in nbest[i]]
+        assert scores == sorted(scores, reverse=True)
+        assert nbest[i][0][0] == best[i]
+    scored = translator.translate(sents, beam_size=4, return_scores=True)
+    assert [s[0] for s in scored] == [n[0] for n in nbest]
+    with pytest.raises(ConfigError, match="n_best must be between 1 and beam_size=2"):
+        translator.translate(sents, beam_size=2, n_best=3)
+    with pytest.raises(ConfigError, match="takes a list of sentences"):
+        translator.translate("A dog.")  # type: ignore[arg-type]
+
+
+def test_streaming_gives_the_same_results_in_chunks(translator):
+    en, _ = corpus(seed=3)
+    lines = [f"{s}\n" for s in en[:7]] + ["\n", "A dog runs.\r\n", "A cat eats."]
+    expected = translator.translate([s.rstrip("\r\n") for s in lines], beam_size=2)
+    streamed = list(translator.translate_stream(iter(lines), chunk_lines=3, beam_size=2))
+    assert streamed == expected
+
+
+def test_averaging_a_checkpoint_with_itself_gives_the_same_translations(ckpt, tmp_path, translator):
+    copy = shutil.copy(ckpt, tmp_path / "copy.ckpt")
+    avg = Translator.from_checkpoint([ckpt, copy], device="cpu")
+    for a, b in zip(
+        avg.model.state_dict().values(), translator.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b)
+    en, _ = corpus(seed=4)
+    assert avg.translate(en[:5]) == translator.translate(en[:5])
+
+
+def test_missing_and_corrupt_checkpoints_raise_one_line_errors(tmp_path):
+    with pytest.raises(CheckpointError, match=r"checkpoint not found: .*nope\.ckpt"):
+        Translator.from_checkpoint(tmp_path / "nope.ckpt")
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"this is not a checkpoint")
+    with pytest.raises(CheckpointError, match="truncated or corrupt") as err:
+        Translator.from_checkpoint(bad)
+    assert "\n" not in str(err.value)
+
+
+def test_format_result():
+    assert format_result("Ein Hund.", 0, 1, False) == ["Ein Hund."]
+    assert format_result([("Ein Hund.", -0.51234)], 0, 1, True) == ["-0.5123\tEin Hund."]
+    lines = format_result([("a", -0.1), ("b", -0.2)], 7, 3, True)
+    assert lines == ["7\t-0.1000\ta", "7\t-0.2000\tb", "7\t-inf\t"]
