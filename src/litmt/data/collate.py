@@ -100,27 +100,27 @@ def collate(examples: Sequence[Example]) -> dict[str, Tensor | int]:
     # an empty source (possible in valid/test, never filtered) becomes one eos so that no
     # row of the encoder's key padding mask is all padding
     examples = [(i, s if len(s) else _EMPTY_SRC, t) for i, s, t in examples]
-    src_len = torch.tensor([len(e[1]) for e in examples], dtype=torch.long)
-    tgt_len = torch.tensor([len(e[2]) + 1 for e in examples], dtype=torch.long)
-    src = torch.full((b, max(int(src_len.max()), 1)), PAD_ID, dtype=torch.long)  # (B, S)
-    tgt_in = torch.full((b, int(tgt_len.max())), PAD_ID, dtype=torch.long)  # (B, T)
-    tgt_out = torch.full_like(tgt_in, PAD_ID)  # (B, T)
+    src_len = np.array([len(e[1]) for e in examples], dtype=np.int64)
+    tgt_len = np.array([len(e[2]) + 1 for e in examples], dtype=np.int64)
+    src = np.full((b, int(src_len.max())), PAD_ID, dtype=np.int64)  # (B, S)
+    tgt_in = np.full((b, int(tgt_len.max())), PAD_ID, dtype=np.int64)  # (B, T)
+    tgt_out = np.full_like(tgt_in, PAD_ID)  # (B, T)
     for i, (_, s, t) in enumerate(examples):
         n = len(t)
-        src[i, : len(s)] = torch.from_numpy(np.asarray(s, dtype=np.int64))
-        y = torch.from_numpy(np.asarray(t, dtype=np.int64))
+        src[i, : len(s)] = s
         tgt_in[i, 0] = BOS_ID
-        tgt_in[i, 1 : n + 1] = y
-        tgt_out[i, :n] = y
+        tgt_in[i, 1 : n + 1] = t
+        tgt_out[i, :n] = t
         tgt_out[i, n] = EOS_ID
+    src_t, tgt_in_t, tgt_out_t = map(torch.from_numpy, (src, tgt_in, tgt_out))
     return {
-        "src": src,
-        "tgt_in": tgt_in,
-        "tgt_out": tgt_out,
-        "src_padding_mask": src.eq(PAD_ID),
-        "tgt_padding_mask": tgt_out.eq(PAD_ID),
-        "src_lengths": src_len,
-        "tgt_lengths": tgt_len,
+        "src": src_t,
+        "tgt_in": tgt_in_t,
+        "tgt_out": tgt_out_t,
+        "src_padding_mask": src_t.eq(PAD_ID),
+        "tgt_padding_mask": tgt_out_t.eq(PAD_ID),
+        "src_lengths": torch.from_numpy(src_len),
+        "tgt_lengths": torch.from_numpy(tgt_len),
         "index": torch.tensor([e[0] for e in examples], dtype=torch.long),
         "ntokens": int(tgt_len.sum()),
     }

@@ -204,16 +204,21 @@ class TranslationDataModule(L.LightningDataModule):
         self.bucket_pool, self.max_positions, self.limit = bucket_pool, max_positions, limit
         self.num_workers, self.pin_memory, self.seed = num_workers, pin_memory, seed
         self.num_proc, self.shuffle = num_proc, shuffle
-        if max_positions is not None and self.filter.max_len > max_positions - 1:
+        # a training pair must fit in a batch and in the model's positions (bos/eos included)
+        caps = [self.filter.max_len]
+        if max_positions is not None:
+            caps.append(max_positions - 1)
+        if max_tokens is not None:
+            caps.append(max_tokens - 1)
+        if min(caps) < 1:
             raise ConfigError(
-                f"data.filter.max_len={self.filter.max_len} leaves no room for bos/eos within "
-                f"data.max_positions={max_positions}; set data.filter.max_len<={max_positions - 1}"
+                f"data.max_tokens={max_tokens} / data.max_positions={max_positions} leave no room "
+                f"for a single token; raise them"
             )
-        if max_tokens is not None and self.filter.max_len + 1 > max_tokens:
-            raise ConfigError(
-                f"data.max_tokens={max_tokens} is smaller than the longest allowed training "
-                f"example (data.filter.max_len={self.filter.max_len} + 1); raise max_tokens"
-            )
+        if min(caps) < self.filter.max_len:
+            log.info("train filter: max_len lowered from %d to %d (max_tokens/max_positions)",
+                     self.filter.max_len, min(caps))  # fmt: skip
+            self.filter.max_len = min(caps)
         self.tokenizer: Tokenizer | None = None
         self.datasets: dict[str, TokenizedPairs] = {}
         self._text: dict[str, datasets.Dataset] = {}
@@ -281,7 +286,7 @@ class TranslationDataModule(L.LightningDataModule):
         if (path / "dataset_info.json").exists():
             return datasets.load_from_disk(str(path))
         raw = self._raw(split)
-        big = self.num_proc is not None and self.num_proc > 1 and len(raw) >= 10_000
+        big = self.num_proc is not None and self.num_proc > 1 and len(raw) >= 1000 * self.num_proc
         with _quiet_datasets():
             ds = raw.map(
                 _encode_batch,

@@ -1,0 +1,71 @@
+"""Tiny synthetic parallel corpora that the data tests write themselves."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+EN = [
+    "a",
+    "the",
+    "man",
+    "woman",
+    "dog",
+    "cat",
+    "runs",
+    "sits",
+    "red",
+    "blue",
+    "big",
+    "small",
+    "house",
+    "street",
+    "park",
+    "ball",
+]
+DE = [
+    "ein",
+    "der",
+    "mann",
+    "frau",
+    "hund",
+    "katze",
+    "läuft",
+    "sitzt",
+    "rot",
+    "blau",
+    "groß",
+    "klein",
+    "haus",
+    "straße",
+    "park",
+    "ball",
+]
+
+
+def make_pairs(n: int, seed: int = 0, max_words: int = 12) -> tuple[list[str], list[str]]:
+    """`n` aligned synthetic sentence pairs (word-by-word 'translations' of varying length)."""
+    rng = random.Random(seed)
+    src, tgt = [], []
+    for _ in range(n):
+        k = rng.randint(1, max_words)
+        ids = [rng.randrange(len(EN)) for _ in range(k)]
+        src.append(" ".join(EN[i] for i in ids))
+        tgt.append(" ".join(DE[i] for i in ids))
+    return src, tgt
+
+
+def write_text_corpus(
+    root: Path, sizes: dict[str, int] | None = None, langs: tuple[str, str] = ("en", "de")
+) -> Path:
+    """`{root}/{split}.{lang}` files (fairseq convention); returns `root`."""
+    sizes = sizes or {"train": 300, "valid": 40, "test": 30}
+    root.mkdir(parents=True, exist_ok=True)
+    for k, (split, n) in enumerate(sizes.items()):
+        src, tgt = make_pairs(n, seed=k)
+        (root / f"{split}.{langs[0]}").write_text("\n".join(src) + "\n", encoding="utf-8")
+        (root / f"{split}.{langs[1]}").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    return root
+
+
+TINY_TOKENIZER = {"vocab_size": 60, "model_type": "unigram", "character_coverage": 1.0}
