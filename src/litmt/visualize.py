@@ -198,7 +198,7 @@ def plot_attention(
         ax.set_yticks(range(len(rows)), rows, fontsize=5 if small else 7)
         if not small:
             fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    fig.set_layout_engine("constrained")
+    fig.set_layout_engine("tight")
     return fig
 
 
