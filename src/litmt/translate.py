@@ -187,9 +187,7 @@ class Translator:
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
         todo = [i for i, ids in enumerate(sources) if len(ids) > 0]
         pad = self.model.config.pad_id
-        with tqdm(
-            total=len(sources), disable=not progress, file=sys.stderr, unit="sent", leave=False
-        ) as bar:
+        with tqdm(total=len(sources), disable=not progress, file=sys.stderr, unit="sent") as bar:
             bar.update(len(sources) - len(todo))
             for batch in token_batches([len(sources[i]) for i in todo], max_tokens):
                 idx = [todo[j] for j in batch]
