@@ -224,3 +224,16 @@ def test_reads_rank_from_torch_distributed(monkeypatch: pytest.MonkeyPatch) -> N
     src, tgt = lengths(30)
     s = TokenBudgetBatchSampler(src, tgt, max_tokens=100)
     assert (s.rank, s.world_size) == (2, 3)
+
+
+def test_bucket_sort_walks_the_length_grid() -> None:
+    from litmt.data.sampler import bucket_sort
+
+    src = np.array([3, 1, 2, 3, 2, 3, 1, 2])
+    tgt = np.array([1, 3, 2, 3, 1, 2, 1, 2])
+    # cost 1: (1,1); cost 2 (even, source-minus-target ascending): (2,2) (2,2) (2,1);
+    # cost 3 (odd, descending): (3,1) (3,2) (3,3) (1,3); ties keep their input order
+    assert bucket_sort(np.arange(8), src, tgt).tolist() == [6, 2, 7, 4, 0, 5, 3, 1]
+    rng = np.random.default_rng(0)
+    order = rng.permutation(8)
+    assert sorted(bucket_sort(order, src, tgt).tolist()) == list(range(8))
