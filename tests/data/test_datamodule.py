@@ -150,3 +150,17 @@ def test_collate_empty_source_becomes_eos() -> None:
     assert batch["tgt_in"].tolist() == [[BOS_ID, 7, 8]] and batch["tgt_out"].tolist() == [
         [7, 8, EOS_ID]
     ]
+
+
+def test_tokenising_with_several_processes_matches_one(
+    tmp_path: Path, make_corpus, dm_kwargs: dict
+) -> None:
+    corpus = make_corpus("big", sizes={"train": 2400, "valid": 10, "test": 10})
+    kw = {**dm_kwargs, "dir": str(corpus)}
+    one = TranslationDataModule(**{**kw, "cache_dir": str(tmp_path / "c1"), "num_proc": 1})
+    two = TranslationDataModule(**{**kw, "cache_dir": str(tmp_path / "c2"), "num_proc": 2})
+    one.setup("fit")
+    two.setup("fit")
+    a, b = one.datasets["train"], two.datasets["train"]
+    assert (a.src_values == b.src_values).all() and (a.tgt_offsets == b.tgt_offsets).all()
+    assert one.references("train") == two.references("train")

@@ -246,19 +246,24 @@ class TranslationDataModule(L.LightningDataModule):
             log.info("tokenizer: loaded %s", d)
             return self.tokenizer
         train = self._raw("train")
+        src = [x or "" for x in train["src"]]
+        tgt = [x or "" for x in train["tgt"]]
         t0 = time.perf_counter()
-        tok = Tokenizer.train(train["src"], train["tgt"], self.tokenizer_settings)
+        tok = Tokenizer.train(src, tgt, self.tokenizer_settings)
         self.timings["tokenizer_train_s"] = time.perf_counter() - t0
         tmp = d.with_name(d.name + f".tmp{os.getpid()}")
         tok.save(tmp)
-        with contextlib.suppress(OSError):  # atomic; another process may have finished first
-            tmp.rename(d)
+        try:
+            tmp.rename(d)  # atomic publish
+        except OSError:  # another process (e.g. another DDP rank) published first: use theirs
+            shutil.rmtree(tmp, ignore_errors=True)
         log.info(
             "tokenizer: trained on %d pairs in %.1fs → %s (vocab %d/%d)",
             len(train), self.timings["tokenizer_train_s"], d, tok.src_vocab_size, tok.tgt_vocab_size,
         )  # fmt: skip
-        self.tokenizer = tok
-        return tok
+        # every process uses the published model, so concurrent trainers agree on one vocabulary
+        self.tokenizer = Tokenizer.load(d)
+        return self.tokenizer
 
     # -- raw text and token ids -----------------------------------------------------------
     def _raw(self, split: str) -> datasets.Dataset:
