@@ -196,3 +196,17 @@ def test_bad_search_options_raise_config_errors():
         beam_search(model, src, beam_size=0)
     with pytest.raises(ConfigError, match="exceeds the model's max_positions=64"):
         greedy_search(model, torch.randint(4, VOCAB, (1, 70)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_search_on_cuda_matches_cpu():
+    model = tiny_model(10)
+    src = sources(6)
+    cpu_beam = beam_search(model, src, beam_size=4, n_best=2)
+    cpu_greedy = greedy_search(model, src)
+    model.cuda()
+    gpu_beam = beam_search(model, src.cuda(), beam_size=4, n_best=2)
+    gpu_greedy = greedy_search(model, src.cuda())
+    assert [[h.tokens for h in b] for b in gpu_beam] == [[h.tokens for h in b] for b in cpu_beam]
+    assert [h.tokens for h in gpu_greedy] == [h.tokens for h in cpu_greedy]

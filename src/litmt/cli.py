@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,7 +39,8 @@ def format_error(err: BaseException) -> str:
 def cli_errors() -> Iterator[None]:
     """Turn a `LitmtError` raised inside into ``error: <message>`` on stderr and exit 2.
 
-    Other exceptions are bugs and keep their traceback. Ctrl-C exits 130 without one.
+    Other exceptions are bugs and keep their traceback. Ctrl-C exits 130 without one; a
+    closed stdout pipe exits 1 silently.
     """
     try:
         yield
@@ -49,6 +51,10 @@ def cli_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
+    except BrokenPipeError:  # e.g. `translate.py | head -1`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout
+        raise SystemExit(1) from None
 
 
 def run_cli(fn: Callable[P, R]) -> Callable[P, R]:

@@ -248,7 +248,9 @@ def visualize(cfg: DictConfig) -> list[Path]:
             raise ConfigError(f"unknown attention kind '{kind}'; valid kinds: {', '.join(KINDS)}")
     ckpt = cfg.ckpt_path
     ckpt = [str(p) for p in ckpt] if isinstance(ckpt, ListConfig) else str(ckpt)
-    loaded = load_model(ckpt, map_location=cfg.get("device") or "cpu")
+    # math everywhere: builds on any machine whatever the training backend (weights come from
+    # math anyway, via record_weights)
+    loaded = load_model(ckpt, map_location=cfg.get("device") or "cpu", attention="math")
     maps = collect_attention(
         loaded.model, loaded.tokenizer, str(cfg.sentence), target=cfg.get("target")
     )
