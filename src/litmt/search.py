@@ -136,7 +136,7 @@ def beam_search(
     device buffer of the K best by normalised score), the K best non-eos candidates live on.
 
     Stopping criterion, per sentence: it is done when (a) it has K finished hypotheses (the
-    usual rule of fairseq/Marian, which makes K = 1 identical to greedy), or (b) its n-th best
+    rule fairseq uses; it makes K = 1 identical to greedy), or (b) its n_best-th best
     finished score already beats the best score any live beam could still reach (its
     log-probability can only fall, and lp grows at most to lp(max_len + 1) when alpha > 0),
     or (c) it reached its length budget (eos forced). Done sentences are dropped from the
