@@ -95,7 +95,6 @@ def _maxrss() -> int:
 
 def _measure(fn: Any, device: str, single_run: float, warm: bool) -> tuple[float, float]:
     """(median seconds, peak bytes above the start) of fn(); a warm-up call first if `warm`."""
-    import psutil
     import torch
 
     def timed() -> float:
@@ -113,6 +112,8 @@ def _measure(fn: Any, device: str, single_run: float, warm: bool) -> tuple[float
             fn()
             torch.cuda.synchronize()
             return torch.cuda.max_memory_allocated() - base
+        import psutil
+
         base, high_before = psutil.Process().memory_info().rss, _maxrss()
         with PeakRSS() as rss:
             fn()
@@ -518,7 +519,10 @@ def main(argv: list[str] | None = None) -> int:
             f"## Attention backends ({args.device.upper()})\n\n{text}\n"
             "![attention benchmark](attention_benchmark.png)\n"
         )
-        plot(results, args.causal, out / "attention_benchmark.png", title)
+        try:
+            plot(results, args.causal, out / "attention_benchmark.png", title)
+        except ImportError:
+            print("matplotlib is not installed: no plot")
         print(f"wrote {out}/benchmarks_attention.md, attention_benchmark.png, .json")
     return 0
 
