@@ -1,0 +1,149 @@
+"""`train(cfg)`: compose data, model, trainer and loggers from a Hydra config and fit."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+from hydra.errors import InstantiationException
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from omegaconf import DictConfig, OmegaConf
+
+from litmt.checkpoint import atomic_save, load_checkpoint
+from litmt.errors import ConfigError, LitmtError
+
+log = logging.getLogger(__name__)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning checkpoint IO that writes to a temporary file and renames it into place."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None
+    ) -> None:
+        atomic_save(checkpoint, path)
+
+
+def _instantiate_dict(cfg: DictConfig | None) -> list[Any]:
+    """Instantiate every `_target_` entry of a group like `callbacks` or `logger`."""
+    if not cfg:
+        return []
+    return [hydra.utils.instantiate(c) for c in cfg.values() if c is not None and "_target_" in c]
+
+
+def model_config_dict(cfg: DictConfig, tokenizer: Any) -> dict[str, Any]:
+    """The `TransformerConfig` kwargs: `cfg.model` minus run-time keys, vocab from the tokenizer."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(model, dict)
+    model.pop("compile", None)
+    model["src_vocab_size"] = tokenizer.src_vocab_size
+    model["tgt_vocab_size"] = tokenizer.tgt_vocab_size
+    if not tokenizer.joint and model.get("share_embeddings", True):
+        log.info("separate vocabularies: turning off model.share_embeddings")
+        model["share_embeddings"] = False
+    return model
+
+
+def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
+    """`cfg.ckpt_path`, else `<run dir>/checkpoints/last.ckpt` when the run directory has one."""
+    if cfg.get("ckpt_path"):
+        path = Path(cfg.ckpt_path)
+        if not path.is_file():
+            raise LitmtError(
+                f"ckpt_path={cfg.ckpt_path} does not exist; pass a .ckpt file to resume from"
+            )
+        return str(path)
+    last = output_dir / "checkpoints" / "last.ckpt"
+    if last.is_file():
+        log.info("resuming from %s (this run directory already holds a run)", last)
+        return str(last)
+    return None
+
+
+def build_trainer(cfg: DictConfig, callbacks: list[Any], loggers: list[Any]) -> L.Trainer:
+    """Instantiate the Lightning Trainer; device/config mistakes become one-line `LitmtError`s."""
+    accel, devices = cfg.trainer.get("accelerator", "auto"), cfg.trainer.get("devices", 1)
+    if (
+        accel in ("gpu", "cuda")
+        and isinstance(devices, int)
+        and devices > torch.cuda.device_count()
+    ):
+        raise ConfigError(
+            f"trainer.devices={devices} but this machine has {torch.cuda.device_count()} CUDA GPU(s); "
+            "lower trainer.devices or use trainer=cpu"
+        )
+    try:
+        return hydra.utils.instantiate(
+            cfg.trainer,
+            callbacks=callbacks,
+            logger=loggers or False,
+            plugins=[AtomicCheckpointIO()],
+        )
+    except (MisconfigurationException, InstantiationException) as exc:
+        cause = exc.__cause__ if isinstance(exc, InstantiationException) else exc
+        if not isinstance(cause, MisconfigurationException | ValueError | RuntimeError):
+            raise
+        raise ConfigError(f"invalid trainer settings: {str(cause).splitlines()[0]}") from exc
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train a translator as configured; returns the final metrics (and checkpoint paths)."""
+    L.seed_everything(cfg.seed, workers=True)
+    output_dir = Path(cfg.paths.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+    datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    tokenizer = datamodule.tokenizer
+    module = hydra.utils.instantiate(
+        cfg.module,
+        model_config=model_config_dict(cfg, tokenizer),
+        tokenizer=tokenizer,
+        src_lang=datamodule.src_lang,
+        tgt_lang=datamodule.tgt_lang,
+    )
+    log.info("model: %.2fM parameters", module.model.num_parameters() / 1e6)
+
+    callbacks = _instantiate_dict(cfg.get("callbacks"))
+    loggers = _instantiate_dict(cfg.get("logger"))
+    for lg in loggers:
+        if hasattr(lg, "log_hyperparams"):
+            lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    trainer = build_trainer(cfg, callbacks, loggers)
+
+    ckpt = resume_path(cfg, output_dir)
+    if ckpt is not None:
+        load_checkpoint(ckpt)  # fails early, with a clear message, on a corrupt or unsafe file
+    weights_only = bool(cfg.get("weights_only_load", True))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=weights_only)
+    metrics: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+    checkpoint_cb = trainer.checkpoint_callback
+    best = getattr(checkpoint_cb, "best_model_path", "") or None
+    last = getattr(checkpoint_cb, "last_model_path", "") or None
+    best = best if best and Path(best).is_file() else None
+    last = last if last and Path(last).is_file() else None
+    if cfg.get("test_after_training") and not trainer.interrupted:
+        results = trainer.test(
+            module, datamodule=datamodule, ckpt_path=best or None, weights_only=weights_only
+        )
+        metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
+    metrics["best_checkpoint"] = best
+    metrics["last_checkpoint"] = last
+    metrics["output_dir"] = str(output_dir)
+    if trainer.is_global_zero:
+        print(f"run directory: {output_dir}")
+        if best:
+            print(f"best checkpoint: {best}")
+        if last:
+            print(f"last checkpoint: {last}")
+        for key in ("test/bleu", "test/chrf", "test/loss"):
+            if key in metrics:
+                print(f"{key}: {metrics[key]:.2f}")
+    return metrics

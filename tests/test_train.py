@@ -1,0 +1,152 @@
+"""Training: a tiny model learns, every experiment composes, the script runs, checkpoints reload."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+
+import hydra
+import pytest
+import torch
+from train_utils import REPO, compose_train, tiny_overrides, write_toy_corpus
+
+from litmt.checkpoint import load_checkpoint
+from litmt.lit_module import TranslationModule, label_smoothed_nll, lr_lambda
+from litmt.train import train
+
+EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
+
+
+def test_label_smoothed_loss_matches_torch_cross_entropy():
+    logits, target = torch.randn(12, 9), torch.randint(0, 9, (12,))
+    target[3] = 0  # padding
+    loss, nll, n = label_smoothed_nll(logits, target, 0.1, ignore_index=0)
+    ref = torch.nn.functional.cross_entropy(
+        logits, target, ignore_index=0, label_smoothing=0.1, reduction="sum"
+    )
+    torch.testing.assert_close(loss, ref)
+    assert n == 11
+    torch.testing.assert_close(
+        nll, torch.nn.functional.cross_entropy(logits, target, ignore_index=0, reduction="sum")
+    )
+
+
+def test_schedules_warm_up_then_decay():
+    inv = lr_lambda("inverse_sqrt", 100, None)
+    assert inv(0) == pytest.approx(0.01) and inv(99) == pytest.approx(1.0)
+    assert inv(399) == pytest.approx(0.5)
+    cos = lr_lambda("cosine", 10, 110, min_lr_ratio=0.1)
+    assert cos(9) == pytest.approx(1.0) and cos(109) == pytest.approx(0.1)
+
+
+def test_tiny_model_learns_the_toy_task(tmp_path):
+    corpus = write_toy_corpus(tmp_path / "corpus")
+    cfg = compose_train(
+        [
+            *tiny_overrides(corpus, tmp_path),
+            "trainer.max_epochs=40",
+            "module.optimizer.lr=3e-3",
+            "module.scheduler.warmup_steps=30",
+            "trainer.check_val_every_n_epoch=40",
+            "test_after_training=false",
+        ],
+        tmp_path,
+    )
+    metrics = train(cfg)
+    with open(next((tmp_path / "run" / "csv").rglob("metrics.csv"))) as f:
+        rows = list(csv.DictReader(f))
+    losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+    assert losses[-1] < 0.5 * losses[0], f"loss did not fall: {losses[0]:.2f} -> {losses[-1]:.2f}"
+    assert metrics["valid/bleu"] > 40, f"validation BLEU only {metrics['valid/bleu']:.1f}"
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_instantiates(experiment, tmp_path):
+    cfg = compose_train([f"experiment={experiment}"], tmp_path)
+    dm = hydra.utils.instantiate(cfg.data)
+    assert dm.src_lang and dm.tgt_lang
+    model_cfg = {k: v for k, v in cfg.model.items() if k != "compile"}
+    model_cfg.update(src_vocab_size=1000, tgt_vocab_size=1000, attention=dict(cfg.model.attention))
+    from litmt.models import TransformerConfig
+
+    TransformerConfig.from_dict(model_cfg)  # validates
+    for group in ("callbacks", "logger"):
+        for c in (cfg.get(group) or {}).values():
+            if c is not None and "_target_" in c and "Wandb" not in c._target_:
+                hydra.utils.instantiate(c)
+    opt = hydra.utils.instantiate(cfg.module.optimizer)
+    assert callable(opt)
+
+
+def test_checkpoint_reloads_with_the_same_validation_loss(tmp_path):
+    corpus = write_toy_corpus(tmp_path / "corpus", {"train": 200, "valid": 30, "test": 30})
+    cfg = compose_train(
+        [*tiny_overrides(corpus, tmp_path), "trainer.max_epochs=3", "test_after_training=false"],
+        tmp_path,
+    )
+    metrics = train(cfg)
+    ckpt_path = metrics["last_checkpoint"]
+    ckpt = load_checkpoint(ckpt_path)  # weights_only=True
+    assert ckpt["litmt"]["src_lang"] == "en" and isinstance(
+        ckpt["litmt"]["tokenizer"]["src_model"], bytes
+    )
+
+    import lightning as L
+
+    dm = hydra.utils.instantiate(cfg.data)
+    dm.prepare_data()
+    dm.setup("validate")
+    module = TranslationModule(ckpt["litmt"]["model_config"], dm.tokenizer, "en", "de")
+    module.load_state_dict(ckpt["state_dict"])
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    again = trainer.validate(module, datamodule=dm, verbose=False)[0]
+    assert again["valid/loss"] == pytest.approx(metrics["valid/loss"], rel=1e-5)
+
+
+def test_train_script_fast_dev_run_in_a_subprocess(tmp_path):
+    corpus = write_toy_corpus(tmp_path / "corpus", {"train": 100, "valid": 10, "test": 10})
+    cmd = [
+        sys.executable,
+        "scripts/train.py",
+        *tiny_overrides(corpus, tmp_path),
+        "debug=fast_dev_run",
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "run directory:" in proc.stdout
+
+
+def test_train_script_reports_a_bad_override_in_one_line(tmp_path):
+    corpus = write_toy_corpus(tmp_path / "corpus", {"train": 50, "valid": 5, "test": 5})
+    cmd = [
+        sys.executable,
+        "scripts/train.py",
+        *tiny_overrides(corpus, tmp_path),
+        "model.positional=alibi",
+        "debug=fast_dev_run",
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "error: unknown positional encoding 'alibi'; valid names: sinusoidal, learned, rope"
+    )
+    assert "Traceback" not in proc.stderr
+
+
+def test_multirun_over_attention_backends(tmp_path):
+    corpus = write_toy_corpus(tmp_path / "corpus", {"train": 60, "valid": 6, "test": 6})
+    over = [o for o in tiny_overrides(corpus, tmp_path) if not o.startswith("hydra.run.dir")]
+    cmd = [
+        sys.executable,
+        "scripts/train.py",
+        "-m",
+        "attention=math,sdpa",
+        *over,
+        "debug=fast_dev_run",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("run directory:") == 2
