@@ -466,3 +466,40 @@ def test_tiny_model_with_approximate_encoder_attention_learns_to_reverse(backend
         losses.append(loss.item())
     start, end = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
     assert end < 0.25 * start, f"{backend}: loss {start:.3f} -> {end:.3f}"
+
+
+# -- edge cases -------------------------------------------------------------------------
+COVERING = {
+    "sdpa": {},
+    "flex": {"compile": False},
+    "local": {"window": 64},
+    "sparse": {"block_size": 2, "stride": 64},
+    "linear": {},
+}
+
+
+@pytest.mark.parametrize("backend", list(COVERING))
+@pytest.mark.parametrize("causal", [False, True])
+def test_fully_padded_rows_stay_finite(backend, causal):
+    q, k, v = (torch.randn(2, 4, 2, 8) for _ in range(3))
+    mask = torch.tensor([[False, False, True, True], [True, True, True, True]])
+    kernel = build_backend(backend, **COVERING[backend])
+    out = kernel(q, k, v, key_padding_mask=mask, causal=causal)
+    assert torch.isfinite(out).all()
+    ref = (
+        naive_linear(q, k, v, mask, causal)
+        if backend == "linear"
+        else build_backend("math")(q, k, v, key_padding_mask=mask, causal=causal)
+    )
+    torch.testing.assert_close(out[0, :2], ref[0, :2], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["local", "sparse", "linear"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_on_cpu(backend, dtype):
+    q, k, v, mask = make_inputs(CASES["causal_padding"])
+    kernel = build_backend(backend, **COVERING[backend])
+    out = kernel(*(t.to(dtype) for t in (q, k, v)), key_padding_mask=mask, causal=True)
+    ref = kernel(q, k, v, key_padding_mask=mask, causal=True)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, atol=5e-2, rtol=5e-2)
