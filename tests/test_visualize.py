@@ -10,7 +10,13 @@ from tiny_checkpoint import tiny_checkpoint_path
 
 from litmt.checkpoint import load_model
 from litmt.errors import ConfigError
-from litmt.visualize import attention_figure, collect_attention, figure_to_array, plot_attention
+from litmt.visualize import (
+    attention_figure,
+    collect_attention,
+    cross_attention_figure,
+    figure_to_array,
+    plot_attention,
+)
 
 SENTENCE = "A big dog sleeps outside."
 
@@ -102,6 +108,8 @@ def test_attention_figure_and_rendering_for_loggers(loaded):
         loaded.model, loaded.tokenizer, SENTENCE, "decoder", figsize=(4, 3), dpi=40
     )
     assert figure_to_array(fig).shape == (120, 160, 3)
+    cross = cross_attention_figure(loaded.model, loaded.tokenizer, SENTENCE, figsize=(4, 3))
+    assert cross.axes[0].get_title() == "layer 1, all heads (mean)"
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -220,6 +221,13 @@ def attention_figure(
     return plot_attention(
         maps, kind, layers=layers, heads=heads, grid=grid, figsize=figsize, dpi=dpi
     )
+
+
+def cross_attention_figure(
+    model: Seq2SeqTransformer, tokenizer: Tokenizer, sentence: str, **options: Any
+) -> Figure:
+    """`attention_figure` of the cross-attention (last layer, mean over heads by default)."""
+    return attention_figure(model, tokenizer, sentence, "cross", **options)
 
 
 def figure_to_array(fig: Figure) -> np.ndarray:
