@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from litmt.attention import AttentionKernel, AttentionRequest, build_backend
 from litmt.attention.math import MathAttention
+from litmt.models.cache import KVCache
 from litmt.models.positional import RotaryEmbedding
 
 
@@ -80,7 +80,7 @@ class MultiHeadAttention(nn.Module):
         *,
         key_padding_mask: Tensor | None = None,
         causal: bool = False,
-        cache: dict[str, Tensor] | None = None,
+        cache: KVCache | None = None,
         offset: int = 0,
     ) -> Tensor:
         """Attend.
@@ -90,8 +90,8 @@ class MultiHeadAttention(nn.Module):
             memory: keys'/values' input (B, Tk, C) for cross-attention; None for self.
             key_padding_mask: (B, Tk) bool, True = padding.
             causal: causal self-attention (ignored when decoding one step with a cache).
-            cache: a dict this layer keeps its K/V in across decode steps; self-attention
-                appends the new step, cross-attention computes K/V once and reuses them.
+            cache: where this layer keeps its K/V across decode steps; self-attention
+                appends the new positions, cross-attention computes K/V once and reuses them.
             offset: position of x's first token (for rotary encodings when decoding).
 
         Returns:
@@ -102,20 +102,17 @@ class MultiHeadAttention(nn.Module):
             if self.rotary:
                 q, k = self.rotary[0](q, offset), self.rotary[0](k, offset)
             if cache is not None:
-                if "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=1)  # (B, t+Tq, H, D)
-                    v = torch.cat([cache["v"], v], dim=1)
-                cache["k"], cache["v"] = k, v
+                k, v = cache.append(k, v)  # (B, t+Tq, H, D)
                 causal = causal and q.size(1) > 1
         else:
-            assert memory is not None or (cache is not None and "k" in cache)
+            assert memory is not None or cache
             q = self._split(self.q_proj(x))  # (B, Tq, H, D)
-            if cache is not None and "k" in cache:
-                k, v = cache["k"], cache["v"]
+            if cache:
+                k, v = cache.k, cache.v
             else:
                 k, v = self._kv(memory)
                 if cache is not None:
-                    cache["k"], cache["v"] = k, v
+                    cache.set(k, v)
         p = self.dropout if self.training else 0.0
         if self.record_weights:
             out, self.last_weights = _MATH.forward_with_weights(

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from litmt.models.attention import MultiHeadAttention
+from litmt.models.cache import KVCache
 from litmt.models.config import TransformerConfig
 from litmt.models.positional import RotaryEmbedding
 
@@ -94,12 +95,12 @@ class DecoderLayer(nn.Module):
         x: Tensor,
         memory: Tensor,
         src_padding_mask: Tensor | None,
-        cache: dict[str, dict[str, Tensor]] | None = None,
+        cache: dict[str, KVCache] | None = None,
         offset: int = 0,
     ) -> Tensor:
         """x (B, T, C), memory (B, S, C), src_padding_mask (B, S) -> (B, T, C).
 
-        With `cache` ({"self": {}, "cross": {}}), K/V are kept across decode steps.
+        With `cache` ({"self": KVCache(), "cross": KVCache()}), K/V are kept across decode steps.
         """
         sc = cache["self"] if cache is not None else None
         cc = cache["cross"] if cache is not None else None

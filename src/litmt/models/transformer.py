@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from litmt.attention import AttentionRequest
 from litmt.models.attention import MultiHeadAttention
+from litmt.models.cache import KVCache
 from litmt.models.config import ATTENTION_SITES, TransformerConfig
 from litmt.models.layers import DecoderLayer, EncoderLayer
 from litmt.models.positional import (
@@ -30,14 +31,14 @@ class DecoderState:
     Attributes:
         memory: encoder output (B, S, C).
         src_padding_mask: (B, S) bool, True = pad.
-        layers: one {"self": {"k", "v"}, "cross": {"k", "v"}} dict per decoder layer;
+        layers: one {"self": KVCache, "cross": KVCache} dict per decoder layer;
             self K/V grow by one position per step, cross K/V are computed once.
         step: number of target positions decoded so far.
     """
 
     memory: Tensor
     src_padding_mask: Tensor | None
-    layers: list[dict[str, dict[str, Tensor]]] = field(default_factory=list)
+    layers: list[dict[str, KVCache]] = field(default_factory=list)
     step: int = 0
 
     def reorder(self, index: Tensor, *, cross: bool = True) -> None:
@@ -46,15 +47,14 @@ class DecoderState:
         Pass ``cross=False`` when each new row keeps the same source as before (beams of one
         sentence), so the cross-attention K/V need not be copied.
         """
-        self.memory = self.memory.index_select(0, index) if cross else self.memory
-        if self.src_padding_mask is not None and cross:
-            self.src_padding_mask = self.src_padding_mask.index_select(0, index)
+        if cross:
+            self.memory = self.memory.index_select(0, index)
+            if self.src_padding_mask is not None:
+                self.src_padding_mask = self.src_padding_mask.index_select(0, index)
         for layer in self.layers:
-            for kind, kv in layer.items():
-                if kind == "cross" and not cross:
-                    continue
-                for name in list(kv):
-                    kv[name] = kv[name].index_select(0, index)
+            layer["self"].reorder(index)
+            if cross:
+                layer["cross"].reorder(index)
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -159,7 +159,7 @@ class Seq2SeqTransformer(nn.Module):
     # -- incremental decoding -----------------------------------------------------------
     def init_state(self, memory: Tensor, src_padding_mask: Tensor | None) -> DecoderState:
         """An empty KV cache for decoding against `memory` (B, S, C)."""
-        layers = [{"self": {}, "cross": {}} for _ in self.decoder_layers]
+        layers = [{"self": KVCache(), "cross": KVCache()} for _ in self.decoder_layers]
         return DecoderState(memory, src_padding_mask, layers)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
