@@ -1,0 +1,723 @@
+"""Benchmark litmt against its peers: Hugging Face Marian and `torch.nn.Transformer`.
+
+Training (forward + backward + optimiser step) and decoding (greedy and beam search, with a
+forced number of generated steps) on identical batches of real Multi30k tokens, at identical
+sizes, interleaved, with medians over several repetitions. Also the peak tensor memory of each.
+
+    python scripts/benchmark.py                       # both sizes, writes docs/benchmarks_peers.md
+    python scripts/benchmark.py --sizes small --reps 3 --out -   # print only
+    python scripts/benchmark.py --smoke --out -       # a tiny end-to-end run (the test uses it)
+
+The peers come from the `bench` extra (`pip install -e ".[bench]"`); the library never
+imports them. Shapes: B batch, S source length, T target length, C d_model, V vocabulary,
+K beam size, N forced decode steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.errors import LitmtError
+from litmt.models import BOS_ID, EOS_ID, PAD_ID, Seq2SeqTransformer, TransformerConfig
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / ".." / "shared" / "data" / "multi30k"
+
+
+@dataclass(frozen=True)
+class Size:
+    """Model dimensions shared by all three implementations (FFN = 4·d)."""
+
+    name: str
+    d_model: int
+    n_heads: int
+    layers: int  # encoder layers = decoder layers
+
+    @property
+    def d_ff(self) -> int:
+        return 4 * self.d_model
+
+    def label(self) -> str:
+        return f"d={self.d_model}, {self.layers}+{self.layers} layers, {self.n_heads} heads"
+
+
+SIZES = {
+    "small": Size("small", 256, 4, 3),
+    "base": Size("base", 512, 8, 6),
+    "tiny": Size("tiny", 32, 2, 1),  # --smoke only
+}
+
+
+# -- data -------------------------------------------------------------------------------
+@dataclass
+class Batch:
+    """One teacher-forced batch: src (B, S), tgt_in = bos+y (B, T), tgt_out = y+eos (B, T)."""
+
+    src: Tensor
+    tgt_in: Tensor
+    tgt_out: Tensor
+    n_tokens: int = field(init=False)  # non-padding target tokens
+
+    def __post_init__(self) -> None:
+        self.n_tokens = int(self.tgt_out.ne(PAD_ID).sum())
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device))
+
+
+def pad(rows: list[list[int]]) -> Tensor:
+    """Right-pad id lists into a (B, L) long tensor."""
+    out = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+def load_tokenizer(vocab_size: int, lines: int | None, cache: Path) -> Tokenizer:
+    """A joint sentencepiece model trained on Multi30k train (cached under `cache`)."""
+    settings = TokenizerSettings(vocab_size=vocab_size)
+    where = cache / f"tokenizer-{settings.key()}-lines{lines or 'all'}"
+    if (where / "src.model").exists():
+        return Tokenizer.load(where)
+    en, de = (read_lines("train", lang, lines) for lang in ("en", "de"))
+    tok = Tokenizer.train(en, de, settings)
+    tok.save(where)
+    return tok
+
+
+def read_lines(split: str, lang: str, limit: int | None = None) -> list[str]:
+    path = DATA / f"{split}.{lang}"
+    if not path.exists():
+        raise LitmtError(
+            f"{path} not found; the benchmark needs Multi30k in ../shared/data/multi30k"
+        )
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return lines[:limit] if limit else lines
+
+
+def training_batches(tok: Tokenizer, max_tokens: int, count: int, seed: int = 0) -> list[Batch]:
+    """`count` length-sorted token-budget batches (≤ max_tokens padded target tokens)."""
+    src = tok.encode_src(read_lines("train", "en"))
+    tgt = tok.encode_tgt(read_lines("train", "de"))
+    pairs = sorted(
+        ((s[:126], t[:126]) for s, t in zip(src, tgt, strict=True) if s and t),
+        key=lambda p: (len(p[1]), len(p[0])),
+    )
+    batches, cur = [], []
+    for p in pairs:
+        if cur and (len(cur) + 1) * (len(p[1]) + 1) > max_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(p)
+    batches.append(cur)
+    # Skip the shortest and longest buckets: a typical batch, the same for every model.
+    middle = batches[len(batches) // 10 : -len(batches) // 10 or None]
+    chosen = random.Random(seed).sample(middle, min(count, len(middle)))
+    return [
+        Batch(
+            pad([s for s, _ in b]),
+            pad([[BOS_ID, *t] for _, t in b]),
+            pad([[*t, EOS_ID] for _, t in b]),
+        )
+        for b in chosen
+    ]
+
+
+def decode_sources(tok: Tokenizer, n: int) -> Tensor:
+    """(B, S) the first `n` test2016 source sentences."""
+    return pad(tok.encode_src(read_lines("test2016", "en", n)))
+
+
+# -- the three models --------------------------------------------------------------------
+def build_litmt(size: Size, vocab: int, dropout: float) -> Seq2SeqTransformer:
+    cfg = TransformerConfig(
+        src_vocab_size=vocab,
+        d_model=size.d_model,
+        n_heads=size.n_heads,
+        d_ff=size.d_ff,
+        n_encoder_layers=size.layers,
+        n_decoder_layers=size.layers,
+        dropout=dropout,
+        max_positions=512,
+    )
+    return Seq2SeqTransformer(cfg)
+
+
+def build_marian(size: Size, vocab: int, dropout: float) -> nn.Module:
+    from transformers import MarianConfig, MarianMTModel
+
+    cfg = MarianConfig(
+        vocab_size=vocab,
+        d_model=size.d_model,
+        encoder_layers=size.layers,
+        decoder_layers=size.layers,
+        encoder_attention_heads=size.n_heads,
+        decoder_attention_heads=size.n_heads,
+        encoder_ffn_dim=size.d_ff,
+        decoder_ffn_dim=size.d_ff,
+        activation_function="relu",  # as litmt and nn.Transformer
+        dropout=dropout,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        max_position_embeddings=512,
+        pad_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+        bos_token_id=BOS_ID,
+        decoder_start_token_id=BOS_ID,
+        forced_eos_token_id=None,
+        share_encoder_decoder_embeddings=True,
+        scale_embedding=True,
+    )
+    cfg._attn_implementation = "sdpa"  # its fastest exact kernel on CPU (see docs)
+    return MarianMTModel(cfg)
+
+
+class TorchTransformerMT(nn.Module):
+    """`nn.Transformer` with tied embeddings, sinusoidal positions and an output projection.
+
+    Dropout matches litmt's defaults: 0.1 on residuals/embeddings, none on attention
+    weights or after the FFN activation.
+    """
+
+    def __init__(self, size: Size, vocab: int, dropout: float) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, size.d_model, padding_idx=PAD_ID)
+        self.scale = math.sqrt(size.d_model)
+        pos = torch.arange(512, dtype=torch.float32)[:, None]
+        inv = torch.exp(torch.arange(0, size.d_model, 2) * (-math.log(10000.0) / size.d_model))
+        table = torch.zeros(512, size.d_model)
+        table[:, 0::2], table[:, 1::2] = torch.sin(pos * inv), torch.cos(pos * inv)
+        self.register_buffer("pos", table, persistent=False)  # (512, C)
+        self.drop = nn.Dropout(dropout)
+        self.transformer = nn.Transformer(
+            size.d_model,
+            size.n_heads,
+            size.layers,
+            size.layers,
+            size.d_ff,
+            dropout,
+            batch_first=True,
+            norm_first=True,
+        )
+        for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
+            layer.dropout.p = 0.0  # the FFN activation dropout
+            for attn in (layer.self_attn, getattr(layer, "multihead_attn", None)):
+                if attn is not None:
+                    attn.dropout = 0.0
+        self.out = nn.Linear(size.d_model, vocab, bias=False)
+        self.out.weight = self.embed.weight
+
+    def _embed(self, ids: Tensor) -> Tensor:
+        return self.drop(self.embed(ids) * self.scale + self.pos[: ids.size(1)])  # (B, L, C)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Logits (B, T, V)."""
+        src_pad = src.eq(PAD_ID)  # (B, S)
+        t = tgt_in.size(1)
+        causal = nn.Transformer.generate_square_subsequent_mask(t, device=src.device)
+        h = self.transformer(
+            self._embed(src),
+            self._embed(tgt_in),
+            tgt_mask=causal,
+            src_key_padding_mask=src_pad,
+            memory_key_padding_mask=src_pad,
+            tgt_is_causal=True,
+        )
+        return self.out(h)
+
+
+def logits_fn(name: str, model: nn.Module) -> Callable[[Batch], Tensor]:
+    """A function batch -> logits (B, T, V) for the model called `name`."""
+    if name == "marian":
+
+        def run(b: Batch) -> Tensor:
+            mask = b.src.ne(PAD_ID).long()
+            return model(input_ids=b.src, attention_mask=mask, decoder_input_ids=b.tgt_in).logits
+
+        return run
+    return lambda b: model(b.src, b.tgt_in)
+
+
+BUILDERS: dict[str, Callable[[Size, int, float], nn.Module]] = {
+    "litmt": build_litmt,
+    "marian": build_marian,
+    "nn.Transformer": TorchTransformerMT,
+}
+
+
+# -- training ---------------------------------------------------------------------------
+def label_smoothed_loss(logits: Tensor, target: Tensor) -> Tensor:
+    """The same loss for all: mean label-smoothed (0.1) CE over non-pad target tokens."""
+    return F.cross_entropy(
+        logits.flatten(0, 1), target.flatten(), ignore_index=PAD_ID, label_smoothing=0.1
+    )
+
+
+def make_train_step(
+    name: str, model: nn.Module, compile_model: bool = False
+) -> Callable[[Batch], Tensor]:
+    """One optimiser step on a batch; returns the loss (no host sync inside)."""
+    if compile_model:
+        model.compile(dynamic=True)  # in place, so the state-dict keys stay the same
+    forward = logits_fn(name, model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=True)
+
+    def step(b: Batch) -> Tensor:
+        loss = label_smoothed_loss(forward(b), b.tgt_out)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+# -- decoding ---------------------------------------------------------------------------
+@torch.inference_mode()
+def litmt_greedy(model: Seq2SeqTransformer, src: Tensor, steps: int) -> Tensor:
+    """Exactly `steps` greedy tokens per sentence (eos suppressed): (B, N)."""
+    memory, mask = model.encode(src)
+    state = model.init_state(memory, mask)
+    tokens = torch.full((src.size(0),), BOS_ID, dtype=torch.long, device=src.device)
+    out = []
+    for _ in range(steps):
+        logits = model.decode_step(tokens, state)  # (B, V)
+        logits[:, EOS_ID] = -math.inf
+        tokens = logits.argmax(-1)
+        out.append(tokens)
+    return torch.stack(out, 1)
+
+
+@torch.inference_mode()
+def litmt_beam(model: Seq2SeqTransformer, src: Tensor, beam: int, steps: int) -> Tensor:
+    """Beam search with exactly `steps` tokens per hypothesis (eos suppressed): (B, N).
+
+    The same work as a batched beam search: log-softmax, top-k over K·V per sentence, and
+    a reorder of the self-attention cache (cross K/V stay: beams keep their sentence).
+    """
+    b = src.size(0)
+    memory, mask = model.encode(src)
+    rows = torch.arange(b, device=src.device).repeat_interleave(beam)  # (B·K,)
+    state = model.init_state(memory.index_select(0, rows), mask.index_select(0, rows))
+    scores = torch.full((b, beam), -math.inf, device=src.device)
+    scores[:, 0] = 0.0  # only the first beam is live at the start
+    tokens = torch.full((b * beam,), BOS_ID, dtype=torch.long, device=src.device)
+    history = torch.empty(b * beam, 0, dtype=torch.long, device=src.device)
+    base = (torch.arange(b, device=src.device) * beam)[:, None]  # (B, 1)
+    for _ in range(steps):
+        logp = model.decode_step(tokens, state).log_softmax(-1)  # (B·K, V)
+        logp[:, EOS_ID] = -math.inf
+        v = logp.size(-1)
+        cand = logp.view(b, beam, v).add_(scores[:, :, None]).view(b, beam * v)  # (B, K·V)
+        scores, idx = cand.topk(beam, dim=-1)  # (B, K)
+        origin = (base + idx // v).view(-1)  # (B·K,) rows the new beams extend
+        tokens = (idx % v).view(-1)
+        state.reorder(origin, cross=False)
+        history = torch.cat([history.index_select(0, origin), tokens[:, None]], 1)
+    best = history.view(b, beam, steps)[:, 0]  # beams come sorted by score
+    return best
+
+
+@torch.inference_mode()
+def marian_generate(model: nn.Module, src: Tensor, beam: int, steps: int) -> Tensor:
+    out = model.generate(
+        input_ids=src,
+        attention_mask=src.ne(PAD_ID).long(),
+        num_beams=beam,
+        do_sample=False,
+        min_new_tokens=steps,
+        max_new_tokens=steps,
+        length_penalty=1.0,
+        early_stopping=False,
+        use_cache=True,
+    )
+    return out[:, 1:]  # drop decoder_start
+
+
+def decode_fn(name: str, model: nn.Module, beam: int, steps: int) -> Callable[[Tensor], Tensor]:
+    if name == "litmt":
+        if beam == 1:
+            return lambda src: litmt_greedy(model, src, steps)
+        return lambda src: litmt_beam(model, src, beam, steps)
+    return lambda src: marian_generate(model, src, beam, steps)
+
+
+# -- memory -----------------------------------------------------------------------------
+def peak_tensor_memory(fn: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes of live torch tensors during `fn()` above the level when it started.
+
+    CPU: read from the profiler's allocator events, like tracemalloc but for tensors
+    (activations, gradients, optimiser state and temporaries; not Python or libraries).
+    CUDA: `torch.cuda.max_memory_allocated` minus the allocation before the call.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]"
+    )
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Silence the profiler's start/stop lines (written by C++ straight to fd 2)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+# -- runner -----------------------------------------------------------------------------
+@dataclass
+class Result:
+    """Throughput of one model in one benchmark: a rate per repetition."""
+
+    rates: list[float]
+    memory: int | None = None
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rates)
+
+    @property
+    def spread(self) -> float:
+        """Half the min-max range, relative to the median."""
+        return (max(self.rates) - min(self.rates)) / 2 / self.median
+
+
+def interleave(
+    fns: dict[str, Callable[[int], float]], reps: int, warmup: int, log: Callable[[str], None]
+) -> dict[str, list[float]]:
+    """Call each fn(rep) in turn, A B C A B C ..., after `warmup` rounds; rates per rep.
+
+    The order alternates (A B C, C B A, ...) so no model always runs right after another.
+    """
+    for w in range(warmup):
+        for fn in fns.values():
+            fn(w)
+    rates: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(reps):
+        for name in list(fns) if r % 2 == 0 else list(fns)[::-1]:
+            rates[name].append(fns[name](r))
+        log("  rep {}: {}".format(r, ", ".join(f"{n} {rates[n][-1]:,.0f}" for n in fns)))
+    return rates
+
+
+def bench_training(
+    size: Size,
+    vocab: int,
+    batches: list[Batch],
+    args: argparse.Namespace,
+    device: torch.device,
+    log: Callable[[str], None],
+) -> dict[str, Result]:
+    """Target tokens/s of a training step for each model, interleaved over the same batches."""
+    names = ["litmt", "marian", "nn.Transformer"]
+    steps: dict[str, Callable[[Batch], Tensor]] = {}
+    for name in names:
+        torch.manual_seed(0)
+        model = BUILDERS[name](size, vocab, 0.1).to(device).train()
+        steps[name] = make_train_step(name, model)
+    notes: dict[str, str] = {}
+    batches = [b.to(device) for b in batches]
+    if args.compile:
+        torch.manual_seed(0)
+        model = build_litmt(size, vocab, 0.1).to(device).train()
+        name = "litmt (compiled)"
+        steps[name] = make_train_step("litmt", model, compile_model=True)
+        names.append(name)
+        with autocast(device, args):  # compile outside the timed loop; report how long
+            t = sum(timed(lambda b=b: steps[name](b), device) for b in batches[:2])
+        notes[name] = f"compilation + 2 steps took {t:.0f} s"
+        log(f"  {name}: {notes[name]}")
+
+    def runner(name: str) -> Callable[[int], float]:
+        def go(rep: int) -> float:
+            b = batches[rep % len(batches)]
+            return b.n_tokens / timed(lambda: steps[name](b), device)
+
+        return go
+
+    with autocast(device, args):
+        rates = interleave({n: runner(n) for n in names}, args.reps, args.warmup, log)
+        results = {n: Result(rates[n], note=notes.get(n, "")) for n in names}
+        if args.memory:
+            for n in names:
+                gc.collect()
+                results[n].memory = peak_tensor_memory(lambda n=n: steps[n](batches[0]), device)
+    return results
+
+
+def bench_decoding(
+    size: Size,
+    vocab: int,
+    src: Tensor,
+    args: argparse.Namespace,
+    device: torch.device,
+    log: Callable[[str], None],
+) -> dict[str, Result]:
+    """Generated tokens/s, greedy and beam, litmt vs Marian `generate`, interleaved."""
+    models = {}
+    for name in ("litmt", "marian"):
+        torch.manual_seed(0)
+        models[name] = BUILDERS[name](size, vocab, 0.1).to(device).eval()
+        if device.type == "cuda" and args.precision != "fp32":
+            models[name] = models[name].to(DTYPES[args.precision])
+    src = src.to(device)
+    fns: dict[str, Callable[[Tensor], Tensor]] = {}
+    for beam in (1, args.beam):
+        tag = "greedy" if beam == 1 else f"beam {beam}"
+        for name, model in models.items():
+            fns[f"{name} | {tag}"] = decode_fn(name, model, beam, args.decode_steps)
+    n_tokens = src.size(0) * args.decode_steps
+
+    def runner(key: str) -> Callable[[int], float]:
+        def go(rep: int) -> float:
+            out: list[Tensor] = []
+            t = timed(lambda: out.append(fns[key](src)), device)
+            assert out[0].shape == (src.size(0), args.decode_steps), (key, out[0].shape)
+            return n_tokens / t
+
+        return go
+
+    rates = interleave({k: runner(k) for k in fns}, args.reps, args.warmup, log)
+    results = {k: Result(rates[k]) for k in fns}
+    if args.memory:
+        for k in fns:
+            gc.collect()
+            results[k].memory = peak_tensor_memory(lambda k=k: fns[k](src), device)
+    return results
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(device: torch.device, args: argparse.Namespace) -> contextlib.AbstractContextManager:
+    """bf16/fp16 autocast for training on CUDA; fp32 (no autocast) on CPU."""
+    if device.type == "cuda" and args.precision != "fp32":
+        return torch.autocast("cuda", dtype=DTYPES[args.precision])
+    return contextlib.nullcontext()
+
+
+# -- report -----------------------------------------------------------------------------
+def mib(n: int | None) -> str:
+    if n is None:
+        return "–"
+    return f"{n / 2**20:,.1f} MiB" if n < 10 * 2**20 else f"{n / 2**20:,.0f} MiB"
+
+
+def train_table(results: dict[str, Result]) -> list[str]:
+    ref = results["litmt"].median
+    lines = [
+        "| model | target tokens/s (median) | ± | litmt ÷ this | peak tensor memory |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"| {name} | {r.median:,.0f} | {100 * r.spread:.0f}% | "
+            f"{ref / r.median:.2f}× | {mib(r.memory)} |"
+        )
+    notes = [f"{n}: {r.note}." for n, r in results.items() if r.note]
+    return lines + (["", *notes] if notes else [])
+
+
+def decode_table(results: dict[str, Result]) -> list[str]:
+    lines = [
+        "| search | model | generated tokens/s (median) | ± | litmt ÷ this | peak tensor memory |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for key, r in results.items():
+        name, tag = key.split(" | ")
+        ref = results[f"litmt | {tag}"].median
+        lines.append(
+            f"| {tag} | {name} | {r.median:,.0f} | {100 * r.spread:.0f}% | "
+            f"{ref / r.median:.2f}× | {mib(r.memory)} |"
+        )
+    return lines
+
+
+def environment(device: torch.device, args: argparse.Namespace) -> str:
+    import transformers
+
+    where = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"{platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+    )
+    precision = args.precision if device.type == "cuda" else "fp32"
+    return (
+        f"torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"Python {platform.python_version()}; {where}; {precision}"
+    )
+
+
+BEGIN, END = "<!-- benchmark.py:begin -->", "<!-- benchmark.py:end -->"
+
+
+def write_section(path: Path, text: str) -> None:
+    """Put `text` between the BEGIN/END markers of `path` (appended when they are absent)."""
+    block = f"{BEGIN}\n{text.rstrip()}\n{END}\n"
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    if BEGIN in old and END in old:
+        before, rest = old.split(BEGIN, 1)
+        new = before + block + rest.split(END, 1)[1].lstrip("\n")
+    else:
+        new = old + ("\n" if old and not old.endswith("\n\n") else "") + block
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(new, encoding="utf-8")
+
+
+# -- main -------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--sizes", default="small,base", help="comma list of: small, base")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per model")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    p.add_argument("--max-tokens", type=int, default=4096, help="padded target tokens/batch")
+    p.add_argument("--decode-batch", type=int, default=32, help="sentences decoded at once")
+    p.add_argument("--decode-steps", type=int, default=32, help="forced generated steps")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--vocab", type=int, default=8000, help="joint sentencepiece vocabulary")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--precision", default="bf16", choices=list(DTYPES), help="on CUDA only")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile(litmt)")
+    p.add_argument("--no-memory", dest="memory", action="store_false", help="skip memory")
+    p.add_argument("--skip", default="", help="comma list of: train, decode")
+    p.add_argument("--cache", default=str(REPO / "data" / "benchmark"), help="tokenizer dir")
+    p.add_argument(
+        "--out",
+        default=str(REPO / "docs" / "benchmarks.md"),
+        help="markdown file whose benchmark section is replaced; - = print only",
+    )
+    p.add_argument("--smoke", action="store_true", help="tiny model and data: seconds")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.reps, args.warmup, args.max_tokens = "tiny", 2, 1, 256
+        args.decode_batch, args.decode_steps, args.beam, args.vocab = 4, 5, 3, 300
+    unknown = set(args.sizes.split(",")) - set(SIZES)
+    if unknown:
+        raise LitmtError(f"unknown size(s) {sorted(unknown)}; valid: {', '.join(SIZES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t_start, load_start = time.perf_counter(), os.getloadavg()[0]
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    device = torch.device(args.device)
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    tok = load_tokenizer(args.vocab, 3000 if args.smoke else None, Path(args.cache))
+    vocab = tok.src_vocab_size
+    batches = training_batches(tok, args.max_tokens, max(args.reps, 1))
+    src = decode_sources(tok, args.decode_batch)
+    out: list[str] = []
+    skip = set(filter(None, args.skip.split(",")))
+    for size_name in args.sizes.split(","):
+        size = SIZES[size_name]
+        if "train" not in skip:
+            toks = [b.n_tokens for b in batches]
+            log(f"training, {size.label()}; target tokens/batch {toks}")
+            res = bench_training(size, vocab, batches, args, device, log)
+            out += [
+                f"#### Training, {size.label()}, FFN {size.d_ff}, vocab {vocab}",
+                "",
+                f"Median of {args.reps} interleaved repetitions after {args.warmup} warm-up "
+                f"round(s); {len(batches)} length-sorted batches of {min(toks)}–{max(toks)} "
+                f"non-padding target tokens (≤ {args.max_tokens} padded), the same for all.",
+                "",
+                *train_table(res),
+                "",
+            ]
+        if "decode" not in skip:
+            log(f"decoding, {size.label()}")
+            res = bench_decoding(size, vocab, src, args, device, log)
+            out += [
+                f"#### Decoding, {size.label()}",
+                "",
+                f"{src.size(0)} test2016 sentences at once, exactly {args.decode_steps} "
+                f"generated tokens each (eos suppressed); median of {args.reps} interleaved "
+                "repetitions.",
+                "",
+                *decode_table(res),
+                "",
+            ]
+    minutes = (time.perf_counter() - t_start) / 60
+    argv_text = " ".join(sys.argv[1:] if argv is None else argv)
+    header = [
+        f"Command: `{f'python scripts/benchmark.py {argv_text}'.strip()}`",
+        "",
+        f"Environment: {environment(device, args)}; joint sentencepiece vocabulary {vocab}; "
+        f"took {minutes:.1f} min; 1-min load average {load_start:.1f} at the start, "
+        f"{os.getloadavg()[0]:.1f} at the end.",
+        "",
+    ]
+    text = "\n".join(header + out)
+    print(text)
+    if args.out != "-":
+        write_section(Path(args.out), text)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except LitmtError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
