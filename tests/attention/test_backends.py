@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import math
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -503,3 +505,205 @@ def test_half_precision_inputs_on_cpu(backend, dtype):
     ref = kernel(q, k, v, key_padding_mask=mask, causal=True)
     assert out.dtype == dtype
     torch.testing.assert_close(out.float(), ref, atol=5e-2, rtol=5e-2)
+
+
+# -- flash / xformers plumbing on CPU, against stand-ins of their packages ---------------------
+# The real kernels run only on CUDA (test_gpu_backends.py). These stand-ins implement the
+# documented semantics of the package functions with plain attention, so the packing
+# (cu_seqlens, block-diagonal biases, index bookkeeping) of our wrappers is checked here.
+def _attend(q, k, v, allowed):
+    """q (B, Tq, H, D), k/v (B, Tk, H, D), allowed (Tq, Tk) bool -> (B, Tq, H, D)."""
+    return dense_reference(q, k, v, allowed[None, None]).to(q.dtype)
+
+
+def _bottom_right(tq, tk):
+    return torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq)
+
+
+def fake_flash_attn():
+    mod = types.ModuleType("flash_attn")
+
+    def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False):
+        tq, tk = q.size(1), k.size(1)
+        allowed = _bottom_right(tq, tk) if causal else torch.ones(tq, tk, dtype=torch.bool)
+        return _attend(q, k, v, allowed)
+
+    def flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None, causal=False
+    ):
+        assert cu_q.dtype == cu_k.dtype == torch.int32 and len(cu_q) == len(cu_k)
+        outs = []
+        for i in range(len(cu_q) - 1):
+            qs, ks, vs = (
+                q[cu_q[i] : cu_q[i + 1]],
+                k[cu_k[i] : cu_k[i + 1]],
+                v[cu_k[i] : cu_k[i + 1]],
+            )
+            assert qs.size(0) <= max_q and ks.size(0) <= max_k
+            outs.append(flash_attn_func(qs[None], ks[None], vs[None], causal=causal)[0])
+        return torch.cat(outs)
+
+    mod.flash_attn_func, mod.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
+    return mod
+
+
+def fake_xformers():
+    """xformers, xformers.ops, xformers.ops.fmha.attn_bias with the biases we use."""
+
+    class LowerTriangularMask:  # top-left aligned
+        def allowed(self, tq, tk):
+            return torch.ones(tq, tk, dtype=torch.bool).tril()
+
+    class LowerTriangularFromBottomRightMask:
+        def allowed(self, tq, tk):
+            return _bottom_right(tq, tk)
+
+    class BlockDiagonalMask:
+        causal = False
+
+        def __init__(self, q_seqlen, kv_seqlen):
+            self.q_seqlen, self.kv_seqlen = list(q_seqlen), list(kv_seqlen)
+
+        @classmethod
+        def from_seqlens(cls, q_seqlen, kv_seqlen=None):
+            return cls(q_seqlen, q_seqlen if kv_seqlen is None else kv_seqlen)
+
+        def allowed(self, tq, tk):
+            assert (tq, tk) == (sum(self.q_seqlen), sum(self.kv_seqlen))
+            out = torch.zeros(tq, tk, dtype=torch.bool)
+            q0 = k0 = 0
+            for nq, nk in zip(self.q_seqlen, self.kv_seqlen, strict=True):
+                block = torch.ones(nq, nk, dtype=torch.bool)
+                out[q0 : q0 + nq, k0 : k0 + nk] = block.tril() if self.causal else block
+                q0, k0 = q0 + nq, k0 + nk
+            return out
+
+    class BlockDiagonalCausalMask(BlockDiagonalMask):  # top-left aligned inside each block
+        causal = True
+
+    bias = types.ModuleType("xformers.ops.fmha.attn_bias")
+    for cls in (
+        LowerTriangularMask,
+        LowerTriangularFromBottomRightMask,
+        BlockDiagonalMask,
+        BlockDiagonalCausalMask,
+    ):
+        setattr(bias, cls.__name__, cls)
+
+    def memory_efficient_attention(q, k, v, attn_bias=None, p=0.0):
+        tq, tk = q.size(1), k.size(1)
+        if attn_bias is not None and isinstance(attn_bias, BlockDiagonalMask):
+            assert q.size(0) == 1, "block-diagonal biases need the batch packed into B=1"
+        allowed = (
+            torch.ones(tq, tk, dtype=torch.bool) if attn_bias is None else attn_bias.allowed(tq, tk)
+        )
+        return _attend(q, k, v, allowed)
+
+    ops = types.ModuleType("xformers.ops")
+    ops.memory_efficient_attention = memory_efficient_attention
+    fmha = types.ModuleType("xformers.ops.fmha")
+    fmha.attn_bias, ops.fmha = bias, fmha
+    root = types.ModuleType("xformers")
+    root.ops = ops
+    return {
+        "xformers": root,
+        "xformers.ops": ops,
+        "xformers.ops.fmha": fmha,
+        "xformers.ops.fmha.attn_bias": bias,
+    }
+
+
+@pytest.mark.parametrize("backend", ["flash", "xformers"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_packing_of_flash_and_xformers_wrappers(backend, case, monkeypatch):
+    from litmt.attention.flash import FlashAttention
+    from litmt.attention.xformers_backend import XFormersAttention
+
+    modules = {"flash_attn": fake_flash_attn()} if backend == "flash" else fake_xformers()
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    cls = FlashAttention if backend == "flash" else XFormersAttention
+    monkeypatch.setattr(cls, "check_inputs", lambda self, q: None)  # let CPU tensors through
+    c = CASES[case]
+    q, k, v, mask = make_inputs(c)
+    out = build_backend(backend)(q, k, v, key_padding_mask=mask, causal=c["causal"])
+    ref = build_backend("math")(q, k, v, key_padding_mask=mask, causal=c["causal"])
+    rows = real_rows(c, mask)
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out[rows], ref[rows], atol=1e-5, rtol=1e-5)
+    if c["causal"] and mask is not None:  # packed causal path: padded query rows are 0
+        assert out[~rows].abs().max() == 0
+
+
+def fake_transformer_engine(calls: list):
+    """transformer_engine.pytorch.DotProductAttention with TE's documented mask semantics."""
+
+    class DotProductAttention(torch.nn.Module):
+        def __init__(
+            self,
+            num_attention_heads,
+            kv_channels,
+            attention_dropout=0.0,
+            qkv_format="sbhd",
+            attn_mask_type="causal",
+            attention_type="self",
+        ):
+            super().__init__()
+            assert qkv_format == "bshd" and attn_mask_type == "no_mask"  # set explicitly
+            self.h, self.d, self.attention_type = num_attention_heads, kv_channels, attention_type
+
+        def forward(self, q, k, v, attention_mask=None, attn_mask_type=None):
+            calls.append((self.attention_type, attn_mask_type))
+            b, tq, h, d = q.shape
+            tk = k.size(1)
+            assert (h, d) == (self.h, self.d)
+            q_pad = torch.zeros(b, tq, dtype=torch.bool)
+            kv_pad = torch.zeros(b, tk, dtype=torch.bool)
+            if "padding" in attn_mask_type:
+                if self.attention_type == "self":
+                    q_pad = kv_pad = attention_mask[:, 0, 0, :]  # one mask, shape (B, 1, 1, S)
+                else:
+                    q_pad, kv_pad = (m[:, 0, 0, :] for m in attention_mask)
+            allowed = torch.ones(tq, tk, dtype=torch.bool)
+            if "causal" in attn_mask_type:
+                bottom_right = attn_mask_type.endswith("bottom_right")
+                allowed = allowed.tril(tk - tq if bottom_right else 0)
+            allowed = allowed[None, None] & ~kv_pad[:, None, None, :]  # (B, 1, Tq, Tk)
+            out = dense_reference(q, k, v, allowed | ~allowed.any(-1, keepdim=True))
+            out = out.masked_fill(q_pad[:, :, None, None], 0.0)  # padded queries: 0
+            return out.reshape(b, tq, h * d)  # TE returns (B, T, H*D) for bshd
+
+    te = types.ModuleType("transformer_engine.pytorch")
+    te.DotProductAttention = DotProductAttention
+    root = types.ModuleType("transformer_engine")
+    root.pytorch = te
+    return {"transformer_engine": root, "transformer_engine.pytorch": te}
+
+
+TE_MASK_TYPES = {
+    "self": ("self", "no_mask"),
+    "cross": ("cross", "no_mask"),
+    "padding": ("self", "padding"),
+    "cross_padding": ("cross", "padding"),
+    "causal": ("self", "causal"),
+    "causal_padding": ("self", "padding_causal"),
+    "decode_step": ("cross", "no_mask"),
+    "decode_chunk": ("cross", "causal_bottom_right"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_te_wrapper_sets_layout_and_mask_type_per_site(case, monkeypatch):
+    from litmt.attention.te import TEAttention
+
+    calls: list = []
+    for name, module in fake_transformer_engine(calls).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(TEAttention, "check_inputs", lambda self, q: None)
+    c = CASES[case]
+    q, k, v, mask = make_inputs(c)
+    out = build_backend("te")(q, k, v, key_padding_mask=mask, causal=c["causal"])
+    assert calls == [TE_MASK_TYPES[case]]
+    ref = build_backend("math")(q, k, v, key_padding_mask=mask, causal=c["causal"])
+    rows = real_rows(c, mask)
+    torch.testing.assert_close(out[rows], ref[rows], atol=1e-5, rtol=1e-5)

@@ -61,6 +61,14 @@ class FlashAttention(AttentionKernel):
 
         self._func, self._varlen = flash_attn_func, flash_attn_varlen_func
 
+    def check_inputs(self, q: Tensor) -> None:
+        """Refuse inputs the kernel cannot take (not CUDA, not fp16/bf16) with a clear error."""
+        if q.device.type != "cuda" or q.dtype not in HALF_DTYPES:
+            raise BackendError(
+                f"attention backend 'flash' needs CUDA fp16/bf16 inputs, got {q.dtype} on "
+                f"{q.device.type}; use attention=sdpa there"
+            )
+
     def forward(
         self,
         q: Tensor,
@@ -72,11 +80,7 @@ class FlashAttention(AttentionKernel):
         dropout_p: float = 0.0,
     ) -> Tensor:
         """Attend `q` (B, Tq, H, D) over `k`, `v` (B, Tk, H, D); return (B, Tq, H, D)."""
-        if q.device.type != "cuda" or q.dtype not in HALF_DTYPES:
-            raise BackendError(
-                f"attention backend 'flash' needs CUDA fp16/bf16 inputs, got {q.dtype} on "
-                f"{q.device.type}; use attention=sdpa there"
-            )
+        self.check_inputs(q)
         b, tq, h, d = q.shape
         tk = k.size(1)
         kpm = safe_padding_mask(key_padding_mask)

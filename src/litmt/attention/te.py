@@ -77,6 +77,14 @@ class TEAttention(AttentionKernel):
         mod.train(dropout_p > 0)  # TE applies its dropout only in training mode
         return mod
 
+    def check_inputs(self, q: Tensor) -> None:
+        """Refuse inputs the kernel cannot take (not CUDA, not fp16/bf16) with a clear error."""
+        if q.device.type != "cuda" or q.dtype not in HALF_DTYPES:
+            raise BackendError(
+                f"attention backend 'te' needs CUDA fp16/bf16 inputs, got {q.dtype} on "
+                f"{q.device.type}; use attention=sdpa there"
+            )
+
     def forward(
         self,
         q: Tensor,
@@ -88,11 +96,7 @@ class TEAttention(AttentionKernel):
         dropout_p: float = 0.0,
     ) -> Tensor:
         """Attend `q` (B, Tq, H, D) over `k`, `v` (B, Tk, H, D); return (B, Tq, H, D)."""
-        if q.device.type != "cuda" or q.dtype not in HALF_DTYPES:
-            raise BackendError(
-                f"attention backend 'te' needs CUDA fp16/bf16 inputs, got {q.dtype} on "
-                f"{q.device.type}; use attention=sdpa there"
-            )
+        self.check_inputs(q)
         b, tq, h, d = q.shape
         tk = k.size(1)
         attention_type = "self" if tq == tk else "cross"

@@ -50,6 +50,14 @@ class XFormersAttention(AttentionKernel):
         cls = getattr(self._bias, cls_name)
         return cls.from_seqlens(q_seqlen=q_lens, kv_seqlen=k_lens)
 
+    def check_inputs(self, q: Tensor) -> None:
+        """Refuse inputs the kernel cannot take (not on CUDA) with a clear error."""
+        if q.device.type != "cuda":
+            raise BackendError(
+                f"attention backend 'xformers' needs CUDA inputs, got {q.device.type}; "
+                "use attention=sdpa there"
+            )
+
     def forward(
         self,
         q: Tensor,
@@ -61,11 +69,7 @@ class XFormersAttention(AttentionKernel):
         dropout_p: float = 0.0,
     ) -> Tensor:
         """Attend `q` (B, Tq, H, D) over `k`, `v` (B, Tk, H, D); return (B, Tq, H, D)."""
-        if q.device.type != "cuda":
-            raise BackendError(
-                f"attention backend 'xformers' needs CUDA inputs, got {q.device.type}; "
-                "use attention=sdpa there"
-            )
+        self.check_inputs(q)
         b, tq, h, d = q.shape
         tk = k.size(1)
         kpm = safe_padding_mask(key_padding_mask)
