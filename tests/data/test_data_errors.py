@@ -173,3 +173,33 @@ def test_unknown_settings_keys(tmp_path: Path) -> None:
         TranslationDataModule(dir=str(tmp_path), tokenizer={"vocab": 8})
     with pytest.raises(ConfigError, match=r"unknown data.filter keys \['maxlen'\]"):
         TranslationDataModule(dir=str(tmp_path), filter={"maxlen": 8})
+
+
+def test_unknown_hub_dataset(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_load(*args: object, **kw: object) -> None:
+        raise datasets.exceptions.DatasetNotFoundError(
+            "Dataset 'org/typo' doesn't exist on the Hub"
+        )
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    with pytest.raises(DataError) as exc:
+        ParallelCorpus("en", "de", hub={"path": "org/typo"}).load("train")
+    assert "hub dataset 'org/typo' not found; check data.hub.path" in one_line(exc)
+
+
+def test_missing_test_split_only_fails_when_testing(tmp_path: Path) -> None:
+    for split in ("train", "valid"):
+        write(tmp_path / f"{split}.en", ["a b", "c d e"] * 20)
+        write(tmp_path / f"{split}.de", ["x y", "z w v"] * 20)
+    dm = TranslationDataModule(
+        dir=str(tmp_path),
+        cache_dir=str(tmp_path / "c"),
+        tokenizer=TINY_TOKENIZER | {"vocab_size": 20},
+    )
+    dm.prepare_data()
+    dm.setup("fit")
+    with pytest.raises(DataError) as exc:
+        dm.setup("test")
+    assert f"missing file {tmp_path / 'test.en'} for the 'test' split" in one_line(exc)

@@ -164,3 +164,16 @@ def test_tokenising_with_several_processes_matches_one(
     a, b = one.datasets["train"], two.datasets["train"]
     assert (a.src_values == b.src_values).all() and (a.tgt_offsets == b.tgt_offsets).all()
     assert one.references("train") == two.references("train")
+
+
+def test_tokenizer_pickles_as_bytes(dm_kwargs: dict) -> None:
+    import pickle
+
+    dm = TranslationDataModule(
+        **{**dm_kwargs, "tokenizer": {**dm_kwargs["tokenizer"], "joint": False}}
+    )
+    dm.setup("validate")
+    tok = pickle.loads(pickle.dumps(dm.tokenizer))
+    refs = dm.references("valid")
+    assert tok.to_dict() == dm.tokenizer.to_dict()
+    assert tok.encode_tgt(refs) == dm.tokenizer.encode_tgt(refs)

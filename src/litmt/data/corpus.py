@@ -260,16 +260,16 @@ class ParallelCorpus:
                     f"set data.hub.splits.{split}=NAME"
                 ) from None
             raise
-        except (ConnectionError, OSError):
+        except (ConnectionError, OSError) as exc:
             offline = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE")
+            if isinstance(exc, datasets.exceptions.DatasetNotFoundError) and not offline:
+                raise DataError(
+                    f"hub dataset {h.path!r} not found; check data.hub.path, {local_hint}"
+                ) from None
             why = "offline mode is on" if offline else "the hub cannot be reached"
             raise DataError(
                 f"hub dataset {h.path}{f' ({h.name})' if h.name else ''} is not in the local "
                 f"cache and {why}; download it once with network access, {local_hint}"
-            ) from None
-        except datasets.exceptions.DatasetNotFoundError:
-            raise DataError(
-                f"hub dataset {h.path!r} not found; check data.hub.path, {local_hint}"
             ) from None
 
     def _from_table(self, ds: datasets.Dataset, where: str) -> datasets.Dataset:

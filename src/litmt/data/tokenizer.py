@@ -123,6 +123,13 @@ class Tokenizer:
         """Inverse of `to_dict`."""
         return cls(data["src_model"], data.get("tgt_model"))
 
+    def __getstate__(self) -> dict[str, bytes | None]:
+        """Pickle as model bytes (sentencepiece processors do not pickle): DDP spawn, workers."""
+        return self.to_dict()
+
+    def __setstate__(self, state: dict[str, bytes | None]) -> None:
+        self.__init__(state["src_model"], state.get("tgt_model"))  # type: ignore[misc]
+
     # -- properties ---------------------------------------------------------------------
     @property
     def joint(self) -> bool:

@@ -1,0 +1,83 @@
+"""Real multi-process DDP (gloo, CPU): distinct train batches, equal counts, no hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import lightning as L
+    import torch
+    from litmt.data import TranslationDataModule
+
+    out, kwargs = sys.argv[1], json.loads(sys.argv[2])
+
+    class Recorder(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.train_idx, self.val_idx = [], []
+
+        def training_step(self, batch, batch_idx):
+            self.train_idx.append(batch["index"].tolist())
+            return (self.w - batch["tgt_out"].float().mean()) ** 2
+
+        def validation_step(self, batch, batch_idx):
+            self.val_idx.append(batch["index"].tolist())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    model = Recorder()
+    trainer = L.Trainer(
+        accelerator="cpu", devices=int(kwargs.pop("devices")), strategy="ddp", max_epochs=1,
+        logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, num_sanity_val_steps=0,
+        use_distributed_sampler=kwargs.pop("use_distributed_sampler"),
+    )
+    dm = TranslationDataModule(**kwargs)
+    trainer.fit(model, datamodule=dm)
+    with open(f"{out}.{trainer.global_rank}.json", "w") as f:
+        json.dump({"train": model.train_idx, "val": model.val_idx}, f)
+    """
+)
+
+
+def run(tmp_path: Path, dm_kwargs: dict, world: int, use_distributed_sampler: bool):
+    script = tmp_path / "ddp_fit.py"
+    script.write_text(SCRIPT)
+    kw = {**dm_kwargs, "devices": world, "use_distributed_sampler": use_distributed_sampler}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out"), json.dumps(kw)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_ddp_ranks_get_distinct_batches(tmp_path: Path, dm_kwargs: dict, world: int) -> None:
+    proc = run(tmp_path, dm_kwargs, world, use_distributed_sampler=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"out.{r}.json").read_text()) for r in range(world)]
+    assert len({len(r["train"]) for r in ranks}) == 1  # equal batch counts: no hang
+    train = sorted(i for r in ranks for b in r["train"] for i in b)
+    assert len(train) == len(set(train))  # no example on two ranks
+    assert len({len(r["val"]) for r in ranks}) == 1
+    val = sorted(set(i for r in ranks for b in r["val"] for i in b))
+    assert val == list(range(40))  # the whole validation split, gathered over ranks
+
+
+@pytest.mark.slow
+def test_ddp_with_lightning_distributed_sampler_is_refused(tmp_path: Path, dm_kwargs: dict) -> None:
+    proc = run(tmp_path, dm_kwargs, 2, use_distributed_sampler=True)
+    assert proc.returncode != 0
+    assert "set trainer.use_distributed_sampler=false" in proc.stderr
