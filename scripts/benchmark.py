@@ -207,16 +207,18 @@ class TorchTransformerMT(nn.Module):
         table[:, 0::2], table[:, 1::2] = torch.sin(pos * inv), torch.cos(pos * inv)
         self.register_buffer("pos", table, persistent=False)  # (512, C)
         self.drop = nn.Dropout(dropout)
-        self.transformer = nn.Transformer(
-            size.d_model,
-            size.n_heads,
-            size.layers,
-            size.layers,
-            size.d_ff,
-            dropout,
-            batch_first=True,
-            norm_first=True,
-        )
+        with warnings.catch_warnings():  # "enable_nested_tensor ... norm_first": eval-only path
+            warnings.simplefilter("ignore")
+            self.transformer = nn.Transformer(
+                size.d_model,
+                size.n_heads,
+                size.layers,
+                size.layers,
+                size.d_ff,
+                dropout,
+                batch_first=True,
+                norm_first=True,
+            )
         for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
             layer.dropout.p = 0.0  # the FFN activation dropout
             for attn in (layer.self_attn, getattr(layer, "multihead_attn", None)):

@@ -1,0 +1,74 @@
+"""KVCache: appends equal torch.cat, reorders follow rows, buffers grow and are reused."""
+
+from __future__ import annotations
+
+import torch
+
+from litmt.models import PAD_ID, Seq2SeqTransformer, TransformerConfig
+from litmt.models.cache import KVCache
+
+
+def test_appends_equal_concatenation_across_growth():
+    cache, ref = KVCache(), None
+    for t in range(40):  # crosses the initial capacity (16) and a doubling (32)
+        k = torch.randn(3, 1 if t else 2, 2, 4)  # (B, Tq, H, D); a 2-token prefix first
+        got_k, got_v = cache.append(k, -k)
+        ref = k if ref is None else torch.cat([ref, k], dim=1)
+        assert torch.equal(got_k, ref) and torch.equal(got_v, -ref)
+    assert cache.length == 41
+
+
+def test_reorder_follows_rows_and_reuses_the_spare_buffer():
+    cache = KVCache()
+    ref = torch.randn(4, 5, 2, 3)
+    cache.append(ref, ref)
+    pointers = []
+    for index in (
+        torch.tensor([1, 1, 0, 3]),
+        torch.tensor([3, 2, 1, 0]),
+        torch.tensor([0, 0, 0, 2]),
+    ):
+        cache.reorder(index)
+        ref = ref.index_select(0, index)
+        assert torch.equal(cache.k, ref) and torch.equal(cache.v, ref)
+        pointers.append(cache.k.data_ptr())
+    assert pointers[0] == pointers[2] != pointers[1]  # two buffers, swapped: no allocation
+
+
+def test_reorder_can_shrink_the_batch_and_appending_continues():
+    cache = KVCache()
+    ref = torch.randn(5, 3, 2, 3)
+    cache.append(ref, ref)
+    cache.reorder(torch.tensor([4, 0]))
+    new = torch.randn(2, 1, 2, 3)
+    k, _ = cache.append(new, new)
+    torch.testing.assert_close(k, torch.cat([ref[[4, 0]], new], dim=1))
+
+
+def test_beam_like_reorders_past_the_capacity_match_a_full_decode():
+    cfg = TransformerConfig(
+        src_vocab_size=50,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_encoder_layers=1,
+        n_decoder_layers=2,
+        dropout=0.0,
+        max_positions=64,
+    )
+    model = Seq2SeqTransformer(cfg).eval()
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, 50, (3, 7), generator=g)
+    src[1, 4:] = PAD_ID
+    tgt = torch.randint(4, 50, (3, 24), generator=g)  # more steps than the first capacity
+    with torch.no_grad():
+        memory, mask = model.encode(src)
+        state = model.init_state(memory, mask)
+        for t in range(tgt.size(1)):
+            got = model.decode_step(tgt[:, t], state)
+            if t % 5 == 4:  # rows swap places, as beams do
+                perm = torch.randperm(3, generator=g)
+                state.reorder(perm)
+                tgt, memory, mask = tgt[perm], memory[perm], mask[perm]
+        ref = model.decode(tgt, memory, mask)[:, -1]
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)

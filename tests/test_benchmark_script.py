@@ -1,0 +1,138 @@
+"""scripts/benchmark.py: a smoke run end to end, and the pieces it trusts (decode loops,
+memory measurement, matched model sizes, the doc section writer)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from litmt.errors import LitmtError
+
+pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "benchmark.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("benchmark_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["benchmark_script"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bm = load_script()
+SIZE = bm.Size("test", 32, 4, 2)
+
+
+def test_smoke_run_writes_all_tables(multi30k_dir, tmp_path):
+    out = tmp_path / "bench.md"
+    out.write_text("# Benchmarks\n\nHand-written notes stay.\n")
+    cmd = [sys.executable, str(SCRIPT), "--smoke", "--out", str(out)]
+    cmd += ["--cache", str(tmp_path / "cache"), "--threads", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    assert text.startswith("# Benchmarks\n\nHand-written notes stay.\n")
+    assert text.count(bm.BEGIN) == 1 and text.count(bm.END) == 1
+    for needle in ("#### Training", "#### Decoding", "| greedy | marian |", "| beam 3 | litmt |"):
+        assert needle in text
+    for model in ("litmt", "marian", "nn.Transformer"):
+        assert f"| {model} | " in text
+    assert "Command: `python scripts/benchmark.py --smoke" in text
+
+
+def test_unknown_size_is_a_one_line_error():
+    with pytest.raises(LitmtError) as err:
+        bm.parse_args(["--sizes", "small,huge"])
+    assert str(err.value) == "unknown size(s) ['huge']; valid: small, base, tiny"
+
+
+def test_the_three_models_have_the_same_size():
+    counts = {
+        name: sum(p.numel() for p in build(SIZE, 100, 0.1).parameters() if p.requires_grad)
+        for name, build in bm.BUILDERS.items()
+    }
+    # Identical but for Marian's post-norm layout (no final encoder/decoder LayerNorm).
+    assert counts["litmt"] == counts["nn.Transformer"]
+    assert counts["litmt"] - counts["marian"] == 4 * SIZE.d_model
+
+
+def test_all_three_train_on_the_same_batch():
+    torch.manual_seed(0)
+    batch = bm.Batch(
+        torch.randint(4, 100, (3, 6)), torch.randint(4, 100, (3, 5)), torch.randint(4, 100, (3, 5))
+    )
+    for name, build in bm.BUILDERS.items():
+        step = bm.make_train_step(name, build(SIZE, 100, 0.0).train())
+        first = step(batch)
+        for _ in range(5):
+            last = step(batch)
+        assert torch.isfinite(first) and last < first, name
+
+
+def test_beam_of_one_is_greedy_and_lengths_are_forced():
+    torch.manual_seed(0)
+    model = bm.build_litmt(SIZE, 100, 0.0).eval()
+    src = torch.randint(4, 100, (3, 7))
+    src[1, 5:] = bm.PAD_ID
+    greedy = bm.litmt_greedy(model, src, 9)
+    assert torch.equal(bm.litmt_beam(model, src, 1, 9), greedy)
+    beam = bm.litmt_beam(model, src, 4, 9)
+    assert beam.shape == (3, 9) and not (beam == bm.EOS_ID).any()
+
+
+def test_beam_finds_the_best_forced_length_sequence_on_a_tiny_vocabulary():
+    """V=6 (5 tokens allowed, eos is not), N=3: beam 25 ≥ 5² keeps every prefix, so exact."""
+    torch.manual_seed(1)
+    model = bm.build_litmt(bm.Size("t", 16, 2, 1), 6, 0.0).eval()
+    src = torch.tensor([[4, 5, 4]])
+    best = bm.litmt_beam(model, src, 25, 3)[0]
+
+    def score(seq: list[int]) -> float:
+        tgt_in = torch.tensor([[bm.BOS_ID, *seq[:-1]]])
+        logp = model(src, tgt_in).log_softmax(-1)[0]
+        return float(sum(logp[i, t] for i, t in enumerate(seq)))
+
+    with torch.no_grad():
+        candidates = [[a, b, c] for a in range(6) for b in range(6) for c in range(6)]
+        candidates = [s for s in candidates if bm.EOS_ID not in s]
+        brute = max(candidates, key=score)
+        assert score(best.tolist()) == pytest.approx(score(brute), abs=1e-5)
+
+
+def test_marian_generate_is_forced_to_the_length():
+    torch.manual_seed(0)
+    model = bm.build_marian(SIZE, 100, 0.0).eval()
+    src = torch.randint(4, 100, (2, 6))
+    for beam in (1, 3):
+        out = bm.marian_generate(model, src, beam, 7)
+        assert out.shape == (2, 7) and not (out == bm.EOS_ID).any()
+
+
+def test_peak_tensor_memory_sees_a_temporary():
+    def work() -> None:
+        a = torch.ones(2**20)  # 4 MiB
+        b = a * 2  # another 4 MiB while a lives
+        del a, b
+
+    peak = bm.peak_tensor_memory(work, torch.device("cpu"))
+    assert 8 * 2**20 <= peak < 9 * 2**20
+
+
+def test_write_section_replaces_only_its_block(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("intro\n")
+    bm.write_section(doc, "first")
+    doc.write_text(doc.read_text() + "\noutro\n")
+    bm.write_section(doc, "second")
+    text = doc.read_text()
+    assert text == f"intro\n\n{bm.BEGIN}\nsecond\n{bm.END}\noutro\n"
