@@ -98,3 +98,27 @@ def compose_train(overrides: list[str], out: Path) -> DictConfig:
     with open_dict(cfg):
         cfg.paths.output_dir = str(out / "run")
     return cfg
+
+
+def script_env() -> dict[str, str]:
+    """Environment for `scripts/*.py` subprocesses: one thread, tests/ importable (probe callbacks)."""
+    import os
+
+    path = [str(REPO / "tests"), str(REPO / "src"), os.environ.get("PYTHONPATH", "")]
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+        "PYTHONPATH": os.pathsep.join(p for p in path if p),
+    }
+
+
+def run_train_script(overrides: list[str], timeout: float = 600):
+    """`python scripts/train.py OVERRIDES` in a subprocess; returns the CompletedProcess."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "scripts/train.py", *overrides]
+    return subprocess.run(
+        cmd, cwd=REPO, env=script_env(), capture_output=True, text=True, timeout=timeout
+    )

@@ -20,10 +20,43 @@ from torch import Tensor
 
 from litmt.checkpoint import META_KEY, make_meta
 from litmt.data.tokenizer import Tokenizer
-from litmt.errors import ConfigError
+from litmt.errors import ConfigError, LitmtError
 from litmt.models import PAD_ID, Seq2SeqTransformer, TransformerConfig
 
 SCHEDULERS = ("inverse_sqrt", "cosine", "constant")
+_SEED_MIX = 1_000_003  # a prime that spreads (seed, rank, batch) over the 63-bit seed space
+
+
+def step_seed(seed: int, rank: int, batch: int) -> int:
+    """The RNG seed of training micro-batch `batch` (counted over the whole run) on `rank`.
+
+    Dropout masks then depend only on (seed, rank, batch): a resumed run draws exactly the
+    masks an uninterrupted run would, and DDP ranks draw different masks.
+    """
+    return ((int(seed) * _SEED_MIX + int(rank)) * _SEED_MIX + int(batch)) % (2**63 - 1)
+
+
+def total_norm(tensors: list[Tensor]) -> Tensor:
+    """The 2-norm of all `tensors` together (0-d); fused where torch has `get_total_norm`."""
+    fused = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
+    if fused is not None:
+        return fused([t.detach() for t in tensors])
+    return torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(t.detach()) for t in tensors])
+    )
+
+
+def all_ranks_true(flag: bool, device: torch.device) -> bool:
+    """`flag` AND-ed over every process of the default group (no-op in one process).
+
+    A check that raises on one rank only would leave the others waiting forever in the next
+    collective; reducing the flag first makes every rank raise together.
+    """
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return flag
+    t = torch.tensor([1 if flag else 0], device=device, dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
 
 
 def _plain(value: Any) -> Any:
@@ -99,6 +132,8 @@ class TranslationModule(L.LightningModule):
         label_smoothing: epsilon of the smoothed loss.
         val_decode: {"beam_size": 1 (greedy) or k, "max_len_a", "max_len_b", "length_penalty"}.
         compile: wrap the model in `torch.compile` for training.
+        seed: re-seed torch's RNG before every training micro-batch from (seed, rank, batch
+            number), so dropout is reproducible across a resume; None = never re-seed.
     """
 
     def __init__(
@@ -112,6 +147,7 @@ class TranslationModule(L.LightningModule):
         label_smoothing: float = 0.1,
         val_decode: dict[str, Any] | None = None,
         compile: bool = False,
+        seed: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(model_config, TransformerConfig):
@@ -124,6 +160,7 @@ class TranslationModule(L.LightningModule):
         self.val_decode = {"beam_size": 1, "max_len_a": 1.2, "max_len_b": 10, "length_penalty": 1.0}
         self.val_decode.update(_plain(val_decode or {}))
         self.compile = compile
+        self.seed = seed
         self._forward: Callable[[Tensor, Tensor], Tensor] = self.model
         self._hyps: dict[str, list[tuple[int, str]]] = {}
         self._tick: float | None = None
@@ -158,10 +195,24 @@ class TranslationModule(L.LightningModule):
             logits.flatten(0, 1), batch["tgt_out"].flatten(), self.label_smoothing
         )
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Re-seed the RNG (dropout) from (seed, rank, micro-batch number over the run)."""
+        if self.seed is not None:
+            total = self.trainer.fit_loop.epoch_loop.total_batch_idx  # restored on resume
+            torch.manual_seed(step_seed(self.seed, self.global_rank, total))
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss_sum, nll_sum, ntok = self._loss(batch, self._forward)
         ntok_f = ntok.clamp_min(1).float()
         loss = loss_sum / ntok_f
+        finite = bool(torch.isfinite(loss.detach()))
+        if not all_ranks_true(finite, loss.device):
+            value = "non-finite on another rank" if finite else str(loss.item())
+            raise LitmtError(
+                f"the training loss became {value} at step {self.global_step}; stopped before updating the weights, the last saved checkpoint is "
+                "intact: lower module.optimizer.lr, raise warmup, use bf16-mixed instead of "
+                "16-mixed, or keep trainer.gradient_clip_val on"
+            )
         n = int(batch["ntokens"]) if "ntokens" in batch else int(ntok)
         now = time.perf_counter()
         bs = batch["src"].size(0)
@@ -172,15 +223,47 @@ class TranslationModule(L.LightningModule):
                 "train/tok_per_s", n / max(now - self._tick, 1e-9), prog_bar=True, batch_size=bs
             )
         self._tick = now
-        if not torch.isfinite(loss.detach()):
-            from litmt.errors import LitmtError
-
-            raise LitmtError(
-                f"the training loss became {loss.item()} at step {self.global_step}; "
-                "lower the learning rate, use bf16 instead of fp16, or clip gradients "
-                "(the last saved checkpoint is intact)"
-            )
         return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Stop on non-finite gradients before they reach the weights (and a checkpoint).
+
+        Skipped under fp16 loss scaling (`16-mixed`), whose scaler skips such steps itself.
+        Gradients are already averaged over DDP ranks here; under FSDP each rank holds a
+        shard, so the verdict is AND-ed over ranks.
+        """
+        if str(self.trainer.precision).startswith("16"):
+            return
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads:
+            return
+        norm = total_norm(grads)
+        if not all_ranks_true(bool(torch.isfinite(norm)), norm.device):
+            raise LitmtError(
+                f"the gradients became non-finite (norm {norm.item()}) at step {self.global_step}; "
+                "stopped before updating the weights, the last saved checkpoint is intact: lower "
+                "module.optimizer.lr or raise module.scheduler.warmup_steps"
+            )
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip as configured; under FSDP through the root module's `clip_grad_norm_`, which
+        computes the norm over every rank's shard (Lightning's FSDP plugin refuses to clip)."""
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        root = self.trainer.model
+        if (
+            gradient_clip_val
+            and isinstance(root, FullyShardedDataParallel)
+            and gradient_clip_algorithm in (None, "norm")
+        ):
+            root.clip_grad_norm_(gradient_clip_val)
+            return
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_train_epoch_start(self) -> None:
         self._tick = None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +14,16 @@ import torch
 from hydra.errors import InstantiationException
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from litmt.callbacks import PreemptionCheckpoint
 from litmt.checkpoint import atomic_save, load_checkpoint
 from litmt.errors import ConfigError, LitmtError
 
 log = logging.getLogger(__name__)
+
+EXIT_SIGTERM = 128 + signal.SIGTERM  # the status of a process killed by SIGTERM (143)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -50,7 +56,8 @@ def model_config_dict(cfg: DictConfig, tokenizer: Any) -> dict[str, Any]:
 
 
 def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
-    """`cfg.ckpt_path`, else `<run dir>/checkpoints/last.ckpt` when the run directory has one."""
+    """`cfg.ckpt_path`, else the newest of `<run dir>/checkpoints/last.ckpt` and Lightning's
+    SLURM requeue checkpoints `<run dir>/hpc_ckpt_*.ckpt`, when the run directory has one."""
     if cfg.get("ckpt_path"):
         path = Path(cfg.ckpt_path)
         if not path.is_file():
@@ -58,16 +65,32 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
                 f"ckpt_path={cfg.ckpt_path} does not exist; pass a .ckpt file to resume from"
             )
         return str(path)
-    last = output_dir / "checkpoints" / "last.ckpt"
-    if last.is_file():
-        log.info("resuming from %s (this run directory already holds a run)", last)
-        return str(last)
-    return None
+    found = [output_dir / "checkpoints" / "last.ckpt", *output_dir.glob("hpc_ckpt_*.ckpt")]
+    found = [p for p in found if p.is_file()]
+    if not found:
+        return None
+    newest = max(found, key=lambda p: p.stat().st_mtime_ns)
+    log.info("resuming from %s (this run directory already holds a run)", newest)
+    return str(newest)
+
+
+def check_precision(precision: Any) -> None:
+    """Fail early, in one line, on FP8 without Transformer Engine (Lightning raises an import
+    error with a traceback)."""
+    if str(precision).startswith("transformer-engine"):
+        import importlib.util
+
+        if importlib.util.find_spec("transformer_engine") is None:
+            raise ConfigError(
+                f"trainer.precision={precision} (FP8) needs NVIDIA Transformer Engine on a CUDA "
+                "GPU: pip install 'litmt[te]', or use trainer.precision=bf16-mixed"
+            )
 
 
 def build_trainer(cfg: DictConfig, callbacks: list[Any], loggers: list[Any]) -> L.Trainer:
     """Instantiate the Lightning Trainer; device/config mistakes become one-line `LitmtError`s."""
     accel, devices = cfg.trainer.get("accelerator", "auto"), cfg.trainer.get("devices", 1)
+    check_precision(cfg.trainer.get("precision"))
     if (
         accel in ("gpu", "cuda")
         and isinstance(devices, int)
@@ -107,10 +130,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         tokenizer=tokenizer,
         src_lang=datamodule.src_lang,
         tgt_lang=datamodule.tgt_lang,
+        seed=cfg.seed,
     )
     log.info("model: %.2fM parameters", module.model.num_parameters() / 1e6)
 
     callbacks = _instantiate_dict(cfg.get("callbacks"))
+    if not any(isinstance(c, PreemptionCheckpoint) for c in callbacks):
+        callbacks.append(PreemptionCheckpoint())  # SIGTERM (preemption) saves last.ckpt
     loggers = _instantiate_dict(cfg.get("logger"))
     for lg in loggers:
         if hasattr(lg, "log_hyperparams"):
@@ -119,9 +145,22 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     ckpt = resume_path(cfg, output_dir)
     if ckpt is not None:
-        load_checkpoint(ckpt)  # fails early, with a clear message, on a corrupt or unsafe file
+        state = load_checkpoint(ckpt)  # fails early, with a clear message, on a corrupt file
+        log.info("resuming %s at global step %s", ckpt, state.get("global_step"))
+        del state
     weights_only = bool(cfg.get("weights_only_load", True))
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=weights_only)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=weights_only)
+    except SIGTERMException:
+        # PreemptionCheckpoint saved last.ckpt; exit like a process killed by SIGTERM would
+        if trainer.is_global_zero:
+            print(
+                f"stopped by SIGTERM at step {trainer.global_step}; resume with the same "
+                f"command and hydra.run.dir={output_dir}",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise SystemExit(EXIT_SIGTERM) from None
     metrics: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
     checkpoint_cb = trainer.checkpoint_callback

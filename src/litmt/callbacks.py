@@ -1,0 +1,96 @@
+"""Lightning callbacks that `litmt.train` adds to every run.
+
+`PreemptionCheckpoint`: a preempted job (SLURM, Kubernetes, `kill <pid>`) gets SIGTERM and
+should leave a checkpoint it can resume from. Lightning 2.x installs its own SIGTERM handler
+in `trainer.fit`: it sets `trainer.received_sigterm`, forwards the signal to the processes it
+launched, and after the current batch raises `SIGTERMException` (in DDP on every rank together:
+rank 0's flag is broadcast before each step). It saves nothing. This callback saves `last.ckpt`
+(the file auto-resume looks for) in `on_train_batch_end` of the optimizer step during which the
+signal arrived: the point where `ModelCheckpoint(every_n_train_steps=...)` saves, which resumes
+exactly. A SIGTERM that arrives during validation saves nothing (a mid-validation checkpoint
+would resume without the hypotheses already decoded); the last `last.ckpt` is the resume point.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+log = logging.getLogger(__name__)
+
+
+def last_checkpoint_path(trainer: L.Trainer) -> Path:
+    """`<ModelCheckpoint dirpath>/last.ckpt`, else `<default_root_dir>/checkpoints/last.ckpt`."""
+    cb = trainer.checkpoint_callback
+    if isinstance(cb, ModelCheckpoint) and cb.dirpath:
+        return Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
+    return Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+
+
+class PreemptionCheckpoint(L.Callback):
+    """On SIGTERM during `fit`, save `last.ckpt` at the end of the current optimizer step (all
+    ranks take part), then let Lightning stop the run.
+
+    Args:
+        path: where to save; None = `last_checkpoint_path(trainer)`.
+    """
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
+        self.saved: Path | None = None
+        self._pending = False
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if self.saved is not None:
+            return
+        connector = trainer._signal_connector
+        pending = self._pending or connector.received_sigterm
+        if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
+            flag = torch.tensor([int(pending)], device=pl_module.device)
+            dist.broadcast(flag, src=0)  # rank 0 decides, as in Lightning's own check
+            pending = bool(flag.item())
+        if not pending:
+            return
+        if trainer.fit_loop.epoch_loop._should_accumulate():
+            # mid gradient accumulation: hide the flag from Lightning's loop until the
+            # optimizer step, so that the checkpoint holds a whole step
+            self._pending, connector.received_sigterm = True, False
+            return
+        path = Path(self.path) if self.path else last_checkpoint_path(trainer)
+        trainer.save_checkpoint(path)  # the same point as ModelCheckpoint(every_n_train_steps)
+        self.saved, self._pending = path, False
+        connector.received_sigterm = True  # Lightning now stops with SIGTERMException
+        if trainer.is_global_zero:
+            log.warning(
+                "SIGTERM: saved %s at step %d; rerun with the same hydra.run.dir to resume",
+                path,
+                trainer.global_step,
+            )
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        if not isinstance(exception, SIGTERMException) or self.saved is not None:
+            return
+        if trainer.state.fn == TrainerFn.FITTING and trainer.is_global_zero:
+            # during validation: a checkpoint there would resume without the hypotheses
+            # already decoded, so the previous last.ckpt stays the resume point
+            log.warning(
+                "SIGTERM outside a training step: no new checkpoint; resume from %s",
+                last_checkpoint_path(trainer),
+            )

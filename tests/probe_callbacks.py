@@ -1,0 +1,108 @@
+"""Test-only Lightning callbacks, passed to `scripts/train.py` through Hydra, e.g.
+
+    +callbacks.record._target_=probe_callbacks.RecordBatches +callbacks.record.out_dir=DIR
+
+(with `tests/` on PYTHONPATH). Every record is one JSON line, flushed and fsynced at once, so
+it survives a `kill -9` of the process that wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+
+class RecordBatches(L.Callback):
+    """Writes `<out_dir>/rank<r>.jsonl`: one line per training micro-batch,
+    {"epoch", "step" (global step before the batch), "index": [...], "world", "loss", "lr"},
+    one per validation batch {"step", "val_index": [...]} and one per validation
+    {"step", "valid_bleu"}."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+        self._file: Any = None
+
+    def _write(self, trainer: L.Trainer, record: dict[str, Any]) -> None:
+        if self._file is None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.out_dir / f"rank{trainer.global_rank}.jsonl", "a")  # noqa: SIM115
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._pending = {
+            "epoch": trainer.current_epoch,
+            "step": trainer.global_step,
+            "index": batch["index"].tolist(),
+            "world": trainer.world_size,
+        }
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        lr = trainer.optimizers[0].param_groups[0]["lr"]
+        self._write(trainer, {**self._pending, "loss": float(loss), "lr": float(lr)})
+
+    def on_validation_batch_start(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if not trainer.sanity_checking:
+            self._write(
+                trainer, {"step": trainer.global_step, "val_index": batch["index"].tolist()}
+            )
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        bleu = trainer.callback_metrics.get("valid/bleu")
+        if bleu is not None:
+            self._write(trainer, {"step": trainer.global_step, "valid_bleu": float(bleu)})
+
+
+class KillAtStep(L.Callback):
+    """Sends `sig` (default SIGKILL, i.e. `kill -9`) to this process when training reaches
+    global step `step`, i.e. right after every callback (checkpoints too) handled step `step`."""
+
+    def __init__(self, step: int, sig: str = "SIGKILL") -> None:
+        self.step, self.sig = int(step), getattr(signal, sig)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.sig)
+
+
+class InjectNonFinite(L.Callback):
+    """Sets one weight to +inf before the batch of global step `step`: the loss becomes NaN."""
+
+    def __init__(self, step: int) -> None:
+        self.step = int(step)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.step:
+            with torch.no_grad():
+                next(pl_module.parameters()).fill_(math.inf)
