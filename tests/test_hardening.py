@@ -4,6 +4,7 @@ hold a run, too many devices. And training is deterministic: same seed and data,
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,29 @@ def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
     msg = str(exc.value)
     assert "\n" not in msg, msg
     return msg
+
+
+# -- the one-line contract when Hydra wraps our errors -------------------------------------
+
+
+def test_a_user_error_wrapped_by_hydra_instantiate_is_one_line_exit_2(capsys):
+    import hydra
+    from omegaconf import OmegaConf
+
+    from litmt.cli import cli_errors
+
+    cfg = OmegaConf.create(
+        {"_target_": "litmt.models.TransformerConfig", "src_vocab_size": 64, "positional": "alibi"}
+    )
+    with pytest.raises(SystemExit) as exit_info, cli_errors():
+        hydra.utils.instantiate(cfg)  # raises InstantiationException from ConfigError
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: unknown positional encoding 'alibi'; valid names: sinusoidal, learned, rope\n"
+    )
+    bug = OmegaConf.create({"_target_": "math.sqrt", "_args_": ["not a number"]})
+    with pytest.raises(Exception, match=r"Error in call to target 'math\.sqrt'"), cli_errors():
+        hydra.utils.instantiate(bug)  # a bug keeps its exception (and traceback)
 
 
 # -- unknown config-group options (case 4) ---------------------------------------------------
@@ -121,6 +145,9 @@ def test_a_run_directory_with_last_ckpt_is_resumed(tmp_path):
     (tmp_path / "csv").mkdir()
     (tmp_path / "csv" / "metrics.csv").write_text("")
     assert check_run_dir(tmp_path) == tmp_path / "checkpoints" / "last.ckpt"
+    os.utime(tmp_path / "checkpoints" / "last.ckpt", (1, 1))  # older than the requeue file
+    (tmp_path / "hpc_ckpt_2.ckpt").write_bytes(b"x")  # Lightning's SLURM requeue checkpoint
+    assert check_run_dir(tmp_path) == tmp_path / "hpc_ckpt_2.ckpt"
 
 
 def test_a_run_directory_without_last_ckpt_is_refused_not_overwritten(tmp_path, monkeypatch):
@@ -133,7 +160,7 @@ def test_a_run_directory_without_last_ckpt_is_refused_not_overwritten(tmp_path, 
     assert one_line(exc) == (
         f"run directory {tmp_path} already holds a run (checkpoints/, csv/) but no "
         "checkpoints/last.ckpt to resume from; choose a new directory with hydra.run.dir=PATH, "
-        "resume with ckpt_path=PATH, or pass +overwrite=true to delete it and start over"
+        "resume with ckpt_path=PATH, or pass overwrite=true to delete it and start over"
     )
     assert (tmp_path / "checkpoints" / "best-step000100-bleu30.00.ckpt").exists()
     assert check_run_dir(tmp_path, ckpt_path="other.ckpt") is None  # an explicit resume
@@ -159,8 +186,8 @@ def test_more_devices_than_the_machine_has_is_refused():
         check_devices("auto", 4, cuda_count=0, cpu_count=16)
     assert one_line(exc) == (
         "trainer.devices=4 but this machine has no CUDA GPU, so it would start 4 CPU "
-        "processes; use trainer.devices=1, or trainer.accelerator=cpu trainer.strategy=ddp to "
-        "train with several CPU processes on purpose"
+        "processes; use trainer.devices=1, or trainer.accelerator=cpu to train with several "
+        "CPU processes on purpose"
     )
     with pytest.raises(ConfigError) as exc:
         check_devices("gpu", 2, cuda_count=1, cpu_count=16)
@@ -271,3 +298,45 @@ def test_a_different_seed_gives_different_losses(tmp_path):
         with open(next((out / "run" / "csv").rglob("metrics.csv"))) as f:
             losses.append([r["train/loss"] for r in csv.DictReader(f) if r.get("train/loss")])
     assert losses[0] != losses[1]
+
+
+# -- the training entry point (cases 7 and 11 end to end, once litmt.train calls the checks) ---
+
+
+def _wired(name: str) -> None:
+    if name not in (REPO / "src" / "litmt" / "train.py").read_text():
+        pytest.skip(f"litmt.train does not call litmt.{name} yet")
+
+
+def _one_epoch(corpus: Path, out: Path, *extra: str):
+    cfg = compose_train(
+        [*tiny_overrides(corpus, out), "trainer.max_epochs=1", "test_after_training=false", *extra],
+        out,
+    )
+    from litmt.train import train
+
+    return train(cfg)
+
+
+def test_resuming_with_another_model_config_is_refused_in_one_line(tmp_path):
+    _wired("check_compatible")
+    from litmt.errors import CheckpointError
+
+    corpus = write_toy_corpus(tmp_path / "corpus", {"train": 60, "valid": 5, "test": 5})
+    last = _one_epoch(corpus, tmp_path)["last_checkpoint"]
+    assert last and Path(last).is_file()
+    with pytest.raises(CheckpointError) as exc:
+        _one_epoch(corpus, tmp_path, "model.d_ff=96")
+    assert one_line(exc).startswith(f"{last} was trained with another model config (model.d_ff=")
+    assert "96 requested); use the settings it was trained with" in one_line(exc)
+
+
+def test_training_into_a_directory_that_holds_a_run_without_last_ckpt_is_refused(tmp_path):
+    _wired("check_run_dir")
+    corpus = write_toy_corpus(tmp_path / "corpus", {"train": 60, "valid": 5, "test": 5})
+    last = Path(_one_epoch(corpus, tmp_path)["last_checkpoint"])
+    last.unlink()
+    kept = sorted(p.name for p in last.parent.iterdir())
+    with pytest.raises(ConfigError, match=r"already holds a run \(checkpoints/, csv/\)"):
+        _one_epoch(corpus, tmp_path)
+    assert sorted(p.name for p in last.parent.iterdir()) == kept  # nothing overwritten

@@ -35,9 +35,26 @@ def format_error(err: BaseException) -> str:
     return f"error: {text[0] if text else type(err).__name__}"
 
 
+def user_error_cause(err: BaseException) -> LitmtError | None:
+    """The `LitmtError` that `err` wraps (its ``__cause__`` chain), or None.
+
+    Hydra's ``instantiate`` re-raises any error of a ``_target_`` (the datamodule, the
+    LightningModule, the trainer) as an ``InstantiationException`` from it.
+    """
+    seen: set[int] = set()
+    cur: BaseException | None = err
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, LitmtError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__
+    return None
+
+
 @contextmanager
 def cli_errors() -> Iterator[None]:
-    """Turn a `LitmtError` raised inside into ``error: <message>`` on stderr and exit 2.
+    """Turn a `LitmtError` raised inside (or wrapped, as Hydra's ``instantiate`` wraps the
+    errors of a ``_target_``) into ``error: <message>`` on stderr and exit 2.
 
     Other exceptions are bugs and keep their traceback. Ctrl-C exits 130 without one; a
     closed stdout pipe exits 1 silently.
@@ -55,6 +72,13 @@ def cli_errors() -> Iterator[None]:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout
         raise SystemExit(1) from None
+    except Exception as err:  # e.g. Hydra's InstantiationException around a `_target_`'s error
+        cause = user_error_cause(err)
+        if cause is None:
+            raise
+        sys.stdout.flush()
+        print(format_error(cause), file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_USER_ERROR) from None
 
 
 def run_cli(fn: Callable[P, R]) -> Callable[P, R]:

@@ -114,7 +114,8 @@ def check_run_dir(
     """Decide what happens when a training run starts in `output_dir`.
 
     - An empty (or fresh Hydra) directory: start a new run; returns None.
-    - ``checkpoints/last.ckpt`` present: the run is resumed from it; returns its path.
+    - ``checkpoints/last.ckpt`` (or a SLURM requeue ``hpc_ckpt_*.ckpt``) present: the run is
+      resumed; returns the newest such path.
     - Training outputs but no ``last.ckpt``: refuses with `ConfigError`, unless an explicit
       `ckpt_path` is given (resume from it) or `overwrite` is true (the old outputs are
       deleted, with a warning).
@@ -127,16 +128,19 @@ def check_run_dir(
     out = Path(output_dir)
     if not _is_rank_zero():
         return None
-    last = out / "checkpoints" / "last.ckpt"
+    resumable = [out / "checkpoints" / "last.ckpt", *out.glob("hpc_ckpt_*.ckpt")]
+    resumable = [p for p in resumable if p.is_file()]
     if overwrite:
         found = run_artifacts(out)
         if found:
             log.warning("overwrite=true: deleting %s in %s", ", ".join(found), out)
             for name in found:
                 shutil.rmtree(out / name)
+        for p in out.glob("hpc_ckpt_*.ckpt"):
+            p.unlink()
         return None
-    if last.is_file():
-        return last
+    if resumable:
+        return max(resumable, key=lambda p: p.stat().st_mtime_ns)
     if ckpt_path:
         return None
     found = run_artifacts(out)
@@ -144,7 +148,7 @@ def check_run_dir(
         raise ConfigError(
             f"run directory {out} already holds a run ({', '.join(f + '/' for f in found)}) "
             "but no checkpoints/last.ckpt to resume from; choose a new directory with "
-            "hydra.run.dir=PATH, resume with ckpt_path=PATH, or pass +overwrite=true to "
+            "hydra.run.dir=PATH, resume with ckpt_path=PATH, or pass overwrite=true to "
             "delete it and start over"
         )
     return None
@@ -205,8 +209,8 @@ def check_devices(
     if accel == "auto" and cuda_count == 0 and wanted > 1:
         raise ConfigError(
             f"trainer.devices={devices} but this machine has no CUDA GPU, so it would start "
-            f"{wanted} CPU processes; use trainer.devices=1, or trainer.accelerator=cpu "
-            "trainer.strategy=ddp to train with several CPU processes on purpose"
+            f"{wanted} CPU processes; use trainer.devices=1, or trainer.accelerator=cpu to "
+            "train with several CPU processes on purpose"
         )
     if accel == "auto" and wanted > cuda_count > 0:
         raise ConfigError(
