@@ -326,12 +326,12 @@ def litmt_beam(model: Seq2SeqTransformer, src: Tensor, beam: int, steps: int) ->
     """Beam search with exactly `steps` tokens per hypothesis (eos suppressed): (B, N).
 
     The same work as a batched beam search: log-softmax, top-k over K·V per sentence, and
-    a reorder of the self-attention cache (cross K/V stay: beams keep their sentence).
+    a reorder of the self-attention cache. The K beams of a sentence share its encoder
+    output and cross-attention K/V (``group=K``): nothing is copied per beam.
     """
     b = src.size(0)
     memory, mask = model.encode(src)
-    rows = torch.arange(b, device=src.device).repeat_interleave(beam)  # (B·K,)
-    state = model.init_state(memory.index_select(0, rows), mask.index_select(0, rows))
+    state = model.init_state(memory, mask, group=beam)
     scores = torch.full((b, beam), -math.inf, device=src.device)
     scores[:, 0] = 0.0  # only the first beam is live at the start
     tokens = torch.full((b * beam,), BOS_ID, dtype=torch.long, device=src.device)

@@ -72,3 +72,43 @@ def test_beam_like_reorders_past_the_capacity_match_a_full_decode():
                 tgt, memory, mask = tgt[perm], memory[perm], mask[perm]
         ref = model.decode(tgt, memory, mask)[:, -1]
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_cross_attention_equals_copying_the_source_per_beam():
+    """init_state(group=K) (one memory row per sentence) == memory repeated K times."""
+    cfg = TransformerConfig(
+        src_vocab_size=50,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_encoder_layers=1,
+        n_decoder_layers=2,
+        dropout=0.0,
+        max_positions=64,
+    )
+    model = Seq2SeqTransformer(cfg).eval()
+    g = torch.Generator().manual_seed(0)
+    b, k = 3, 4
+    src = torch.randint(4, 50, (b, 7), generator=g)
+    src[1, 3:] = PAD_ID
+    with torch.no_grad():
+        memory, mask = model.encode(src)
+        rows = torch.arange(b).repeat_interleave(k)  # (B*K,)
+        grouped = model.init_state(memory, mask, group=k)
+        expanded = model.init_state(memory[rows], mask[rows])
+        tokens = torch.randint(4, 50, (b * k,), generator=g)
+        n = b  # sentences still decoding
+        for t in range(6):
+            a, e = model.decode_step(tokens, grouped), model.decode_step(tokens, expanded)
+            torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-5)
+            # beams move within their sentence
+            within = torch.arange(n)[:, None] * k + torch.randint(0, k, (n, k), generator=g)
+            grouped.reorder(within.view(-1), cross=False)
+            expanded.reorder(within.view(-1), cross=False)
+            if t == 3:  # drop sentence 1, keep whole sentences 2 and 0
+                keep = torch.cat([torch.arange(2 * k, 3 * k), torch.arange(k)])
+                grouped.reorder(keep, cross=True)
+                expanded.reorder(keep, cross=True)
+                n = 2
+            tokens = torch.randint(4, 50, (n * k,), generator=g)
+        assert grouped.memory.size(0) == 2 and expanded.memory.size(0) == 2 * k

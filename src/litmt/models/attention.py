@@ -82,6 +82,7 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         cache: KVCache | None = None,
         offset: int = 0,
+        group: int = 1,
     ) -> Tensor:
         """Attend.
 
@@ -93,6 +94,9 @@ class MultiHeadAttention(nn.Module):
             cache: where this layer keeps its K/V across decode steps; self-attention
                 appends the new positions, cross-attention computes K/V once and reuses them.
             offset: position of x's first token (for rotary encodings when decoding).
+            group: cross-attention only: x has `group` consecutive rows per memory row
+                (the beams of one sentence), so memory and its K/V are (B/group, Tk, ...).
+                Those rows' queries attend to the same keys as one longer query block.
 
         Returns:
             (B, Tq, C)
@@ -113,15 +117,23 @@ class MultiHeadAttention(nn.Module):
                 k, v = self._kv(memory)
                 if cache is not None:
                     cache.set(k, v)
+        tq = q.size(1)
+        if group > 1:  # non-causal cross-attention: a sentence's beams are one query block
+            q = q.reshape(-1, group * tq, self.n_heads, self.head_dim)  # (B/G, G*Tq, H, D)
         p = self.dropout if self.training else 0.0
         if self.record_weights:
-            out, self.last_weights = _MATH.forward_with_weights(
+            out, weights = _MATH.forward_with_weights(
                 q, k, v, key_padding_mask=key_padding_mask, causal=causal, dropout_p=p
             )
+            if group > 1:  # (B/G, H, G*Tq, Tk) -> (B, H, Tq, Tk)
+                weights = weights.unflatten(2, (group, tq)).transpose(1, 2).flatten(0, 1)
+            self.last_weights = weights
         else:
             out = self.kernel(
                 q, k, v, key_padding_mask=key_padding_mask, causal=causal, dropout_p=p
             )
+        if group > 1:
+            out = out.reshape(-1, tq, self.n_heads, self.head_dim)  # (B, Tq, H, D)
         return self.out_proj(out.flatten(-2))  # (B, Tq, H, D) -> (B, Tq, C)
 
     def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -97,10 +97,12 @@ class DecoderLayer(nn.Module):
         src_padding_mask: Tensor | None,
         cache: dict[str, KVCache] | None = None,
         offset: int = 0,
+        group: int = 1,
     ) -> Tensor:
         """x (B, T, C), memory (B, S, C), src_padding_mask (B, S) -> (B, T, C).
 
         With `cache` ({"self": KVCache(), "cross": KVCache()}), K/V are kept across decode steps.
+        With `group` > 1, memory has one row per `group` rows of x (see MultiHeadAttention).
         """
         sc = cache["self"] if cache is not None else None
         cc = cache["cross"] if cache is not None else None
@@ -108,11 +110,16 @@ class DecoderLayer(nn.Module):
         if self.norm_first:
             x = x + d(self.self_attn(self.norm1(x), causal=True, cache=sc, offset=offset))
             x = x + d(
-                self.cross_attn(self.norm2(x), memory, key_padding_mask=src_padding_mask, cache=cc)
+                self.cross_attn(
+                    self.norm2(x), memory, key_padding_mask=src_padding_mask, cache=cc, group=group
+                )
             )
             return x + d(self.ffn(self.norm3(x)))
         x = self.norm1(x + d(self.self_attn(x, causal=True, cache=sc, offset=offset)))
         x = self.norm2(
-            x + d(self.cross_attn(x, memory, key_padding_mask=src_padding_mask, cache=cc))
+            x
+            + d(
+                self.cross_attn(x, memory, key_padding_mask=src_padding_mask, cache=cc, group=group)
+            )
         )
         return self.norm3(x + d(self.ffn(x)))

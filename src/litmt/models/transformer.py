@@ -29,32 +29,40 @@ class DecoderState:
     """Everything an incremental decode step needs: the encoder output and the KV cache.
 
     Attributes:
-        memory: encoder output (B, S, C).
-        src_padding_mask: (B, S) bool, True = pad.
+        memory: encoder output (B/G, S, C).
+        src_padding_mask: (B/G, S) bool, True = pad.
         layers: one {"self": KVCache, "cross": KVCache} dict per decoder layer;
-            self K/V grow by one position per step, cross K/V are computed once.
+            self K/V (B rows) grow by one position per step, cross K/V (B/G rows) are
+            computed once.
         step: number of target positions decoded so far.
+        group: G, the number of consecutive decoder rows that share one source row (the
+            beams of a sentence); 1 when every row has its own.
     """
 
     memory: Tensor
     src_padding_mask: Tensor | None
     layers: list[dict[str, KVCache]] = field(default_factory=list)
     step: int = 0
+    group: int = 1
 
     def reorder(self, index: Tensor, *, cross: bool = True) -> None:
-        """Select batch rows `index` (B',) of every cached tensor, e.g. to follow beams.
+        """Select decoder rows `index` (B',) of every cached tensor, e.g. to follow beams.
 
         Pass ``cross=False`` when each new row keeps the same source as before (beams of one
-        sentence), so the cross-attention K/V need not be copied.
+        sentence), so the cross-attention K/V need not be copied. With ``group`` > 1 and
+        ``cross=True``, every block of G new rows must come from one source (e.g. keeping
+        the beams of whole sentences); the source rows follow the blocks.
         """
-        if cross:
-            self.memory = self.memory.index_select(0, index)
-            if self.src_padding_mask is not None:
-                self.src_padding_mask = self.src_padding_mask.index_select(0, index)
         for layer in self.layers:
             layer["self"].reorder(index)
-            if cross:
-                layer["cross"].reorder(index)
+        if not cross:
+            return
+        src_index = index if self.group == 1 else index.view(-1, self.group)[:, 0] // self.group
+        self.memory = self.memory.index_select(0, src_index)
+        if self.src_padding_mask is not None:
+            self.src_padding_mask = self.src_padding_mask.index_select(0, src_index)
+        for layer in self.layers:
+            layer["cross"].reorder(src_index)
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -157,10 +165,17 @@ class Seq2SeqTransformer(nn.Module):
         return self.decode(tgt_in, memory, mask)
 
     # -- incremental decoding -----------------------------------------------------------
-    def init_state(self, memory: Tensor, src_padding_mask: Tensor | None) -> DecoderState:
-        """An empty KV cache for decoding against `memory` (B, S, C)."""
+    def init_state(
+        self, memory: Tensor, src_padding_mask: Tensor | None, group: int = 1
+    ) -> DecoderState:
+        """An empty KV cache for decoding against `memory` (B, S, C).
+
+        With `group` G > 1 the decoder runs G consecutive rows per source row (beam search
+        without copying the encoder output G times): rows g*G ... g*G+G-1 attend to
+        memory[g], and their cross-attention runs as one block of G queries.
+        """
         layers = [{"self": KVCache(), "cross": KVCache()} for _ in self.decoder_layers]
-        return DecoderState(memory, src_padding_mask, layers)
+        return DecoderState(memory, src_padding_mask, layers, group=group)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """Feed one new target token per row and return next-token logits.
@@ -175,7 +190,14 @@ class Seq2SeqTransformer(nn.Module):
         tokens = tokens.view(-1, 1)  # (B, 1)
         x = self._embed(tokens, self.tgt_embed, "tgt_pos", offset=state.step)
         for layer, cache in zip(self.decoder_layers, state.layers, strict=True):
-            x = layer(x, state.memory, state.src_padding_mask, cache=cache, offset=state.step)
+            x = layer(
+                x,
+                state.memory,
+                state.src_padding_mask,
+                cache=cache,
+                offset=state.step,
+                group=state.group,
+            )
         state.step += 1
         return self.output_proj(self.decoder_norm(x))[:, 0]  # (B, V)
 
