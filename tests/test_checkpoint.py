@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -150,8 +151,33 @@ def test_missing_empty_truncated_and_corrupt_files_give_one_line_errors(tmp_path
         bad.write_bytes(content)
         with pytest.raises(CheckpointError) as exc:
             load_checkpoint(bad)
-        assert one_line(exc).startswith(f"checkpoint {bad} is ")
-        assert "truncated or corrupt" in one_line(exc) or "corrupt" in one_line(exc)
+        assert one_line(exc).startswith(f"checkpoint {bad} is truncated or corrupt (")
+        assert one_line(exc).endswith(
+            "use another checkpoint of the run (e.g. a best-*.ckpt) or retrain"
+        )
+
+
+def test_flipped_bits_inside_tensor_data_are_caught_by_the_checksum(tmp_path, tokenizer):
+    good = save_tiny(tmp_path / "good.ckpt", tokenizer)
+    with zipfile.ZipFile(good) as archive:
+        tensors = [i for i in archive.infolist() if "/data/" in i.filename]  # tensor storages
+        biggest = max(tensors, key=lambda i: i.compress_size)
+    data = bytearray(good.read_bytes())
+    head = biggest.header_offset  # local file header: 30 bytes + name + extra (alignment padding)
+    start = head + 30 + int.from_bytes(data[head + 26 : head + 28], "little")
+    start += int.from_bytes(data[head + 28 : head + 30], "little")
+    for i in range(start + 8, start + 24):
+        data[i] ^= 0x01  # bit rot inside one tensor's bytes
+    bad = tmp_path / "bitrot.ckpt"
+    bad.write_bytes(bytes(data))
+    torch.load(bad, weights_only=True)  # torch alone loads it without complaint
+    with pytest.raises(CheckpointError) as exc:
+        load_checkpoint(bad)
+    assert one_line(exc) == (
+        f"checkpoint {bad} is corrupt (checksum mismatch in {biggest.filename}); "
+        "use another checkpoint of the run (e.g. a best-*.ckpt) or retrain"
+    )
+    load_checkpoint(bad, verify=False)  # opt-out: no check
 
 
 def test_files_that_are_not_litmt_checkpoints(tmp_path, tokenizer):

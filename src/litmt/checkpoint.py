@@ -51,11 +51,40 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         raise
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def _first_sentence(exc: BaseException, limit: int = 120) -> str:
+    """The first sentence of an exception's message (torch's zip errors run on for lines)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(exc).__name__
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+def _crc_failure(path: Path) -> str | None:
+    """The first member of the checkpoint's zip archive whose CRC-32 does not match, or None.
+
+    ``torch.load`` does not check the CRCs, so a flipped bit inside tensor data would
+    otherwise load silently as different weights. Costs about one more read of the file.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip()
+    except zipfile.BadZipFile:
+        return None  # torch's legacy (non-zip) format: nothing to verify
+    except (OSError, RuntimeError, ValueError) as exc:  # e.g. a damaged member header
+        return _first_sentence(exc)
+
+
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", *, verify: bool = True
+) -> dict[str, Any]:
     """Load a checkpoint dict safely (``weights_only=True``), with clear errors.
 
+    Args:
+        path: the ``.ckpt`` file.
+        map_location: device to load tensors to.
+        verify: also check the CRC-32 of every member of the file (detects corrupt tensor data).
+
     Raises:
-        CheckpointError: missing, truncated/corrupt, or containing pickled code.
+        CheckpointError: missing, empty, truncated/corrupt, or containing pickled code.
     """
     path = Path(path)
     if not path.is_file():
@@ -67,16 +96,24 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "unsafe content"
         if "Weights only load failed" in str(exc) or "Unsupported" in str(exc):
             raise CheckpointError(
                 f"refusing to load {path}: it contains pickled objects other than tensors and "
-                "plain types, which could run code; only load checkpoints you trust with litmt's format"
+                "plain types, which could run code when loaded; litmt never writes such files, "
+                "so use a checkpoint saved by litmt"
             ) from exc
-        raise CheckpointError(f"checkpoint {path} is corrupt ({first})") from exc
+        raise CheckpointError(f"checkpoint {path} is corrupt ({_first_sentence(exc)})") from exc
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, LookupError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({first[:160]})") from exc
+        raise CheckpointError(
+            f"checkpoint {path} is truncated or corrupt ({_first_sentence(exc)}); "
+            "use another checkpoint of the run (e.g. a best-*.ckpt) or retrain"
+        ) from exc
+    bad = _crc_failure(path) if verify else None
+    if bad is not None:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt (checksum mismatch in {bad}); "
+            "use another checkpoint of the run (e.g. a best-*.ckpt) or retrain"
+        )
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"{path} is not a litmt checkpoint (no state_dict)")
     if META_KEY not in ckpt:
