@@ -340,3 +340,27 @@ def test_training_into_a_directory_that_holds_a_run_without_last_ckpt_is_refused
     with pytest.raises(ConfigError, match=r"already holds a run \(checkpoints/, csv/\)"):
         _one_epoch(corpus, tmp_path)
     assert sorted(p.name for p in last.parent.iterdir()) == kept  # nothing overwritten
+
+
+# -- a CUDA-only backend on a CPU machine (case 5, the package being installed) ---------------
+
+
+def test_a_cuda_only_backend_with_its_package_installed_refuses_the_cpu(monkeypatch):
+    import types
+
+    from litmt.errors import BackendError
+    from litmt.models import Seq2SeqTransformer, TransformerConfig
+
+    stand_in = types.ModuleType("flash_attn")  # import succeeds; the kernels are never called
+    stand_in.flash_attn_func = stand_in.flash_attn_varlen_func = lambda *a, **k: None
+    monkeypatch.setitem(sys.modules, "flash_attn", stand_in)
+    flash = {"encoder_self": "flash", "decoder_self": "flash", "cross": "flash"}
+    model = Seq2SeqTransformer(
+        TransformerConfig(src_vocab_size=16, d_model=16, n_heads=2, d_ff=32, attention=flash)
+    )
+    with pytest.raises(BackendError) as exc:
+        model.validate_backends("cpu")
+    assert one_line(exc) == (
+        "attention backend 'flash' (at encoder_self) runs only on cuda, not on 'cpu'; "
+        "choose attention=sdpa or attention=math there"
+    )
