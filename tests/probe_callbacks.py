@@ -106,3 +106,15 @@ class InjectNonFinite(L.Callback):
         if trainer.global_step == self.step:
             with torch.no_grad():
                 next(pl_module.parameters()).fill_(math.inf)
+
+
+class InjectNonFiniteGrad(L.Callback):
+    """Sets one gradient to NaN after the backward pass of global step `step` (loss finite)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = int(step)
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_step == self.step:
+            grad = next(p.grad for p in pl_module.parameters() if p.grad is not None)
+            grad.fill_(math.nan)

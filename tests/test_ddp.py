@@ -116,3 +116,34 @@ def test_two_process_ddp_trains_scores_like_one_process_and_sees_each_example_on
     single = trainer.validate(module, datamodule=dm, verbose=False)[0]
     assert single["valid/bleu"] == pytest.approx(ddp_bleu, abs=1e-9)
     assert torch.isfinite(torch.tensor(single["valid/loss"]))
+
+
+@pytest.mark.slow
+def test_sigterm_under_ddp_saves_on_every_rank_then_resumes(tmp_path: Path) -> None:
+    """Each rank gets SIGTERM at step 5 (as SLURM sends it to every task): all ranks agree
+    on one step, last.ckpt is saved, no collective mismatch or hang; the rerun continues."""
+    corpus = write_toy_corpus(tmp_path / "corpus", {"train": 200, "valid": 8, "test": 8})
+    over = [
+        *tiny_overrides(corpus, tmp_path),
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.max_steps=12",
+        "test_after_training=false",
+        "+callbacks.record._target_=probe_callbacks.RecordBatches",
+        f"+callbacks.record.out_dir={tmp_path / 'record'}",
+    ]
+    kill = ["+callbacks.kill._target_=probe_callbacks.KillAtStep", "+callbacks.kill.step=5"]
+    proc = run_train_script([*over, *kill, "+callbacks.kill.sig=SIGTERM"], timeout=600)
+    assert proc.returncode == 143, proc.stderr[-4000:]
+    assert "stopped by SIGTERM at step 6" in proc.stderr
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert load_checkpoint(last)["global_step"] == 6
+    counts = [len(read_jsonl(tmp_path / "record" / f"rank{r}.jsonl")) for r in (0, 1)]
+
+    proc = run_train_script(over, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert load_checkpoint(last)["global_step"] == 12
+    for r, n in zip((0, 1), counts, strict=True):
+        after = [x for x in read_jsonl(tmp_path / "record" / f"rank{r}.jsonl")[n:] if "loss" in x]
+        assert [x["step"] for x in after] == list(range(6, 12))

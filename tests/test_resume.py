@@ -15,6 +15,7 @@ import torch
 from train_utils import compose_train, run_train_script, tiny_overrides, write_toy_corpus
 
 from litmt.checkpoint import load_checkpoint
+from litmt.errors import LitmtError
 from litmt.train import EXIT_SIGTERM, train
 
 MAX_STEPS, EVERY = 12, 4
@@ -116,6 +117,42 @@ def test_nan_loss_stops_with_one_line_and_keeps_the_last_checkpoint(tmp_path: Pa
     ckpt = load_checkpoint(tmp_path / "nan" / "checkpoints" / "last.ckpt")
     assert 0 < ckpt["global_step"] <= 5  # the last save before the failure, untouched
     assert all(torch.isfinite(t).all() for t in ckpt["state_dict"].values())
+
+
+def test_nan_gradients_stop_before_the_update(tmp_path: Path) -> None:
+    corpus = write_toy_corpus(tmp_path / "corpus", {"train": 120, "valid": 6, "test": 6})
+    over = [
+        *overrides(corpus, tmp_path, "nan_grad"),
+        "+callbacks.nan._target_=probe_callbacks.InjectNonFiniteGrad",
+        "+callbacks.nan.step=5",
+    ]
+    cfg = compose_train([o for o in over if not o.startswith("hydra.")], tmp_path)
+    cfg.paths.output_dir = str(tmp_path / "nan_grad")
+    with pytest.raises(
+        LitmtError, match=r"^the gradients became non-finite \(norm nan\) at step 5;"
+    ):
+        train(cfg)
+    ckpt = load_checkpoint(tmp_path / "nan_grad" / "checkpoints" / "last.ckpt")
+    assert 0 < ckpt["global_step"] <= 5
+    assert all(torch.isfinite(t).all() for t in ckpt["state_dict"].values())
+
+
+def test_sigterm_in_process_saves_at_the_step_and_exits_143(tmp_path: Path) -> None:
+    """Fast variant of the SIGTERM test (the signal goes to this pytest process, where the
+    callback's handler is installed for the duration of `fit`)."""
+    corpus = write_toy_corpus(tmp_path / "corpus", {"train": 120, "valid": 6, "test": 6})
+    over = [
+        *overrides(corpus, tmp_path, "term"),
+        "+callbacks.kill._target_=probe_callbacks.KillAtStep",
+        "+callbacks.kill.step=5",
+        "+callbacks.kill.sig=SIGTERM",
+    ]
+    cfg = compose_train([o for o in over if not o.startswith("hydra.")], tmp_path)
+    cfg.paths.output_dir = str(tmp_path / "term")
+    with pytest.raises(SystemExit) as exc:
+        train(cfg)
+    assert exc.value.code == EXIT_SIGTERM
+    assert load_checkpoint(tmp_path / "term" / "checkpoints" / "last.ckpt")["global_step"] == 6
 
 
 def test_resume_in_process_continues_exactly(tmp_path: Path) -> None:

@@ -77,11 +77,14 @@ def test_unknown_precision_is_a_one_line_error(tmp_path: Path) -> None:
         build_trainer(cfg, [], [])
 
 
-def _few_steps(tmp_path: Path, extra: list[str]) -> dict:
+def _few_steps(tmp_path: Path, extra: list[str], gpu: bool = False) -> dict:
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 80, "valid": 6, "test": 6})
+    over = tiny_overrides(corpus, tmp_path)
+    if gpu:
+        over = [o for o in over if o != "trainer.accelerator=cpu"]
     cfg = compose_train(
         [
-            *tiny_overrides(corpus, tmp_path),
+            *over,
             "trainer.max_steps=3",
             "trainer.log_every_n_steps=1",
             "test_after_training=false",
@@ -103,22 +106,20 @@ def test_bf16_mixed_on_cpu_smoke(tmp_path: Path) -> None:
 # -- CUDA only (scripts/gpu_check_scaling.sh runs these on a GPU machine) --------------------
 @pytest.mark.gpu
 @needs_cuda
-def test_16_mixed_on_gpu_uses_loss_scaling(tmp_path: Path) -> None:
+def test_16_mixed_on_gpu_uses_loss_scaling(tmp_path: Path, monkeypatch) -> None:
+    import litmt.train as train_mod
+
     captured = {}
 
     def grab(cfg, callbacks, loggers):
         trainer = build_trainer(cfg, callbacks, loggers)
         captured["scaler"] = getattr(trainer.precision_plugin, "scaler", None)
+        captured["device"] = trainer.strategy.root_device
         return trainer
 
-    import litmt.train as train_mod
-
-    original = train_mod.build_trainer
-    train_mod.build_trainer = grab
-    try:
-        metrics = _few_steps(tmp_path, ["trainer=gpu", "trainer.precision=16-mixed"])
-    finally:
-        train_mod.build_trainer = original
+    monkeypatch.setattr(train_mod, "build_trainer", grab)
+    metrics = _few_steps(tmp_path, ["trainer=gpu", "trainer.precision=16-mixed"], gpu=True)
+    assert captured["device"].type == "cuda"
     assert isinstance(captured["scaler"], torch.amp.GradScaler)
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
 
@@ -126,7 +127,7 @@ def test_16_mixed_on_gpu_uses_loss_scaling(tmp_path: Path) -> None:
 @pytest.mark.gpu
 @needs_cuda
 def test_bf16_mixed_on_gpu(tmp_path: Path) -> None:
-    metrics = _few_steps(tmp_path, ["trainer=gpu"])
+    metrics = _few_steps(tmp_path, ["trainer=gpu"], gpu=True)
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
 
 
@@ -162,6 +163,6 @@ def test_multi_gpu_strategy_trains_and_checkpoint_reloads(strategy: str, tmp_pat
 )
 def test_fp8_transformer_engine_runs_a_few_steps(tmp_path: Path) -> None:
     metrics = _few_steps(
-        tmp_path, ["trainer=gpu", "trainer.precision=transformer-engine", "attention=math"]
+        tmp_path, ["trainer=gpu", "trainer.precision=transformer-engine", "attention=math"], True
     )
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))

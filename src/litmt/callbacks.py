@@ -4,23 +4,30 @@
 should leave a checkpoint it can resume from. Lightning 2.x installs its own SIGTERM handler
 in `trainer.fit`: it sets `trainer.received_sigterm`, forwards the signal to the processes it
 launched, and after the current batch raises `SIGTERMException` (in DDP on every rank together:
-rank 0's flag is broadcast before each step). It saves nothing. This callback saves `last.ckpt`
-(the file auto-resume looks for) in `on_train_batch_end` of the optimizer step during which the
-signal arrived: the point where `ModelCheckpoint(every_n_train_steps=...)` saves, which resumes
-exactly. A SIGTERM that arrives during validation saves nothing (a mid-validation checkpoint
-would resume without the hypotheses already decoded); the last `last.ckpt` is the resume point.
+rank 0's flag is broadcast before each step). It saves nothing, and its handler runs a
+collective inside the signal handler, which breaks DDP (`on_train_start` replaces it with a
+handler that only sets a flag). This callback saves `last.ckpt` (the file auto-resume looks
+for) in `on_train_batch_end` of the optimizer step during which the signal arrived: the point
+where `ModelCheckpoint(every_n_train_steps=...)` saves, which resumes
+exactly. A SIGTERM that arrives during validation lets the validation finish (stopping
+mid-validation would leave the other ranks waiting, and a mid-validation checkpoint would resume
+without the hypotheses already decoded) and saves after the next training step.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -46,7 +53,46 @@ class PreemptionCheckpoint(L.Callback):
     def __init__(self, path: str | None = None) -> None:
         self.path = path
         self.saved: Path | None = None
-        self._pending = False
+        self._pending = False  # rank 0 got SIGTERM; save at the next optimizer step boundary
+        self._forwarded = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Swap Lightning's SIGTERM notifier for one without collectives.
+
+        Lightning 2.6's notifier calls `dist.broadcast` inside the signal handler, which can
+        interleave with a collective the interrupted rank was about to run (gloo reports
+        "collective mismatch"; NCCL may hang). This one sets the flag on rank 0 only and
+        forwards the signal to the processes Lightning launched; the flag is broadcast from
+        rank 0 at a fixed point of every step instead (`on_train_batch_end`, then Lightning's
+        own check before the next step), so all ranks stop after the same step. Lightning
+        restores the original handlers at teardown.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        connector = trainer._signal_connector
+        previous = signal.getsignal(signal.SIGTERM)
+        others = []  # handlers Lightning composed after its notifier (SLURM's, the user's)
+        if isinstance(previous, _HandlersCompose):
+            others = [h for h in previous.signal_handlers if h != connector._sigterm_notifier_fn]
+
+        def notify(signum: int, frame: FrameType | None) -> None:
+            if trainer.global_rank == 0:
+                # only rank 0's flag counts (it is broadcast): a flag set on another rank
+                # first would make that rank alone stop at Lightning's end-of-batch check
+                if not self._forwarded and trainer.strategy.launcher is not None:
+                    trainer.strategy.launcher.kill(signum)  # forward once to launched processes
+                    self._forwarded = True
+                if trainer.validating or trainer.sanity_checking:
+                    # Lightning would stop rank 0 alone mid-validation: finish it, then save
+                    # after the next training step
+                    self._pending = True
+                else:
+                    connector.received_sigterm = True
+            for handler in others:
+                if callable(handler):
+                    handler(signum, frame)
+
+        signal.signal(signal.SIGTERM, notify)
 
     def on_train_batch_end(
         self,
@@ -88,8 +134,6 @@ class PreemptionCheckpoint(L.Callback):
         if not isinstance(exception, SIGTERMException) or self.saved is not None:
             return
         if trainer.state.fn == TrainerFn.FITTING and trainer.is_global_zero:
-            # during validation: a checkpoint there would resume without the hypotheses
-            # already decoded, so the previous last.ckpt stays the resume point
             log.warning(
                 "SIGTERM outside a training step: no new checkpoint; resume from %s",
                 last_checkpoint_path(trainer),

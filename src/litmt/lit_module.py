@@ -237,8 +237,13 @@ class TranslationModule(L.LightningModule):
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if not grads:
             return
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
         norm = total_norm(grads)
-        if not all_ranks_true(bool(torch.isfinite(norm)), norm.device):
+        finite = bool(torch.isfinite(norm))
+        if isinstance(self.trainer.model, FullyShardedDataParallel):
+            finite = all_ranks_true(finite, norm.device)  # shards differ; DDP grads are equal
+        if not finite:
             raise LitmtError(
                 f"the gradients became non-finite (norm {norm.item()}) at step {self.global_step}; "
                 "stopped before updating the weights, the last saved checkpoint is intact: lower "

@@ -69,9 +69,7 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
     found = [p for p in found if p.is_file()]
     if not found:
         return None
-    newest = max(found, key=lambda p: p.stat().st_mtime_ns)
-    log.info("resuming from %s (this run directory already holds a run)", newest)
-    return str(newest)
+    return str(max(found, key=lambda p: p.stat().st_mtime_ns))  # this run dir holds a run
 
 
 def check_precision(precision: Any) -> None:
@@ -146,7 +144,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     ckpt = resume_path(cfg, output_dir)
     if ckpt is not None:
         state = load_checkpoint(ckpt)  # fails early, with a clear message, on a corrupt file
-        log.info("resuming %s at global step %s", ckpt, state.get("global_step"))
+        log.info("resuming from %s at global step %s", ckpt, state.get("global_step"))
         del state
     weights_only = bool(cfg.get("weights_only_load", True))
     try:
