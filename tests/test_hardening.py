@@ -167,6 +167,10 @@ def test_a_run_directory_without_last_ckpt_is_refused_not_overwritten(tmp_path, 
     monkeypatch.setenv("LOCAL_RANK", "1")  # other DDP ranks share rank 0's directory
     assert check_run_dir(tmp_path) is None
     monkeypatch.delenv("LOCAL_RANK")
+    inside = tmp_path / "checkpoints" / "best-step000100-bleu30.00.ckpt"
+    with pytest.raises(ConfigError, match="overwrite=true would delete ckpt_path="):
+        check_run_dir(tmp_path, ckpt_path=str(inside), overwrite=True)
+    assert inside.exists()
     assert check_run_dir(tmp_path, overwrite=True) is None  # explicit: old outputs deleted
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "csv").exists()
     assert check_run_dir(tmp_path) is None

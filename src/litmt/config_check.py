@@ -132,6 +132,12 @@ def check_run_dir(
     resumable = [p for p in resumable if p.is_file()]
     if overwrite:
         found = run_artifacts(out)
+        doomed = [out / name for name in found] + list(out.glob("hpc_ckpt_*.ckpt"))
+        if ckpt_path and any(Path(ckpt_path).resolve().is_relative_to(d.resolve()) for d in doomed):
+            raise ConfigError(
+                f"overwrite=true would delete ckpt_path={ckpt_path} before resuming from it; "
+                "copy the checkpoint out of the run directory first, or drop overwrite=true"
+            )
         if found:
             log.warning("overwrite=true: deleting %s in %s", ", ".join(found), out)
             for name in found:
