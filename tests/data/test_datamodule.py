@@ -177,3 +177,26 @@ def test_tokenizer_pickles_as_bytes(dm_kwargs: dict) -> None:
     refs = dm.references("valid")
     assert tok.to_dict() == dm.tokenizer.to_dict()
     assert tok.encode_tgt(refs) == dm.tokenizer.encode_tgt(refs)
+
+
+def test_gather_rows_matches_python_slicing() -> None:
+    import numpy as np
+
+    from litmt.data.preprocess import gather_rows
+
+    rows = [[1, 2], [], [3], [4, 5, 6], [7]]
+    offsets = np.array([0, 2, 2, 3, 6, 7])
+    values = np.array([1, 2, 3, 4, 5, 6, 7])
+    pos = np.array([3, 1, 0, 4])
+    v, o = gather_rows(values, offsets, pos)
+    assert [v[o[i] : o[i + 1]].tolist() for i in range(len(pos))] == [rows[p] for p in pos]
+
+
+def test_filtered_training_batches_carry_their_own_text(dm_kwargs: dict) -> None:
+    dm = TranslationDataModule(**{**dm_kwargs, "filter": {"max_len": 8}})
+    dm.setup("fit")
+    assert dm.filter_counts["too_long"] > 0
+    refs = dm.references("train")
+    for batch in dm.train_dataloader():
+        hyp = dm.tokenizer.decode_tgt(batch["tgt_out"].tolist())
+        assert hyp == [refs[i] for i in batch["index"].tolist()]

@@ -22,13 +22,12 @@ size from `torch.distributed` when the dataloader is created.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,14 @@ import torch
 from litmt.data.collate import TokenizedPairs, collate
 from litmt.data.corpus import SPLITS, HubSpec, ParallelCorpus, short_hash
 from litmt.data.loader import ResumableDataLoader
+from litmt.data.preprocess import (
+    FilterSettings,
+    filter_pairs,
+    gather_rows,
+    is_cached,
+    split_ids,
+    tokenize_to_disk,
+)
 from litmt.data.sampler import TokenBudgetBatchSampler, dist_rank_world
 from litmt.data.tokenizer import Tokenizer, TokenizerSettings
 from litmt.errors import ConfigError, DataError
@@ -69,49 +76,6 @@ def _resolve_path(path: str | os.PathLike[str]) -> Path:
     except ImportError:  # pragma: no cover - hydra is a dependency, but keep data usable alone
         pass
     return Path(path)
-
-
-@dataclass
-class FilterSettings:
-    """Training-split filters (`data.filter`); valid/test are never filtered."""
-
-    min_len: int = 1  # drop pairs with a side shorter than this many tokens
-    max_len: int = 256  # drop pairs with a side longer than this many tokens
-    max_ratio: float | None = 3.0  # drop pairs whose length ratio exceeds this (None = off)
-
-
-def _split_ids(ds: datasets.Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
-    """(values, offsets) of a list-of-int column, zero-copy from Arrow."""
-    arr = ds.data.column(column).combine_chunks()
-    offsets = arr.offsets.to_numpy().astype(np.int64)
-    values = arr.values.to_numpy(zero_copy_only=False)
-    return values[offsets[0] : offsets[-1]], offsets - offsets[0]
-
-
-@contextlib.contextmanager
-def _quiet_datasets() -> Iterator[None]:
-    """Silence `datasets` progress bars (they flood training logs); restore afterwards."""
-    was_enabled = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            datasets.enable_progress_bars()
-
-
-_TOKENIZERS: dict[str, Tokenizer] = {}  # per worker process, keyed by model digest
-
-
-def _encode_batch(batch: dict[str, list[Any]], src: bytes, tgt: bytes | None) -> dict[str, Any]:
-    key = short_hash(src, tgt)
-    tok = _TOKENIZERS.get(key)
-    if tok is None:
-        tok = _TOKENIZERS[key] = Tokenizer(src, tgt)
-    return {
-        "src_ids": tok.encode_src([s or "" for s in batch["src"]]),
-        "tgt_ids": tok.encode_tgt([t or "" for t in batch["tgt"]]),
-    }
 
 
 class TranslationDataModule(L.LightningDataModule):
@@ -288,78 +252,41 @@ class TranslationDataModule(L.LightningDataModule):
         """The split with columns src, tgt (text) and src_ids, tgt_ids, from cache if present."""
         tok = self._get_tokenizer()
         path = self._cache_path(split, tok)
-        if (path / "dataset_info.json").exists():
-            return datasets.load_from_disk(str(path))
-        raw = self._raw(split)
-        big = self.num_proc is not None and self.num_proc > 1 and len(raw) >= 1000 * self.num_proc
-        features = raw.features.copy()
-        features["src_ids"] = datasets.List(datasets.Value("int32"))  # int32 halves the memory
-        features["tgt_ids"] = datasets.List(datasets.Value("int32"))
-        with _quiet_datasets():
-            ds = raw.map(
-                _encode_batch,
-                batched=True,
-                batch_size=2000,
-                num_proc=self.num_proc if big else None,
-                fn_kwargs={"src": tok.src_model_bytes, "tgt": tok.tgt_model_bytes},
-                features=features,
-                new_fingerprint=path.name,
-                desc=f"tokenising {split}",
-            )
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        with _quiet_datasets():
-            ds.save_to_disk(str(tmp))
-        try:
-            tmp.rename(path)  # atomic; another process may have written it first
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if not is_cached(path):
+            tokenize_to_disk(self._raw(split), tok, path, self.num_proc, desc=f"tokenising {split}")
         return datasets.load_from_disk(str(path))
 
     def _pairs(self, split: str) -> TokenizedPairs:
         ds = self._tokenized(split)
         self._text[split] = ds.select_columns(["src", "tgt"])
-        src_v, src_o = _split_ids(ds, "src_ids")
-        tgt_v, tgt_o = _split_ids(ds, "tgt_ids")
-        n = len(src_o) - 1
+        src_v, src_o = split_ids(ds, "src_ids")
+        tgt_v, tgt_o = split_ids(ds, "tgt_ids")
         if split != "train":
             lim = self.max_positions
             return TokenizedPairs(
                 src_v, src_o, tgt_v, tgt_o, None,
                 max_src_len=lim, max_tgt_len=None if lim is None else lim - 1,
             )  # fmt: skip
-        keep = self._filter(np.diff(src_o), np.diff(tgt_o), n)
+        keep = self._filter(np.diff(src_o), np.diff(tgt_o))
         pos = np.flatnonzero(keep)
-        src_v, src_o = _gather(src_v, src_o, pos)
-        tgt_v, tgt_o = _gather(tgt_v, tgt_o, pos)
+        src_v, src_o = gather_rows(src_v, src_o, pos)
+        tgt_v, tgt_o = gather_rows(tgt_v, tgt_o, pos)
         return TokenizedPairs(src_v, src_o, tgt_v, tgt_o, pos)
 
-    def _filter(self, ls: np.ndarray, lt: np.ndarray, n: int) -> np.ndarray:
+    def _filter(self, ls: np.ndarray, lt: np.ndarray) -> np.ndarray:
         """Boolean keep-mask of training pairs; logs how many each rule removed."""
-        f = self.filter
-        empty = (ls == 0) | (lt == 0)
-        short = ~empty & ((ls < f.min_len) | (lt < f.min_len))
-        long_ = ~empty & ~short & ((ls > f.max_len) | (lt > f.max_len))
-        ratio = np.zeros(n, dtype=bool)
-        if f.max_ratio is not None:
-            r = np.maximum(ls, lt) / np.maximum(np.minimum(ls, lt), 1)
-            ratio = ~empty & ~short & ~long_ & (r > f.max_ratio)
-        keep = ~(empty | short | long_ | ratio)
-        self.filter_counts = {
-            "total": n, "kept": int(keep.sum()), "empty": int(empty.sum()),
-            "too_short": int(short.sum()), "too_long": int(long_.sum()),
-            "bad_ratio": int(ratio.sum()),
-        }  # fmt: skip
-        c = self.filter_counts
+        keep, self.filter_counts = filter_pairs(ls, lt, self.filter)
+        c, f = self.filter_counts, self.filter
         log.info(
             "train filter: kept %d of %d pairs (empty %d, shorter than %d: %d, longer than %d: "
             "%d, length ratio > %s: %d)",
-            c["kept"], n, c["empty"], f.min_len, c["too_short"], f.max_len, c["too_long"],
-            f.max_ratio, c["bad_ratio"],
+            c["kept"], c["total"], c["empty"], f.min_len, c["too_short"], f.max_len,
+            c["too_long"], f.max_ratio, c["bad_ratio"],
         )  # fmt: skip
         if not c["kept"]:
             raise DataError(
-                f"no training pairs left after filtering {n} (see data.filter: min_len, max_len, "
-                f"max_ratio); loosen the filters or check the corpus"
+                f"no training pairs left after filtering {c['total']} (see data.filter: min_len, "
+                f"max_len, max_ratio); loosen the filters or check the corpus"
             )
         return keep
 
@@ -457,15 +384,3 @@ class TranslationDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> ResumableDataLoader:
         return self._loader("test", train=False)
-
-
-def _gather(
-    values: np.ndarray, offsets: np.ndarray, pos: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Rows `pos` of a flat (values, offsets) ragged array."""
-    lens = offsets[pos + 1] - offsets[pos]
-    new_off = np.zeros(len(pos) + 1, dtype=np.int64)
-    new_off[1:] = np.cumsum(lens)
-    starts = np.repeat(offsets[pos] - new_off[:-1], lens)
-    idx = np.arange(new_off[-1], dtype=np.int64) + starts
-    return values[idx], new_off
