@@ -18,7 +18,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from litmt.callbacks import PreemptionCheckpoint
-from litmt.checkpoint import atomic_save, load_checkpoint
+from litmt.checkpoint import atomic_save, check_compatible, load_checkpoint
 from litmt.errors import ConfigError, LitmtError
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     ckpt = resume_path(cfg, output_dir)
     if ckpt is not None:
         state = load_checkpoint(ckpt)  # fails early, with a clear message, on a corrupt file
+        check_compatible(
+            state,
+            module.model.config,
+            tokenizer,
+            path=ckpt,
+            src_lang=datamodule.src_lang,
+            tgt_lang=datamodule.tgt_lang,
+        )
         log.info("resuming from %s at global step %s", ckpt, state.get("global_step"))
         del state
     weights_only = bool(cfg.get("weights_only_load", True))
