@@ -496,7 +496,15 @@ def main(argv: list[str] | None = None) -> int:
             f"1-min load average {load_before:.1f} before, {load_after:.1f} after "
             "(other processes share this machine, so times carry some noise).",
             f"`auto` resolves to `{auto}` here. Options: local window=256; sparse fixed, "
-            "block 64, stride 4; flex compiled.",
+            "block 64, stride 4; flex compiled"
+            + (
+                " (on CPU only its forward: torch has no CPU backward for flex, so its "
+                "forward+backward runs the same mask densely through sdpa)."
+                if args.device == "cpu"
+                else "."
+            ),
+            "Times under 1 s are medians of a few calls; longer ones single calls. Peak "
+            "memory is that of the call: its inputs excluded, their gradients included.",
             "",
             tables(results, args.lengths, args.causal),
             "Stopped sweeps (time/memory budget):" if skipped_notes(results) else "",

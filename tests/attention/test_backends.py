@@ -707,3 +707,37 @@ def test_te_wrapper_sets_layout_and_mask_type_per_site(case, monkeypatch):
     ref = build_backend("math")(q, k, v, key_padding_mask=mask, causal=c["causal"])
     rows = real_rows(c, mask)
     torch.testing.assert_close(out[rows], ref[rows], atol=1e-5, rtol=1e-5)
+
+
+# -- benchmark script -------------------------------------------------------------------
+def test_benchmark_script_smoke():
+    """One tiny cell end to end: subprocess worker, table, claims section (prints only)."""
+    import subprocess
+
+    script = CONF.parent / "scripts" / "benchmark_attention.py"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--backends",
+            "linear",
+            "math",
+            "--lengths",
+            "64",
+            "--causal",
+            "true",
+            "--heads",
+            "2",
+            "--dim",
+            "8",
+            "--out",
+            "-",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "**causal, forward+backward time (ms)**" in proc.stdout
+    assert "| linear |" in proc.stdout and "| math |" in proc.stdout
+    assert "linear >= 10x faster than sdpa at L=32768: not measured" in proc.stdout
