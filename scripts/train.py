@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hydra
-from litmt.cli import run_cli
 from omegaconf import DictConfig
 
+from litmt.cli import run_cli
+from litmt.config_check import check_command_line
 from litmt.train import train
 
 
@@ -17,4 +18,5 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    check_command_line()  # an unknown config group option: one line, exit 2
     main()

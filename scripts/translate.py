@@ -13,6 +13,7 @@ import hydra
 from omegaconf import DictConfig
 
 from litmt.cli import log_to_stderr, run_cli
+from litmt.config_check import check_command_line
 
 
 @hydra.main(config_path="../conf", config_name="translate", version_base="1.3")
@@ -25,4 +26,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line()  # an unknown config group option: one line, exit 2
     main()

@@ -150,3 +150,12 @@ def test_multirun_over_attention_backends(tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("run directory:") == 2
+
+
+def test_validation_logs_a_cross_attention_heatmap_to_offline_wandb(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    corpus = write_toy_corpus(tmp_path / "corpus", {"train": 100, "valid": 10, "test": 10})
+    over = [o for o in tiny_overrides(corpus, tmp_path) if o != "logger=csv"]  # default: W&B + CSV
+    train(compose_train([*over, "trainer.max_epochs=1", "test_after_training=false"], tmp_path))
+    pngs = list((tmp_path / "run" / "wandb").rglob("media/images/valid/cross_attention_*.png"))
+    assert pngs, "no heatmap image in the offline W&B run"

@@ -6,6 +6,7 @@ Shapes: B batch, S source length, T target length, V target vocabulary, N = B*T.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +23,8 @@ from litmt.checkpoint import META_KEY, make_meta
 from litmt.data.tokenizer import Tokenizer
 from litmt.errors import ConfigError, LitmtError
 from litmt.models import PAD_ID, Seq2SeqTransformer, TransformerConfig
+
+log = logging.getLogger(__name__)
 
 SCHEDULERS = ("inverse_sqrt", "cosine", "constant")
 _SEED_MIX = 1_000_003  # a prime that spreads (seed, rank, batch) over the 63-bit seed space
@@ -389,16 +392,17 @@ class TranslationModule(L.LightningModule):
         sources = self.sources.get("valid")
         if not wandb_loggers or not sources:
             return
+        import matplotlib.pyplot as plt
+
+        from litmt.visualize import cross_attention_figure
+
         try:
-            import matplotlib.pyplot as plt
-
-            from litmt.visualize import cross_attention_figure
-
             fig = cross_attention_figure(self.model, self.tokenizer, sources[0])
-            wandb_loggers[0].log_image("valid/cross_attention", images=[fig], step=self.global_step)
-            plt.close(fig)
-        except ImportError:
+        except Exception as exc:
+            log.warning("skipping the attention heatmap: %s", exc)
             return
+        wandb_loggers[0].log_image("valid/cross_attention", images=[fig], step=self.global_step)
+        plt.close(fig)
 
     # -- checkpoints ------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

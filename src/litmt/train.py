@@ -10,7 +10,6 @@ from typing import Any
 
 import hydra
 import lightning as L
-import torch
 from hydra.errors import InstantiationException
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -19,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from litmt.callbacks import PreemptionCheckpoint
 from litmt.checkpoint import atomic_save, check_compatible, load_checkpoint
+from litmt.config_check import check_devices, check_run_dir
 from litmt.errors import ConfigError, LitmtError
 
 log = logging.getLogger(__name__)
@@ -89,15 +89,7 @@ def build_trainer(cfg: DictConfig, callbacks: list[Any], loggers: list[Any]) -> 
     """Instantiate the Lightning Trainer; device/config mistakes become one-line `LitmtError`s."""
     accel, devices = cfg.trainer.get("accelerator", "auto"), cfg.trainer.get("devices", 1)
     check_precision(cfg.trainer.get("precision"))
-    if (
-        accel in ("gpu", "cuda")
-        and isinstance(devices, int)
-        and devices > torch.cuda.device_count()
-    ):
-        raise ConfigError(
-            f"trainer.devices={devices} but this machine has {torch.cuda.device_count()} CUDA GPU(s); "
-            "lower trainer.devices or use trainer=cpu"
-        )
+    check_devices(accel, devices)
     try:
         return hydra.utils.instantiate(
             cfg.trainer,
@@ -117,6 +109,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    # Refuse (or, with overwrite=true, clear) a directory holding a run that cannot be resumed.
+    # Resuming itself is decided by `resume_path`, which every rank computes identically.
+    check_run_dir(
+        output_dir, ckpt_path=cfg.get("ckpt_path"), overwrite=bool(cfg.get("overwrite", False))
+    )
 
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
     datamodule.prepare_data()
