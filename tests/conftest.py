@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+# Tests run tiny models, often several processes at once (DDP, subprocess CLIs): one OpenMP
+# thread per process avoids oversubscribing the cores (set before torch is imported; it is
+# inherited by the scripts the tests start). An explicit OMP_NUM_THREADS wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from pathlib import Path
 
 import pytest
