@@ -159,3 +159,20 @@ def test_validation_logs_a_cross_attention_heatmap_to_offline_wandb(tmp_path, mo
     train(compose_train([*over, "trainer.max_epochs=1", "test_after_training=false"], tmp_path))
     pngs = list((tmp_path / "run" / "wandb").rglob("media/images/valid/cross_attention_*.png"))
     assert pngs, "no heatmap image in the offline W&B run"
+
+
+@pytest.mark.slow
+def test_model_compile_trains_and_keeps_plain_checkpoint_keys(tmp_path):
+    corpus = write_toy_corpus(tmp_path / "corpus", {"train": 60, "valid": 6, "test": 6})
+    cfg = compose_train(
+        [
+            *tiny_overrides(corpus, tmp_path),
+            "model.compile=true",
+            "trainer.max_steps=3",
+            "test_after_training=false",
+        ],
+        tmp_path,
+    )
+    metrics = train(cfg)
+    keys = load_checkpoint(metrics["last_checkpoint"])["state_dict"]
+    assert keys and all(k.startswith("model.") and "_orig_mod" not in k for k in keys)

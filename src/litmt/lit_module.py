@@ -134,7 +134,7 @@ class TranslationModule(L.LightningModule):
         scheduler: {"name": inverse_sqrt|cosine|constant, "warmup_steps": int, "min_lr_ratio": float}.
         label_smoothing: epsilon of the smoothed loss.
         val_decode: {"beam_size": 1 (greedy) or k, "max_len_a", "max_len_b", "length_penalty"}.
-        compile: wrap the model in `torch.compile` for training.
+        compile: compile the model in place with `torch.compile` (state-dict keys unchanged).
         seed: re-seed torch's RNG before every training micro-batch from (seed, rank, batch
             number), so dropout is reproducible across a resume; None = never re-seed.
     """
@@ -164,7 +164,6 @@ class TranslationModule(L.LightningModule):
         self.val_decode.update(_plain(val_decode or {}))
         self.compile = compile
         self.seed = seed
-        self._forward: Callable[[Tensor, Tensor], Tensor] = self.model
         self._hyps: dict[str, list[tuple[int, str]]] = {}
         self._tick: float | None = None
         self._logged_signature = False
@@ -188,8 +187,9 @@ class TranslationModule(L.LightningModule):
                     self.sources[split] = dm.sources(split)
                 except Exception:
                     continue
-        if self.compile and stage == "fit":
-            self._forward = torch.compile(self.model)
+        if self.compile and stage == "fit" and not getattr(self, "_compiled", False):
+            self.model.compile(dynamic=True)  # in place: no `_orig_mod.` prefix in checkpoints
+            self._compiled = True
 
     # -- training ---------------------------------------------------------------------------
     def _loss(self, batch: dict[str, Tensor], forward: Callable[[Tensor, Tensor], Tensor]):
@@ -205,7 +205,7 @@ class TranslationModule(L.LightningModule):
             torch.manual_seed(step_seed(self.seed, self.global_rank, total))
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss_sum, nll_sum, ntok = self._loss(batch, self._forward)
+        loss_sum, nll_sum, ntok = self._loss(batch, self.model)
         ntok_f = ntok.clamp_min(1).float()
         loss = loss_sum / ntok_f
         finite = bool(torch.isfinite(loss.detach()))

@@ -1,19 +1,32 @@
-"""Data: tokenizer (sentencepiece), corpus loading (datasets), bucketing sampler, DataModule."""
+"""Data: tokenizer (sentencepiece), corpus loading (datasets), bucketing sampler, DataModule.
 
-from litmt.data.collate import TokenizedPairs, collate
-from litmt.data.corpus import ParallelCorpus
-from litmt.data.datamodule import TranslationDataModule
-from litmt.data.loader import ResumableDataLoader
-from litmt.data.sampler import TokenBudgetBatchSampler
-from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+Names are imported lazily, so `from litmt.data.tokenizer import Tokenizer` (what decoding
+needs) does not pay for importing Lightning and `datasets`.
+"""
 
-__all__ = [
-    "ParallelCorpus",
-    "ResumableDataLoader",
-    "TokenBudgetBatchSampler",
-    "TokenizedPairs",
-    "Tokenizer",
-    "TokenizerSettings",
-    "TranslationDataModule",
-    "collate",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Eager: light, and `collate` (the function) must shadow the submodule of the same name.
+from litmt.data.collate import TokenizedPairs as TokenizedPairs
+from litmt.data.collate import collate as collate
+
+_EXPORTS = {
+    "ParallelCorpus": "litmt.data.corpus",
+    "TranslationDataModule": "litmt.data.datamodule",
+    "ResumableDataLoader": "litmt.data.loader",
+    "TokenBudgetBatchSampler": "litmt.data.sampler",
+    "Tokenizer": "litmt.data.tokenizer",
+    "TokenizerSettings": "litmt.data.tokenizer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'litmt.data' has no attribute {name!r}")
+
+
+__all__ = sorted([*_EXPORTS, "TokenizedPairs", "collate"])
