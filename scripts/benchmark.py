@@ -4,7 +4,7 @@ Training (forward + backward + optimiser step) and decoding (greedy and beam sea
 forced number of generated steps) on identical batches of real Multi30k tokens, at identical
 sizes, interleaved, with medians over several repetitions. Also the peak tensor memory of each.
 
-    python scripts/benchmark.py                       # both sizes, writes docs/benchmarks_peers.md
+    python scripts/benchmark.py                       # both sizes, rewrites its section of docs/benchmarks.md
     python scripts/benchmark.py --sizes small --reps 3 --out -   # print only
     python scripts/benchmark.py --smoke --out -       # a tiny end-to-end run (the test uses it)
 

@@ -10,7 +10,7 @@ Measures, in a fresh cache directory:
 - how long one epoch of the train DataLoader takes to iterate.
 
     python scripts/benchmark_data.py                          # prints a markdown report
-    python scripts/benchmark_data.py --out docs/benchmarks_data.md
+    python scripts/benchmark_data.py --out report.md   # the tables of docs/benchmarks.md
     python scripts/benchmark_data.py --dir PATH --src en --tgt de --test-split test2016
 
 Timing runs should not overlap other heavy jobs (wrap in `flock /tmp/litmt_cpu.lock ...`).
