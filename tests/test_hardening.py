@@ -113,8 +113,6 @@ def test_check_command_line_prints_one_line_and_exits_2(capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_scripts_report_an_unknown_group_option_in_one_line(script, tmp_path):
-    if "check_command_line" not in (REPO / "scripts" / script).read_text():
-        pytest.skip(f"scripts/{script} does not call litmt.config_check.check_command_line yet")
     group, bad = ("attention", "nope") if script == "train.py" else ("data", "nope")
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / script), f"{group}={bad}"],
@@ -226,9 +224,6 @@ def test_devices_the_machine_has_are_accepted():
 def test_train_script_refuses_too_many_devices(accelerator, devices, message, tmp_path):
     import torch
 
-    train_src = (REPO / "src" / "litmt" / "train.py").read_text()
-    if "check_devices" not in train_src:
-        pytest.skip("litmt.train does not call litmt.config_check.check_devices yet")
     if torch.cuda.is_available():
         pytest.skip("the messages are for a machine without CUDA")
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 30, "valid": 5, "test": 5})
@@ -308,8 +303,9 @@ def test_a_different_seed_gives_different_losses(tmp_path):
 
 
 def _wired(name: str) -> None:
-    if name not in (REPO / "src" / "litmt" / "train.py").read_text():
-        pytest.skip(f"litmt.train does not call litmt.{name} yet")
+    assert name in (REPO / "src" / "litmt" / "train.py").read_text(), (
+        f"litmt.train must call {name}"
+    )
 
 
 def _one_epoch(corpus: Path, out: Path, *extra: str):
