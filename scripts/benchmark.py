@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from litmt.data.tokenizer import Tokenizer, TokenizerSettings
 from litmt.errors import LitmtError
 from litmt.models import BOS_ID, EOS_ID, PAD_ID, Seq2SeqTransformer, TransformerConfig
+from litmt.search import beam_search, greedy_search
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / ".." / "shared" / "data" / "multi30k"
@@ -258,8 +259,11 @@ def logits_fn(name: str, model: nn.Module) -> Callable[[Batch], Tensor]:
     return lambda b: model(b.src, b.tgt_in)
 
 
+LITMT_TORCH_GEMM = "litmt, gemm=torch"  # litmt with PyTorch's default GEMMs (decoding)
+
 BUILDERS: dict[str, Callable[[Size, int, float], nn.Module]] = {
     "litmt": build_litmt,
+    LITMT_TORCH_GEMM: build_litmt,
     "marian": build_marian,
     "nn.Transformer": TorchTransformerMT,
 }
@@ -308,47 +312,25 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
 # -- decoding ---------------------------------------------------------------------------
 @torch.inference_mode()
 def litmt_greedy(model: Seq2SeqTransformer, src: Tensor, steps: int) -> Tensor:
-    """Exactly `steps` greedy tokens per sentence (eos suppressed): (B, N)."""
-    memory, mask = model.encode(src)
-    state = model.init_state(memory, mask)
-    tokens = torch.full((src.size(0),), BOS_ID, dtype=torch.long, device=src.device)
-    out = []
-    for _ in range(steps):
-        logits = model.decode_step(tokens, state)  # (B, V)
-        logits[:, EOS_ID] = -math.inf
-        tokens = logits.argmax(-1)
-        out.append(tokens)
-    return torch.stack(out, 1)
+    """`litmt.search.greedy_search` held to exactly `steps` tokens (min = max length): (B, N).
+
+    It runs one decoder step more than `steps`: the one that emits the forced eos.
+    """
+    hyps = greedy_search(model, src, max_len_a=0.0, max_len_b=steps, min_len=steps)
+    return torch.tensor([h.tokens for h in hyps])
 
 
 @torch.inference_mode()
 def litmt_beam(model: Seq2SeqTransformer, src: Tensor, beam: int, steps: int) -> Tensor:
-    """Beam search with exactly `steps` tokens per hypothesis (eos suppressed): (B, N).
+    """`litmt.search.beam_search` held to exactly `steps` tokens: (B, N), best hypotheses.
 
-    The same work as a batched beam search: log-softmax, top-k over K·V per sentence, and
-    a reorder of the self-attention cache. The K beams of a sentence share its encoder
-    output and cross-attention K/V (``group=K``): nothing is copied per beam.
+    The library's search as users run it: KV cache, beams sharing their sentence's encoder
+    output and cross-attention K/V, first step on one row per sentence, two-pass top-k,
+    finished-hypothesis bookkeeping and the per-step stop test. Like greedy, one decoder
+    step more than `steps` (the forced eos).
     """
-    b = src.size(0)
-    memory, mask = model.encode(src)
-    state = model.init_state(memory, mask, group=beam)
-    scores = torch.full((b, beam), -math.inf, device=src.device)
-    scores[:, 0] = 0.0  # only the first beam is live at the start
-    tokens = torch.full((b * beam,), BOS_ID, dtype=torch.long, device=src.device)
-    history = torch.empty(b * beam, 0, dtype=torch.long, device=src.device)
-    base = (torch.arange(b, device=src.device) * beam)[:, None]  # (B, 1)
-    for _ in range(steps):
-        logp = model.decode_step(tokens, state).log_softmax(-1)  # (B·K, V)
-        logp[:, EOS_ID] = -math.inf
-        v = logp.size(-1)
-        cand = logp.view(b, beam, v).add_(scores[:, :, None]).view(b, beam * v)  # (B, K·V)
-        scores, idx = cand.topk(beam, dim=-1)  # (B, K)
-        origin = (base + idx // v).view(-1)  # (B·K,) rows the new beams extend
-        tokens = (idx % v).view(-1)
-        state.reorder(origin, cross=False)
-        history = torch.cat([history.index_select(0, origin), tokens[:, None]], 1)
-    best = history.view(b, beam, steps)[:, 0]  # beams come sorted by score
-    return best
+    nbest = beam_search(model, src, beam_size=beam, max_len_a=0.0, max_len_b=steps, min_len=steps)
+    return torch.tensor([h[0].tokens for h in nbest])
 
 
 @torch.inference_mode()
@@ -368,7 +350,7 @@ def marian_generate(model: nn.Module, src: Tensor, beam: int, steps: int) -> Ten
 
 
 def decode_fn(name: str, model: nn.Module, beam: int, steps: int) -> Callable[[Tensor], Tensor]:
-    if name == "litmt":
+    if name.startswith("litmt"):
         if beam == 1:
             return lambda src: litmt_greedy(model, src, steps)
         return lambda src: litmt_beam(model, src, beam, steps)
@@ -512,11 +494,12 @@ def bench_decoding(
 ) -> dict[str, Result]:
     """Generated tokens/s, greedy and beam, litmt vs Marian `generate`, interleaved."""
     models = {}
-    for name in ("litmt", "marian"):
+    for name in ("litmt", LITMT_TORCH_GEMM, "marian"):
         torch.manual_seed(0)
         models[name] = BUILDERS[name](size, vocab, 0.1).to(device).eval()
         if device.type == "cuda" and args.precision != "fp32":
             models[name] = models[name].to(DTYPES[args.precision])
+    models[LITMT_TORCH_GEMM].set_gemm("torch")  # the peers' GEMM path (`F.linear`)
     src = src.to(device)
     fns: dict[str, Callable[[Tensor], Tensor]] = {}
     for beam in (1, args.beam):

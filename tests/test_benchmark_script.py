@@ -90,23 +90,27 @@ def test_beam_of_one_is_greedy_and_lengths_are_forced():
     assert beam.shape == (3, 9) and not (beam == bm.EOS_ID).any()
 
 
-def test_beam_finds_the_best_forced_length_sequence_on_a_tiny_vocabulary():
-    """V=6 (5 tokens allowed, eos is not), N=3: beam 25 ≥ 5² keeps every prefix, so exact."""
+def test_forced_length_beam_finds_the_brute_force_best_on_a_tiny_vocabulary():
+    """V=12, N=3 tokens then the forced eos, beam 6: the library's objective log P(y, eos)
+    over all 11³ eos-free sequences has its maximum where the benchmark's beam ends (a fixed
+    instance on which greedy does worse, so the search is really exercised)."""
     torch.manual_seed(1)
-    model = bm.build_litmt(bm.Size("t", 16, 2, 1), 6, 0.0).eval()
-    src = torch.tensor([[4, 5, 4]])
-    best = bm.litmt_beam(model, src, 25, 3)[0]
+    model = bm.build_litmt(bm.Size("t", 16, 2, 1), 12, 0.0).eval()
+    src = torch.tensor([[4, 5, 4, 7]])
+    best = bm.litmt_beam(model, src, 6, 3)[0].tolist()
+    greedy = bm.litmt_greedy(model, src, 3)[0].tolist()
+    assert len(best) == 3 and bm.EOS_ID not in best
 
-    def score(seq: list[int]) -> float:
-        tgt_in = torch.tensor([[bm.BOS_ID, *seq[:-1]]])
+    def score(seq: list[int]) -> float:  # log P(seq, eos | src), by a full forward pass
+        tgt_in = torch.tensor([[bm.BOS_ID, *seq]])
         logp = model(src, tgt_in).log_softmax(-1)[0]
-        return float(sum(logp[i, t] for i, t in enumerate(seq)))
+        return float(sum(logp[i, t] for i, t in enumerate([*seq, bm.EOS_ID])))
 
     with torch.no_grad():
-        candidates = [[a, b, c] for a in range(6) for b in range(6) for c in range(6)]
-        candidates = [s for s in candidates if bm.EOS_ID not in s]
-        brute = max(candidates, key=score)
-        assert score(best.tolist()) == pytest.approx(score(brute), abs=1e-5)
+        tokens = [t for t in range(12) if t != bm.EOS_ID]
+        brute = max(([a, b, c] for a in tokens for b in tokens for c in tokens), key=score)
+        assert score(best) == pytest.approx(score(brute), abs=1e-5)
+        assert score(greedy) < score(best) - 1e-3
 
 
 def test_marian_generate_is_forced_to_the_length():

@@ -9,7 +9,14 @@ import torch
 
 from litmt.errors import ConfigError
 from litmt.models import EOS_ID, PAD_ID, Seq2SeqTransformer, TransformerConfig
-from litmt.search import beam_search, generate, greedy_search, length_penalty_factor, max_lengths
+from litmt.search import (
+    beam_search,
+    generate,
+    greedy_search,
+    length_penalty_factor,
+    max_lengths,
+    topk_rows,
+)
 
 VOCAB = 40
 
@@ -50,10 +57,12 @@ def full_logprobs(model, src_row: torch.Tensor, prefix: list[int]) -> torch.Tens
     return torch.log_softmax(logits.float(), dim=-1)
 
 
-def naive_greedy(model, src_row, budget: int) -> list[int]:
+def naive_greedy(model, src_row, budget: int, min_len: int = 0) -> list[int]:
     out: list[int] = []
     for step in range(budget + 1):
         logp = full_logprobs(model, src_row, out)
+        if step < min_len:
+            logp[EOS_ID] = -math.inf
         tok = EOS_ID if step == budget else int(logp.argmax())
         if tok == EOS_ID:
             return out
@@ -61,7 +70,7 @@ def naive_greedy(model, src_row, budget: int) -> list[int]:
     raise AssertionError("unreachable")
 
 
-def naive_beam(model, src_row, budget: int, k: int, alpha: float, n_best: int):
+def naive_beam(model, src_row, budget: int, k: int, alpha: float, n_best: int, min_len: int = 0):
     """Per-sentence beam search with full recomputation and plain Python bookkeeping."""
     live = [(0.0, [])]  # (log-prob, tokens)
     finished: list[tuple[float, float, list[int]]] = []  # (score, log-prob, tokens)
@@ -69,6 +78,8 @@ def naive_beam(model, src_row, budget: int, k: int, alpha: float, n_best: int):
         cands = []
         for lp, toks in live:
             logp = full_logprobs(model, src_row, toks)
+            if step < min_len:
+                logp[EOS_ID] = -math.inf
             if step == budget:
                 cands.append((lp + float(logp[EOS_ID]), toks, EOS_ID))
                 continue
@@ -187,6 +198,69 @@ def test_max_length_is_a_times_src_len_plus_b_clamped():
     assert len(long[0][0].tokens) == model.config.max_positions - 1
 
 
+@pytest.mark.parametrize("n", [100, 1000, 4000, 4001, 40000])
+@pytest.mark.parametrize("k", [1, 5, 10])
+def test_topk_rows_matches_torch_topk(n, k):
+    g = torch.Generator().manual_seed(n + k)
+    x = torch.randn(7, n, generator=g)
+    x[1] = torch.randint(0, 3, (n,), generator=g).float()  # many ties
+    x[2, : n // 2] = -math.inf  # -inf in part of a row
+    x[3] = -math.inf  # a dead row (beam search's unreachable candidates)
+    values, idx = topk_rows(x, k)
+    ref_values, _ = x.topk(k, dim=-1)
+    assert torch.equal(values, ref_values)  # the same values, sorted
+    assert torch.equal(x.gather(1, idx), values)  # the indices point at them
+    for row in idx.tolist():
+        assert len(set(row)) == k  # distinct positions
+
+
+def test_min_len_suppresses_eos_like_the_naive_search():
+    model = tiny_model(3, eos_boost=20.0)  # eos is very likely: hypotheses would be short
+    src = sources(4)
+    budget = budgets(model, src)
+    short = greedy_search(model, src)
+    assert min(len(h.tokens) for h in short) < 3
+    for i, hyp in enumerate(greedy_search(model, src, min_len=3)):
+        assert len(hyp.tokens) >= 3
+        assert hyp.tokens == naive_greedy(model, src[i], budget[i], min_len=3)
+    for i, hyps in enumerate(beam_search(model, src, beam_size=3, n_best=2, min_len=3)):
+        ref = naive_beam(model, src[i], budget[i], 3, 1.0, 2, min_len=3)
+        assert [h.tokens for h in hyps] == [r[2] for r in ref]
+        assert all(len(h.tokens) >= 3 for h in hyps)
+    forced = beam_search(model, src, beam_size=2, max_len_a=0.0, max_len_b=5, min_len=5)
+    assert all(len(h[0].tokens) == 5 for h in forced)  # a fixed length: min = max
+    over = greedy_search(model, src, max_len_a=0.0, max_len_b=2, min_len=9)
+    assert all(len(h.tokens) == 2 for h in over)  # the budget wins over min_len
+
+
+def test_large_vocabulary_beam_search_matches_the_naive_search():
+    """K·V large enough for the chunked top-k, with the first step on one row per sentence."""
+    vocab = 700
+    torch.manual_seed(5)
+    cfg = TransformerConfig(
+        src_vocab_size=vocab,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        n_encoder_layers=1,
+        n_decoder_layers=2,
+        dropout=0.0,
+        max_positions=32,
+    )
+    model = Seq2SeqTransformer(cfg).eval()
+    with torch.no_grad():
+        model.tgt_embed.weight[EOS_ID] *= 3.0
+    src = torch.randint(4, vocab, (3, 5))
+    src[2, 3:] = PAD_ID
+    budget = max_lengths(src, PAD_ID, 32, 1.0, 2).tolist()
+    got = beam_search(model, src, beam_size=4, max_len_a=1.0, max_len_b=2, n_best=2)
+    for i, hyps in enumerate(got):
+        ref = naive_beam(model, src[i], budget[i], 4, 1.0, 2)
+        assert [h.tokens for h in hyps] == [r[2] for r in ref]
+        for h, r in zip(hyps, ref, strict=True):
+            assert h.score == pytest.approx(r[0], abs=1e-4)
+
+
 def test_bad_search_options_raise_config_errors():
     model = tiny_model(0)
     src = sources(2)
@@ -196,6 +270,8 @@ def test_bad_search_options_raise_config_errors():
         beam_search(model, src, beam_size=0)
     with pytest.raises(ConfigError, match="exceeds the model's max_positions=64"):
         greedy_search(model, torch.randint(4, VOCAB, (1, 70)))
+    with pytest.raises(ConfigError, match="min_len must be >= 0, got -1"):
+        beam_search(model, src, beam_size=2, min_len=-1)
 
 
 @pytest.mark.gpu

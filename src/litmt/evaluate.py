@@ -161,7 +161,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     paths = checkpoint_paths(cfg)
     sources, references, label = load_eval_data(cfg)
     translator = Translator.from_checkpoint(
-        paths, device=cfg.get("device"), attention=cfg.get("attention")
+        paths,
+        device=cfg.get("device"),
+        attention=cfg.get("attention"),
+        gemm=cfg.get("gemm", "auto"),
     )
     data_cfg = cfg.get("data")
     if data_cfg is not None and (

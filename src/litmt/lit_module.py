@@ -135,6 +135,8 @@ class TranslationModule(L.LightningModule):
         label_smoothing: epsilon of the smoothed loss.
         val_decode: {"beam_size": 1 (greedy) or k, "max_len_a", "max_len_b", "length_penalty"}.
         compile: compile the model in place with `torch.compile` (state-dict keys unchanged).
+        gemm: inference GEMM backend of the projections during validation decoding:
+            auto | onednn | torch (see `litmt.models.linear`); training always uses autograd.
         seed: re-seed torch's RNG before every training micro-batch from (seed, rank, batch
             number), so dropout is reproducible across a resume; None = never re-seed.
     """
@@ -150,12 +152,14 @@ class TranslationModule(L.LightningModule):
         label_smoothing: float = 0.1,
         val_decode: dict[str, Any] | None = None,
         compile: bool = False,
+        gemm: str = "auto",
         seed: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(model_config, TransformerConfig):
             model_config = TransformerConfig.from_dict(_plain(model_config))
         self.model = Seq2SeqTransformer(model_config)
+        self.model.set_gemm(gemm)
         self.tokenizer, self.src_lang, self.tgt_lang = tokenizer, src_lang, tgt_lang
         self.optimizer_factory = optimizer
         self.scheduler_cfg = _plain(scheduler or {"name": "inverse_sqrt", "warmup_steps": 4000})

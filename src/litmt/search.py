@@ -11,6 +11,8 @@ Conventions shared by both searches:
   (alpha = ``length_penalty``; 0 ranks by raw log-probability).
 - A sentence may produce at most ``max_len = min(floor(a * src_len + b), max_positions - 1)``
   tokens before eos (src_len = non-pad source tokens); at that point eos is forced.
+- ``min_len`` (default 0) suppresses eos until a hypothesis has that many tokens (the
+  budget still wins: a sentence whose budget is below ``min_len`` ends at its budget).
 """
 
 from __future__ import annotations
@@ -56,6 +58,32 @@ def max_lengths(
     return budget.clamp(min=0, max=max_positions - 1)
 
 
+def topk_rows(x: Tensor, k: int, chunk: int = 64) -> tuple[Tensor, Tensor]:
+    """Exact top-k along the last dim of `x` (R, N): values and indices (R, k), sorted.
+
+    Two passes instead of one `torch.topk` over N: the maxima of chunks of `chunk`
+    elements, then `topk` over the k chunks with the largest maxima (every top-k element
+    lies in one of them: the k largest chunk maxima are k elements at least as large as
+    anything in the other chunks). On CPU this is 2-3x faster than `torch.topk` for
+    N = K * V = 40000, k = 10, which beam search runs at every step. Ties may come out in
+    another order than `torch.topk`'s.
+    """
+    r, n = x.shape
+    n_chunks = n // chunk
+    if n_chunks <= 2 * k:
+        return x.topk(k, dim=-1)
+    body = x[:, : n_chunks * chunk].view(r, n_chunks, chunk)  # (R, C, chunk)
+    chunk_max = body.amax(dim=-1)  # (R, C)
+    if n_chunks * chunk < n:  # a shorter last chunk
+        chunk_max = torch.cat([chunk_max, x[:, n_chunks * chunk :].amax(-1, keepdim=True)], 1)
+    best_chunks = chunk_max.topk(k, dim=-1).indices  # (R, k)
+    offsets = torch.arange(chunk, device=x.device)  # (chunk,)
+    pos = (best_chunks[:, :, None] * chunk + offsets).view(r, k * chunk)  # (R, k*chunk)
+    pos = pos.clamp_(max=n - 1)  # the short last chunk repeats its last element
+    values, sub = x.gather(1, pos).topk(k, dim=-1)  # (R, k)
+    return values, pos.gather(1, sub)
+
+
 def _check(model: Seq2SeqTransformer, src: Tensor) -> None:
     if src.dim() != 2:
         raise ValueError(f"src must be (B, S) token ids, got shape {tuple(src.shape)}")
@@ -66,6 +94,24 @@ def _check(model: Seq2SeqTransformer, src: Tensor) -> None:
         )
 
 
+def _check_min_len(min_len: int) -> None:
+    if min_len < 0:
+        raise ConfigError(f"min_len must be >= 0, got {min_len}")
+
+
+def _constrain_eos(logp: Tensor, step: int, min_len: int, eos: int, budget: Tensor | None) -> None:
+    """In place on logp (R, V): no eos before `min_len`; only eos where budget (R,) == step.
+
+    Pass `budget` only at steps where some row reaches it (the mask is (R, V)).
+    """
+    if step < min_len:
+        logp[:, eos] = NEG_INF
+    if budget is not None:
+        at_budget = budget.eq(step)[:, None]  # (R, 1)
+        keep = torch.arange(logp.size(-1), device=logp.device).eq(eos)  # (V,)
+        logp.masked_fill_(at_budget & ~keep, NEG_INF)
+
+
 @torch.no_grad()
 def greedy_search(
     model: Seq2SeqTransformer,
@@ -74,6 +120,7 @@ def greedy_search(
     max_len_a: float = 1.2,
     max_len_b: int = 10,
     length_penalty: float = 1.0,
+    min_len: int = 0,
 ) -> list[Hypothesis]:
     """Batched greedy decoding; stops as soon as every row has emitted eos.
 
@@ -82,11 +129,13 @@ def greedy_search(
         src: (B, S) source ids, right-padded with `pad_id`.
         max_len_a, max_len_b: output budget a * src_len + b (see module docstring).
         length_penalty: alpha, used only for the reported `score`.
+        min_len: no eos before this many tokens (see module docstring).
 
     Returns:
         One `Hypothesis` per source row, in input order.
     """
     _check(model, src)
+    _check_min_len(min_len)
     cfg = model.config
     bsz, device = src.size(0), src.device
     if bsz == 0:
@@ -99,11 +148,10 @@ def greedy_search(
     finished = torch.zeros(bsz, dtype=torch.bool, device=device)  # (B,)
     log_prob = torch.zeros(bsz, dtype=torch.float32, device=device)  # (B,)
     lengths = torch.zeros(bsz, dtype=torch.long, device=device)  # (B,) incl. eos
-    vocab_ids = torch.arange(cfg.tgt_vocab_size, device=device)  # (V,)
+    force_steps = set(budget.tolist())  # steps at which some row must emit eos
     for step in range(out.size(1)):
         logp = F.log_softmax(model.decode_step(tokens, state).float(), dim=-1)  # (B, V)
-        force_eos = budget.eq(step)[:, None] & (vocab_ids != cfg.eos_id)  # (B, V)
-        logp = logp.masked_fill(force_eos, NEG_INF)  # at the budget only eos is allowed
+        _constrain_eos(logp, step, min_len, cfg.eos_id, budget if step in force_steps else None)
         tokens = logp.argmax(dim=-1)  # (B,)
         tokens = tokens.masked_fill(finished, cfg.pad_id)
         log_prob += logp.gather(1, tokens[:, None])[:, 0].masked_fill(finished, 0.0)
@@ -128,6 +176,7 @@ def beam_search(
     max_len_a: float = 1.2,
     max_len_b: int = 10,
     n_best: int = 1,
+    min_len: int = 0,
 ) -> list[list[Hypothesis]]:
     """Batched beam search with a KV cache, GNMT length penalty and n-best output.
 
@@ -142,6 +191,10 @@ def beam_search(
     or (c) it reached its length budget (eos forced). Done sentences are dropped from the
     batch (cache rows included); the search ends when every sentence is done.
 
+    The beams of a sentence share its encoder output and cross-attention K/V
+    (``init_state(..., group=K)``): nothing is copied per beam. The first step runs one row
+    per sentence (all K beams would be identical) and then fans the cache out to K rows.
+
     Args:
         model: the model, in eval mode.
         src: (B, S) source ids, right-padded with `pad_id`.
@@ -149,11 +202,13 @@ def beam_search(
         length_penalty: alpha of the GNMT penalty.
         max_len_a, max_len_b: output budget a * src_len + b.
         n_best: hypotheses returned per sentence (<= K), best first.
+        min_len: no eos before this many tokens (see module docstring).
 
     Returns:
         For each source row, `n_best` hypotheses sorted by decreasing score.
     """
     _check(model, src)
+    _check_min_len(min_len)
     if beam_size < 1:
         raise ConfigError(f"beam_size must be at least 1, got {beam_size}")
     if not 1 <= n_best <= beam_size:
@@ -169,8 +224,7 @@ def beam_search(
     max_steps = int(budget.max()) + 1
 
     memory, mask = model.encode(src)  # (B, S, C), (B, S)
-    rows = torch.arange(bsz, device=device).repeat_interleave(k)  # (B*K,)
-    state = model.init_state(memory.index_select(0, rows), mask.index_select(0, rows))
+    state = model.init_state(memory, mask)  # one row per sentence for the first step
 
     # Finished hypotheses of every sentence (global, indexed by original sentence id).
     fin_score = torch.full((bsz, k), NEG_INF, device=device)  # (B, K) normalised
@@ -178,25 +232,23 @@ def beam_search(
     fin_tokens = torch.full((bsz, k, max_steps), cfg.pad_id, dtype=torch.long, device=device)
     fin_len = torch.zeros((bsz, k), dtype=torch.long, device=device)  # tokens, eos excluded
 
-    # Live state of the still-active sentences (b of them).
+    # Live state of the still-active sentences (b of them), `kk` rows (beams) each: one at
+    # the first step, K after it.
     active = torch.arange(bsz, device=device)  # (b,) original ids
-    scores = torch.full((bsz, k), NEG_INF, device=device)  # (b, K) cumulative log-probs
-    scores[:, 0] = 0.0  # only beam 0 is real at the start
-    history = torch.empty((bsz * k, 0), dtype=torch.long, device=device)  # (b*K, t)
-    last = torch.full((bsz * k,), cfg.bos_id, dtype=torch.long, device=device)  # (b*K,)
+    scores = torch.zeros((bsz, 1), device=device)  # (b, kk) cumulative log-probs
+    history = torch.empty((bsz, 0), dtype=torch.long, device=device)  # (b*kk, t)
+    last = torch.full((bsz,), cfg.bos_id, dtype=torch.long, device=device)  # (b*kk,)
     arange_2k = torch.arange(2 * k, device=device)  # (2K,)
-    vocab_ids = torch.arange(vocab, device=device)  # (V,)
     lp_max = length_penalty_factor(budget.double() + 1, length_penalty).float()  # (B,)
+    force_steps = set(budget.tolist())  # steps at which some sentence must emit eos
 
     for step in range(max_steps):
-        b = active.numel()
-        logp = F.log_softmax(model.decode_step(last, state).float(), dim=-1)  # (b*K, V)
-        force_eos = budget[active].eq(step).repeat_interleave(k)[:, None] & (
-            vocab_ids != cfg.eos_id
-        )
-        logp = logp.masked_fill(force_eos, NEG_INF)  # (b*K, V); at the budget only eos
-        cand = (scores[:, :, None] + logp.view(b, k, vocab)).view(b, k * vocab)  # (b, K*V)
-        top_val, top_idx = cand.topk(2 * k, dim=1)  # (b, 2K)
+        b, kk = active.numel(), scores.size(1)
+        logp = F.log_softmax(model.decode_step(last, state).float(), dim=-1)  # (b*kk, V)
+        rows_budget = budget[active].repeat_interleave(kk) if step in force_steps else None
+        _constrain_eos(logp, step, min_len, cfg.eos_id, rows_budget)
+        cand = logp.view(b, kk, vocab).add_(scores[:, :, None]).view(b, kk * vocab)
+        top_val, top_idx = topk_rows(cand, 2 * k)  # (b, 2K)
         top_beam, top_tok = top_idx // vocab, top_idx % vocab  # (b, 2K)
         is_eos = top_tok.eq(cfg.eos_id)  # (b, 2K)
 
@@ -206,7 +258,7 @@ def beam_search(
         new_score = torch.where(
             new_fin, top_val[:, :k] / length_penalty_factor(float(n_tok), length_penalty), NEG_INF
         )  # (b, K)
-        src_rows = (torch.arange(b, device=device)[:, None] * k + top_beam[:, :k]).view(-1)
+        src_rows = (torch.arange(b, device=device)[:, None] * kk + top_beam[:, :k]).view(-1)
         new_tokens = history.index_select(0, src_rows).view(b, k, step)  # (b, K, t)
         new_tokens = F.pad(new_tokens, (0, max_steps - step), value=cfg.pad_id)  # (b, K, L+1)
         all_score = torch.cat([fin_score[active], new_score], dim=1)  # (b, 2K)
@@ -226,9 +278,10 @@ def beam_search(
         scores = top_val.gather(1, live)  # (b, K)
         beam = top_beam.gather(1, live)  # (b, K)
         last = top_tok.gather(1, live).view(-1)  # (b*K,)
-        reorder = (torch.arange(b, device=device)[:, None] * k + beam).view(-1)  # (b*K,)
+        reorder = (torch.arange(b, device=device)[:, None] * kk + beam).view(-1)  # (b*K,)
         history = torch.cat([history.index_select(0, reorder), last[:, None]], dim=1)
         state.reorder(reorder, cross=False)  # beams stay within their sentence
+        state.group = k  # from the first step on: K rows per sentence share its memory
 
         # -- stop test: one host sync per step.
         n_done_fin = torch.isfinite(keep_score).sum(dim=1)  # (b,)

@@ -42,11 +42,16 @@ def _instantiate_dict(cfg: DictConfig | None) -> list[Any]:
     return [hydra.utils.instantiate(c) for c in cfg.values() if c is not None and "_target_" in c]
 
 
+# Keys of the `model` config group that are run-time choices, not `TransformerConfig` fields.
+RUNTIME_MODEL_KEYS = ("compile", "gemm")
+
+
 def model_config_dict(cfg: DictConfig, tokenizer: Any) -> dict[str, Any]:
     """The `TransformerConfig` kwargs: `cfg.model` minus run-time keys, vocab from the tokenizer."""
     model = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(model, dict)
-    model.pop("compile", None)
+    for key in RUNTIME_MODEL_KEYS:
+        model.pop(key, None)
     model["src_vocab_size"] = tokenizer.src_vocab_size
     model["tgt_vocab_size"] = tokenizer.tgt_vocab_size
     if not tokenizer.joint and model.get("share_embeddings", True):

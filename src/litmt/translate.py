@@ -105,6 +105,7 @@ class Translator:
         *,
         device: str | torch.device | None = None,
         attention: str | None = None,
+        gemm: str = "auto",
     ) -> Translator:
         """Load a checkpoint (several paths: their weights are averaged).
 
@@ -113,6 +114,8 @@ class Translator:
             device: "cpu", "cuda", ... or None for CUDA when available.
             attention: decode with this kernel at every site (e.g. "sdpa"); None keeps the
                 checkpoint's backends.
+            gemm: CPU fp32 GEMM backend of the projections: auto | onednn | torch (see
+                `litmt.models.linear`).
 
         Raises:
             CheckpointError: missing/corrupt checkpoint. BackendError: the checkpoint's
@@ -122,6 +125,7 @@ class Translator:
         try:
             loaded = load_model(path, map_location=dev, attention=attention)
             loaded.model.validate_backends(dev, training=False)
+            loaded.model.set_gemm(gemm)
         except BackendError as err:
             if attention is not None:
                 raise
@@ -374,7 +378,7 @@ def translate(cfg: DictConfig) -> int:
     if input_path is not None and not Path(str(input_path)).is_file():
         raise DataError(f"input file not found: {input_path}")
     translator = Translator.from_checkpoint(
-        ckpt, device=cfg.get("device"), attention=cfg.get("attention")
+        ckpt, device=cfg.get("device"), attention=cfg.get("attention"), gemm=cfg.get("gemm", "auto")
     )
     chunk_lines = int(cfg.chunk_lines)
     with ExitStack() as stack:

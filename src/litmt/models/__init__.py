@@ -11,18 +11,22 @@ from litmt.models.config import (
     AttentionConfig,
     TransformerConfig,
 )
+from litmt.models.linear import GEMM_BACKENDS, Linear, onednn_available
 from litmt.models.transformer import DecoderState, Seq2SeqTransformer
 
 __all__ = [
     "ATTENTION_SITES",
     "BOS_ID",
     "EOS_ID",
+    "GEMM_BACKENDS",
     "PAD_ID",
     "POSITIONAL_ENCODINGS",
     "UNK_ID",
     "AttentionConfig",
     "DecoderState",
+    "Linear",
     "MultiHeadAttention",
     "Seq2SeqTransformer",
     "TransformerConfig",
+    "onednn_available",
 ]

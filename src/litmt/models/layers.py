@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from litmt.models.attention import MultiHeadAttention
 from litmt.models.cache import KVCache
 from litmt.models.config import TransformerConfig
+from litmt.models.linear import Linear
 from litmt.models.positional import RotaryEmbedding
 
 
@@ -21,8 +22,8 @@ class FeedForward(nn.Module):
         super().__init__()
         self.activation = cfg.activation
         width = 2 * cfg.d_ff if cfg.activation == "swiglu" else cfg.d_ff
-        self.fc1 = nn.Linear(cfg.d_model, width, bias=cfg.bias)
-        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.fc1 = Linear(cfg.d_model, width, bias=cfg.bias)
+        self.fc2 = Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:

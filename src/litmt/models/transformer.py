@@ -17,6 +17,7 @@ from litmt.models.attention import MultiHeadAttention
 from litmt.models.cache import KVCache
 from litmt.models.config import ATTENTION_SITES, TransformerConfig
 from litmt.models.layers import DecoderLayer, EncoderLayer
+from litmt.models.linear import Linear, check_gemm
 from litmt.models.positional import (
     LearnedPositionalEncoding,
     RotaryEmbedding,
@@ -100,7 +101,7 @@ class Seq2SeqTransformer(nn.Module):
         self.decoder_norm = (
             nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
         )
-        self.output_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self.output_proj = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
         self.reset_parameters()
         if cfg.tie_output:
             self.output_proj.weight = self.tgt_embed.weight
@@ -236,6 +237,13 @@ class Seq2SeqTransformer(nn.Module):
                     site=m.site,
                 )
             )
+
+    def set_gemm(self, name: str) -> None:
+        """Inference GEMM backend of every projection: auto | onednn | torch (`models.linear`)."""
+        check_gemm(name)
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.gemm = name
 
     def num_parameters(self) -> int:
         """Trainable parameters (tied weights counted once)."""
