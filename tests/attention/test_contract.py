@@ -72,6 +72,34 @@ def test_fully_padded_row_is_finite(backend):
         torch.testing.assert_close(out[:1], ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("case", ["cross_tq_ne_tk", "cross_padding", "padding", "self"])
+def test_sdpa_short_query_path_matches_reference(case):
+    """Decode-time cross-attention: head-major K/V, no autograd -> sdpa's matmul path."""
+    from litmt.attention import sdpa
+
+    c = CASES[case]
+    b, h, d = 3, 4, 16
+    q = torch.randn(b, c["tq"], h, d)
+    k, v = (torch.randn(b, h, c["tk"], d).transpose(1, 2) for _ in range(2))  # head-major
+    mask = lengths_mask(c["lengths"], c["tk"]) if c["lengths"] else None
+    if mask is not None:
+        mask[-1] = True  # plus a fully padded row
+    kernel = build_backend("sdpa")
+    with torch.no_grad():
+        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+        assert sdpa._short_query_block(qh, kh, vh, causal=False, dropout_p=0.0)
+        out = kernel(q, k, v, key_padding_mask=mask)
+    assert torch.isfinite(out).all()
+    ref = reference(q, k, v, mask)
+    if mask is not None:  # a fully padded row attends to all keys (safe_padding_mask)
+        ref[-1] = reference(q[-1:], k[-1:], v[-1:])[0]
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    # with autograd, or keys laid out (B, T, H, D), the fused kernel runs instead
+    assert not sdpa._short_query_block(qh.requires_grad_(), kh, vh, False, 0.0)
+    token_major = torch.randn(b, c["tk"], h, d).transpose(1, 2)  # (B, H, T, D) view
+    assert not sdpa._short_query_block(qh.detach(), token_major, token_major, False, 0.0)
+
+
 def test_math_returns_weights_that_sum_to_one():
     q, k, v = torch.randn(2, 5, 2, 8), torch.randn(2, 6, 2, 8), torch.randn(2, 6, 2, 8)
     mask = lengths_mask([6, 3], 6)

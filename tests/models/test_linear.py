@@ -75,27 +75,58 @@ def test_a_freed_weight_drops_its_packed_copy():
     assert key not in linear_mod._PACKED
 
 
-def test_training_keeps_autograd_and_f_linear():
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_training_gradients_match_a_float64_reference(bias):
+    """The autograd path: oneDNN forward and input gradient, torch weight gradient."""
     torch.manual_seed(0)
-    layer = Linear(16, 8, gemm="auto")
-    x = torch.randn(4, 16, requires_grad=True)
-    assert not layer._use_onednn(x)
-    layer(x).sum().backward()
-    ref = torch.nn.Linear(16, 8)
-    ref.load_state_dict(layer.state_dict())
-    x2 = x.detach().clone().requires_grad_()
-    ref(x2).sum().backward()
-    torch.testing.assert_close(x.grad, x2.grad)
-    torch.testing.assert_close(layer.weight.grad, ref.weight.grad)
+    layer = Linear(48, 80, bias=bias, gemm="onednn")
+    x = torch.randn(3, 7, 48, requires_grad=True)
+    assert layer._onednn_mode(x) == "autograd"
+    upstream = torch.randn(3, 7, 80)
+    (layer(x) * upstream).sum().backward()
+
+    x64 = x.detach().double().requires_grad_()
+    w64 = layer.weight.detach().double().requires_grad_()
+    b64 = layer.bias.detach().double().requires_grad_() if bias else None
+    (F.linear(x64, w64, b64) * upstream.double()).sum().backward()
+    torch.testing.assert_close(x.grad, x64.grad.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.weight.grad, w64.grad.float(), rtol=1e-5, atol=1e-5)
+    if bias:
+        torch.testing.assert_close(layer.bias.grad, b64.grad.float(), rtol=1e-5, atol=1e-5)
 
 
 @needs_onednn
-def test_auto_uses_onednn_only_for_calls_big_enough_to_gain():
-    layer = Linear(256, 768)
-    with torch.no_grad():
-        assert not layer._use_onednn(torch.randn(1, 256))  # 196k multiply-adds: F.linear
-        assert layer._use_onednn(torch.randn(2, 3, 256))  # 1.2M: oneDNN
-        assert Linear(256, 768, gemm="onednn")._use_onednn(torch.randn(1, 256))
+def test_a_training_step_agrees_across_gemm_backends():
+    """Loss and every parameter gradient of a full model: onednn vs torch GEMMs."""
+    cfg = TransformerConfig(
+        src_vocab_size=120, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2
+    )
+    src, tgt = torch.randint(4, 120, (3, 9)), torch.randint(4, 120, (3, 7))
+    grads, losses = {}, {}
+    for gemm in ("torch", "onednn"):
+        torch.manual_seed(0)
+        model = Seq2SeqTransformer(cfg).train()
+        model.set_gemm(gemm)
+        torch.manual_seed(1)  # the same dropout masks
+        loss = F.cross_entropy(model(src, tgt[:, :-1]).flatten(0, 1), tgt[:, 1:].flatten())
+        loss.backward()
+        losses[gemm] = loss.item()
+        grads[gemm] = {n: p.grad for n, p in model.named_parameters()}
+    assert losses["onednn"] == pytest.approx(losses["torch"], abs=1e-5)
+    for name, g in grads["torch"].items():
+        torch.testing.assert_close(grads["onednn"][name], g, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_autocast_and_small_calls_keep_f_linear():
+    layer = Linear(16, 8)  # 16 x 8 per row: far below AUTO_MIN_MACS
+    x = torch.randn(4, 16, requires_grad=True)
+    assert layer._onednn_mode(x) is None
+    big = Linear(256, 1024, gemm="auto")
+    xb = torch.randn(8, 256)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert big._onednn_mode(xb) is None
+        assert big(xb).dtype == torch.bfloat16  # autocast still applies
 
 
 def test_torch_backend_and_other_dtypes_use_f_linear():

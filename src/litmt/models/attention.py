@@ -116,7 +116,9 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.k, cache.v
             else:
                 k, v = self._kv(memory)
-                if cache is not None:
+                if cache is not None:  # decoding: kept for every step
+                    if k.device.type == "cpu":  # head-major: `sdpa`'s short-query CPU path
+                        k, v = _head_major(k), _head_major(v)
                     cache.set(k, v)
         tq = q.size(1)
         if group > 1:  # non-causal cross-attention: a sentence's beams are one query block
@@ -146,6 +148,11 @@ class MultiHeadAttention(nn.Module):
             -1, (2, self.n_heads, self.head_dim)
         )  # (B, Tk, 2, H, D)
         return kv.unbind(dim=2)  # 2 x (B, Tk, H, D)
+
+
+def _head_major(x: Tensor) -> Tensor:
+    """(B, T, H, D) with (B, H, T, D) memory layout: each head's keys contiguous."""
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 _MATH = MathAttention()

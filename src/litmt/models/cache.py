@@ -8,6 +8,9 @@ buffer that doubles when full, so an append is O(1) amortised. Beam search reord
 every step; that copy goes into a second (spare) buffer of the same size, and the two swap,
 so a steady-state step allocates nothing.
 
+When only a few rows change (beam search keeps most beams in the row they extend, see
+`litmt.search`), `reorder` copies just those rows in place instead of the whole cache.
+
 Cross-attention K/V are computed once from the encoder memory and only `set`.
 """
 
@@ -68,9 +71,20 @@ class KVCache:
             v[:, : self.length] = self.v
         self._k, self._v, self._spare = k, v, None
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep rows `index` (B',) in that order, e.g. the beams that survived a step."""
+    def reorder(self, index: Tensor, moved: tuple[Tensor, Tensor] | None = None) -> None:
+        """Keep rows `index` (B',) in that order, e.g. the beams that survived a step.
+
+        `moved` = (dst, src) from `moved_rows(index)`: B' == B and row dst[i] takes row
+        src[i], every other row stays; then only those rows are copied, in place.
+        """
         if self._k is None or self._v is None:
+            return
+        if moved is not None:
+            dst, src = moved
+            n = self.length
+            for buf in (self._k, self._v):
+                live = buf[:, :n]
+                live.index_copy_(0, dst, live.index_select(0, src))  # sources read first
             return
         shape = (index.size(0), *self._k.shape[1:])
         if self._spare is not None and self._spare[0].shape == shape:
@@ -83,3 +97,18 @@ class KVCache:
         same = self._k.shape == shape and self._k.is_contiguous()
         self._spare = (self._k, self._v) if same else None
         self._k, self._v = k, v
+
+
+def moved_rows(index: Tensor, rows: int) -> tuple[Tensor, Tensor] | None:
+    """(dst, src) when `index` (rows,) keeps at least half of the rows in place, else None.
+
+    Copying the changed rows in place moves 2 x |dst| rows (a gather, then a scatter);
+    rebuilding the cache moves all of them once, so the in-place copy wins below half.
+    Computed on the host (one sync): meant for CPU decoding.
+    """
+    if index.numel() != rows or index.device.type != "cpu":
+        return None
+    dst = (index != torch.arange(rows, device=index.device)).nonzero().squeeze(1)  # (M,)
+    if 2 * dst.numel() > rows:
+        return None
+    return dst, index.index_select(0, dst)

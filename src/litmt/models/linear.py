@@ -9,10 +9,17 @@ kernels), oneDNN's fp32 GEMM with a weight packed once into its blocked layout i
 docs/benchmarks.md). Both compute the same fp32 product (no reduced-precision math), so
 results agree to fp32 rounding.
 
-The packed copy is made on first use and reused while the weight is unchanged: it is keyed
-by the weight's storage and version counter, so `optimizer.step()` or `load_state_dict`
-(in-place updates) invalidate it. It only serves calls that need no gradient (eval, decoding
-under `torch.no_grad`/`torch.inference_mode`); training keeps `F.linear` and autograd.
+Inference (no gradient needed: eval, decoding under `torch.no_grad`/`torch.inference_mode`)
+uses a packed copy of the weight, made on first use and reused while the weight is
+unchanged: it is keyed by the weight's storage and version counter, so `optimizer.step()` or
+`load_state_dict` (in-place updates) invalidate it.
+
+Training uses oneDNN for the forward GEMM and the input gradient (x W^T and g W; the plain
+weight, as it changes every step) and PyTorch's GEMM for the weight gradient (g^T x, where
+oneDNN was slower): about 5 % of a training step on that machine. Double backward is not
+supported on this path.
+
+Anything else — other dtypes or devices, autocast, `torch.compile` graphs — uses `F.linear`.
 
 Backends (`gemm` attribute, or `Seq2SeqTransformer.set_gemm`):
 
@@ -25,10 +32,12 @@ Backends (`gemm` attribute, or `Seq2SeqTransformer.set_gemm`):
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from litmt.errors import ConfigError
 
@@ -81,13 +90,49 @@ def _packed(weight: Tensor) -> Tensor:
     return packed
 
 
-def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x (..., C_in) @ weight (C_out, C_in)^T + bias (C_out,) -> (..., C_out), via oneDNN."""
+def _pointwise(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """oneDNN x (N, C_in) @ weight^T (+ bias); `weight` (C_out, C_in), plain or packed."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _rows(x: Tensor) -> Tensor:
     rows = x.reshape(-1, x.size(-1))  # (N, C_in)
-    if not rows.is_contiguous():
-        rows = rows.contiguous()
-    out = torch.ops.mkldnn._linear_pointwise(rows, _packed(weight), bias, "none", [], "")
+    return rows if rows.is_contiguous() else rows.contiguous()
+
+
+def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x (..., C_in) @ weight (C_out, C_in)^T + bias (C_out,) -> (..., C_out), no autograd."""
+    out = _pointwise(_rows(x), _packed(weight), bias)
     return out.view(*x.shape[:-1], weight.size(0))  # (..., C_out)
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """Differentiable oneDNN linear on 2-D rows: forward and input gradient on oneDNN."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """x (N, C_in), weight (C_out, C_in), bias (C_out,) -> (N, C_out)."""
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _pointwise(x, weight, bias)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        """grad (N, C_out) -> grads of x (N, C_in), weight (C_out, C_in), bias (C_out,)."""
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        gx = _pointwise(grad, weight.t(), None) if ctx.needs_input_grad[0] else None
+        gw = grad.t().mm(x) if ctx.needs_input_grad[1] else None
+        gb = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+
+def _autocast_on() -> bool:
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # older signature
+        return torch.is_autocast_cpu_enabled()
 
 
 class Linear(nn.Linear):
@@ -104,23 +149,34 @@ class Linear(nn.Linear):
         super().__init__(in_features, out_features, bias=bias)
         self.gemm = check_gemm(gemm)
 
-    def _use_onednn(self, x: Tensor) -> bool:
+    def _onednn_mode(self, x: Tensor) -> str | None:
+        """ "packed" (no autograd), "autograd" (training) or None (use `F.linear`)."""
         gemm = self.gemm
         if gemm == "torch" or x.dtype != torch.float32 or x.device.type != "cpu":
-            return False
+            return None
         if gemm == "auto" and (not _AUTO_OK or x.numel() * self.out_features < AUTO_MIN_MACS):
-            return False  # (x.numel() * C_out = rows * C_in * C_out multiply-adds)
+            return None  # (x.numel() * C_out = rows * C_in * C_out multiply-adds)
         if x.numel() == 0 or self.weight.dtype != torch.float32:
-            return False
+            return None
+        if torch.compiler.is_compiling() or _autocast_on():
+            return None
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            return False  # training: autograd through F.linear
-        # compiled graphs keep F.linear; inference tensors have no version counter to key on
-        return not (torch.compiler.is_compiling() or torch.is_inference(self.weight))
+            return "autograd"
+        # inference tensors have no version counter to key the packed copy on
+        return None if torch.is_inference(self.weight) else "packed"
+
+    def _use_onednn(self, x: Tensor) -> bool:
+        """Whether a call with input `x` would run on oneDNN."""
+        return self._onednn_mode(x) is not None
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., C_in) -> (..., C_out)."""
-        if self._use_onednn(x):
+        mode = self._onednn_mode(x)
+        if mode == "packed":
             return onednn_linear(x, self.weight, self.bias)
+        if mode == "autograd":
+            out = _OneDNNLinear.apply(_rows(x), self.weight, self.bias)
+            return out.view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:

@@ -14,8 +14,9 @@ from torch import Tensor, nn
 
 from litmt.attention import AttentionRequest
 from litmt.models.attention import MultiHeadAttention
-from litmt.models.cache import KVCache
+from litmt.models.cache import KVCache, moved_rows
 from litmt.models.config import ATTENTION_SITES, TransformerConfig
+from litmt.models.dropout import Dropout
 from litmt.models.layers import DecoderLayer, EncoderLayer
 from litmt.models.linear import Linear, check_gemm
 from litmt.models.positional import (
@@ -54,8 +55,10 @@ class DecoderState:
         ``cross=True``, every block of G new rows must come from one source (e.g. keeping
         the beams of whole sentences); the source rows follow the blocks.
         """
+        first = self.layers[0]["self"] if self.layers else None
+        moved = moved_rows(index, first.k.size(0)) if first else None
         for layer in self.layers:
-            layer["self"].reorder(index)
+            layer["self"].reorder(index, moved)
         if not cross:
             return
         src_index = index if self.group == 1 else index.view(-1, self.group)[:, 0] // self.group
@@ -88,7 +91,7 @@ class Seq2SeqTransformer(nn.Module):
         else:
             rotary = RotaryEmbedding(cfg.head_dim, cfg.max_positions)
             self.rotary = rotary
-        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.embed_dropout = Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(
             EncoderLayer(cfg, rotary) for _ in range(cfg.n_encoder_layers)
         )
