@@ -15,6 +15,7 @@ from litmt.search import (
     greedy_search,
     length_penalty_factor,
     max_lengths,
+    stay_in_place,
     topk_rows,
 )
 
@@ -212,6 +213,20 @@ def test_topk_rows_matches_torch_topk(n, k):
     assert torch.equal(x.gather(1, idx), values)  # the indices point at them
     for row in idx.tolist():
         assert len(set(row)) == k  # distinct positions
+
+
+def test_stay_in_place_keeps_one_beam_per_surviving_row():
+    g = torch.Generator().manual_seed(0)
+    origin = torch.randint(0, 5, (200, 5), generator=g)  # (b, K): the row each beam extends
+    origin[0] = torch.tensor([3, 3, 3, 3, 3])  # all from one row
+    origin[1] = torch.tensor([4, 3, 2, 1, 0])  # a permutation: nothing needs to move
+    perm = stay_in_place(origin)
+    assert torch.equal(perm.sort(1).values, torch.arange(5).expand(200, 5))  # a permutation
+    placed = origin.gather(1, perm)  # (b, K) origin of the beam now in row r
+    kept = placed.eq(torch.arange(5)).sum(1)  # rows whose cache is already right
+    distinct = torch.tensor([len(set(r)) for r in origin.tolist()])
+    assert torch.equal(kept, distinct)  # the most possible: one per distinct origin
+    assert kept[0] == 1 and kept[1] == 5
 
 
 def test_min_len_suppresses_eos_like_the_naive_search():
