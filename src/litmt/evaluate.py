@@ -183,6 +183,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "length_penalty": float(cfg.length_penalty),
         "max_len_a": float(cfg.max_len_a),
         "max_len_b": int(cfg.max_len_b),
+        "min_len": int(cfg.get("min_len", 0)),
     }
     log.info(
         "decoding %d sentences (%s) with %s on %s",

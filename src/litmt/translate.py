@@ -179,6 +179,7 @@ class Translator:
         max_tokens: int = 4096,
         n_best: int = 1,
         progress: bool = False,
+        min_len: int = 0,
     ) -> list[list[Hypothesis]]:
         """Decode prepared source ids in token-budget batches, returning results in input order.
 
@@ -209,6 +210,7 @@ class Translator:
                             max_len_a=max_len_a,
                             max_len_b=max_len_b,
                             length_penalty=length_penalty,
+                            min_len=min_len,
                         )
                     ]
                 else:
@@ -220,6 +222,7 @@ class Translator:
                         max_len_a=max_len_a,
                         max_len_b=max_len_b,
                         n_best=n_best,
+                        min_len=min_len,
                     )
                 for i, hyps in zip(idx, found, strict=True):
                     results[i] = hyps
@@ -239,6 +242,7 @@ class Translator:
         return_scores: bool = False,
         progress: bool = False,
         first_line: int = 1,
+        min_len: int = 0,
     ) -> list[str] | list[NBest]:
         """Translate sentences (any order of lengths; output order = input order).
 
@@ -252,6 +256,7 @@ class Translator:
             return_scores: return (text, score) pairs.
             progress: show a tqdm bar on stderr.
             first_line: number of the first sentence in warnings ("line N").
+            min_len: no eos before this many subword tokens (the budget still wins).
 
         Returns:
             With ``n_best == 1`` and not ``return_scores``: one string per sentence. Otherwise,
@@ -270,6 +275,7 @@ class Translator:
             max_tokens=max_tokens,
             n_best=n_best,
             progress=progress,
+            min_len=min_len,
         )
         if not found:
             return []
@@ -367,6 +373,7 @@ def translate(cfg: DictConfig) -> int:
         length_penalty=float(cfg.length_penalty),
         max_len_a=float(cfg.max_len_a),
         max_len_b=int(cfg.max_len_b),
+        min_len=int(cfg.get("min_len", 0)),
         n_best=n_best,
         return_scores=scores,
     )

@@ -58,14 +58,15 @@ SHORT_QUERY_BLOCK = 16  # longest query block served by `_matmul_attention`
 
 def _short_query_block(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float) -> bool:
     """Decode-time cross-attention on CPU: few queries, head-major K/V, no autograd."""
+    if torch.compiler.is_compiling() or causal or dropout_p != 0.0:
+        return False  # (compiled graphs: no guards on shapes)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return False
     return (
         q.device.type == "cpu"
-        and not causal
-        and dropout_p == 0.0
         and q.size(-2) <= SHORT_QUERY_BLOCK
         and k.is_contiguous()
         and v.is_contiguous()
-        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
     )
 
 

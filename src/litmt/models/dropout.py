@@ -55,10 +55,10 @@ class _MaskedScale(torch.autograd.Function):
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """Drop elements of `x` with probability p when training (CPU: `keep_mask`)."""
+    if torch.compiler.is_compiling() or x.device.type != "cpu" or not x.is_floating_point():
+        return F.dropout(x, p, training=training)
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or not x.is_floating_point() or torch.compiler.is_compiling():
-        return F.dropout(x, p, training=True)
     if p >= 1.0:
         return x * 0.0
     return _MaskedScale.apply(x, keep_mask(x.shape, p, x.device), 1.0 / (1.0 - p))

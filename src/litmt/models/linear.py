@@ -152,13 +152,15 @@ class Linear(nn.Linear):
     def _onednn_mode(self, x: Tensor) -> str | None:
         """ "packed" (no autograd), "autograd" (training) or None (use `F.linear`)."""
         gemm = self.gemm
+        if torch.compiler.is_compiling():
+            return None  # compiled graphs: F.linear, no guards on shapes
         if gemm == "torch" or x.dtype != torch.float32 or x.device.type != "cpu":
             return None
         if gemm == "auto" and (not _AUTO_OK or x.numel() * self.out_features < AUTO_MIN_MACS):
             return None  # (x.numel() * C_out = rows * C_in * C_out multiply-adds)
         if x.numel() == 0 or self.weight.dtype != torch.float32:
             return None
-        if torch.compiler.is_compiling() or _autocast_on():
+        if _autocast_on():
             return None
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             return "autograd"
