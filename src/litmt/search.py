@@ -167,7 +167,7 @@ def greedy_search(
         return []
     budget = max_lengths(src, cfg.pad_id, cfg.max_positions, max_len_a, max_len_b).to(device)
     memory, mask = model.encode(src)
-    state = model.init_state(memory, mask)
+    state = model.init_state(memory, mask, capacity=int(budget.max()) + 1)
     tokens = torch.full((bsz,), cfg.bos_id, dtype=torch.long, device=device)  # (B,)
     out = torch.full((bsz, int(budget.max()) + 1), cfg.pad_id, dtype=torch.long, device=device)
     finished = torch.zeros(bsz, dtype=torch.bool, device=device)  # (B,)
@@ -249,7 +249,7 @@ def beam_search(
     max_steps = int(budget.max()) + 1
 
     memory, mask = model.encode(src)  # (B, S, C), (B, S)
-    state = model.init_state(memory, mask)  # one row per sentence for the first step
+    state = model.init_state(memory, mask, capacity=max_steps)  # one row per sentence first
 
     # Finished hypotheses of every sentence (global, indexed by original sentence id).
     fin_score = torch.full((bsz, k), NEG_INF, device=device)  # (B, K) normalised

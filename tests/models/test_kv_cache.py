@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from litmt.models import PAD_ID, Seq2SeqTransformer, TransformerConfig
-from litmt.models.cache import KVCache
+from litmt.models.cache import KVCache, moved_rows
 
 
 def test_appends_equal_concatenation_across_growth():
@@ -18,21 +18,40 @@ def test_appends_equal_concatenation_across_growth():
     assert cache.length == 41
 
 
-def test_reorder_follows_rows_and_reuses_the_spare_buffer():
+def test_reorder_follows_rows_in_place_without_a_second_buffer():
     cache = KVCache()
     ref = torch.randn(4, 5, 2, 3)
     cache.append(ref, ref)
     pointers = []
     for index in (
-        torch.tensor([1, 1, 0, 3]),
+        torch.tensor([1, 1, 0, 3]),  # full reorder (3 of 4 rows change)
         torch.tensor([3, 2, 1, 0]),
         torch.tensor([0, 0, 0, 2]),
+        torch.tensor([0, 1, 1, 3]),  # one row changes: copied alone (moved_rows)
     ):
-        cache.reorder(index)
+        cache.reorder(index, moved_rows(index, 4))
         ref = ref.index_select(0, index)
         assert torch.equal(cache.k, ref) and torch.equal(cache.v, ref)
         pointers.append(cache.k.data_ptr())
-    assert pointers[0] == pointers[2] != pointers[1]  # two buffers, swapped: no allocation
+    assert len(set(pointers)) == 1  # always the same buffer: nothing allocated per step
+
+
+def test_moved_rows_only_below_half_and_on_cpu():
+    assert moved_rows(torch.tensor([0, 1, 1, 3]), 4)[0].tolist() == [2]
+    assert moved_rows(torch.tensor([0, 1, 2, 3]), 4)[0].numel() == 0
+    assert moved_rows(torch.tensor([1, 0, 0, 3]), 4) is None  # 3 of 4 move: full reorder
+    assert moved_rows(torch.tensor([0, 1]), 4) is None  # the batch shrinks
+
+
+def test_capacity_reserves_the_whole_search_up_front():
+    cache = KVCache(capacity=40)
+    for t in range(40):
+        x = torch.full((2, 1, 1, 2), float(t))
+        cache.append(x, x)
+        if t == 0:
+            first = cache.k.data_ptr()
+    assert cache.k.data_ptr() == first and cache._k.size(1) == 40  # never regrown
+    torch.testing.assert_close(cache.k[0, :, 0, 0], torch.arange(40.0))
 
 
 def test_reorder_can_shrink_the_batch_and_appending_continues():

@@ -4,12 +4,12 @@ Shapes: B rows (sentences, or sentences × beams), T cached positions, H heads, 
 
 Self-attention appends one position per step. Instead of `torch.cat`-ing the whole history
 every step (a fresh allocation and an O(T) copy per step and layer), the cache writes into a
-buffer that doubles when full, so an append is O(1) amortised. Beam search reorders rows
-every step; that copy goes into a second (spare) buffer of the same size, and the two swap,
-so a steady-state step allocates nothing.
+buffer sized for the whole search when the caller knows its length (`capacity`, as greedy and
+beam search do), or that doubles when full, so an append is O(1) amortised.
 
-When only a few rows change (beam search keeps most beams in the row they extend, see
-`litmt.search`), `reorder` copies just those rows in place instead of the whole cache.
+Beam search reorders rows every step. When only a few rows change (it keeps most beams in
+the row they extend, see `litmt.search`), `reorder` copies just those rows in place;
+otherwise it gathers the live part and copies it back, so no second buffer is kept.
 
 Cross-attention K/V are computed once from the encoder memory and only `set`.
 """
@@ -23,10 +23,11 @@ from torch import Tensor
 class KVCache:
     """Keys and values (B, T, H, D) of the positions decoded so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
+        """`capacity`: positions to allocate at the first append (None: 16, then doubling)."""
         self._k: Tensor | None = None  # (B, capacity, H, D); positions >= length are garbage
         self._v: Tensor | None = None
-        self._spare: tuple[Tensor, Tensor] | None = None  # same shape, reused by `reorder`
+        self.capacity = capacity
         self.length = 0
 
     def __bool__(self) -> bool:
@@ -47,7 +48,7 @@ class KVCache:
 
     def set(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store `k`, `v` (B, T, H, D) as they are (cross-attention: computed once)."""
-        self._k, self._v, self._spare, self.length = k, v, None, k.size(1)
+        self._k, self._v, self.length = k, v, k.size(1)
         return k, v
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -62,14 +63,15 @@ class KVCache:
         return self.k, self.v
 
     def _grow(self, like: Tensor, needed: int) -> None:
-        capacity = max(16, needed, 2 * (self._k.size(1) if self._k is not None else 0))
+        first = self.capacity or 16
+        capacity = max(first, needed, 2 * (self._k.size(1) if self._k is not None else 0))
         b, _, h, d = like.shape
         k = like.new_empty(b, capacity, h, d)  # (B, capacity, H, D)
         v = like.new_empty(b, capacity, h, d)
         if self._k is not None and self._v is not None:
             k[:, : self.length] = self.k
             v[:, : self.length] = self.v
-        self._k, self._v, self._spare = k, v, None
+        self._k, self._v = k, v
 
     def reorder(self, index: Tensor, moved: tuple[Tensor, Tensor] | None = None) -> None:
         """Keep rows `index` (B',) in that order, e.g. the beams that survived a step.
@@ -86,16 +88,16 @@ class KVCache:
                 live = buf[:, :n]
                 live.index_copy_(0, dst, live.index_select(0, src))  # sources read first
             return
-        shape = (index.size(0), *self._k.shape[1:])
-        if self._spare is not None and self._spare[0].shape == shape:
-            k, v = self._spare
-        else:
-            k, v = self._k.new_empty(shape), self._v.new_empty(shape)
         n = self.length
+        if index.numel() == self._k.size(0):  # same rows: gather the live part, copy it back
+            for buf in (self._k, self._v):
+                live = buf[:, :n]
+                live.copy_(live.index_select(0, index))
+            return
+        shape = (index.size(0), *self._k.shape[1:])  # fewer or more rows: new buffers
+        k, v = self._k.new_empty(shape), self._v.new_empty(shape)
         torch.index_select(self._k[:, :n], 0, index, out=k[:, :n])
         torch.index_select(self._v[:, :n], 0, index, out=v[:, :n])
-        same = self._k.shape == shape and self._k.is_contiguous()
-        self._spare = (self._k, self._v) if same else None
         self._k, self._v = k, v
 
 

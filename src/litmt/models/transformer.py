@@ -170,15 +170,21 @@ class Seq2SeqTransformer(nn.Module):
 
     # -- incremental decoding -----------------------------------------------------------
     def init_state(
-        self, memory: Tensor, src_padding_mask: Tensor | None, group: int = 1
+        self,
+        memory: Tensor,
+        src_padding_mask: Tensor | None,
+        group: int = 1,
+        capacity: int | None = None,
     ) -> DecoderState:
         """An empty KV cache for decoding against `memory` (B, S, C).
 
         With `group` G > 1 the decoder runs G consecutive rows per source row (beam search
         without copying the encoder output G times): rows g*G ... g*G+G-1 attend to
         memory[g], and their cross-attention runs as one block of G queries.
+        `capacity`: target positions to reserve in each self-attention cache (the search's
+        longest output, eos included); None grows the caches by doubling.
         """
-        layers = [{"self": KVCache(), "cross": KVCache()} for _ in self.decoder_layers]
+        layers = [{"self": KVCache(capacity), "cross": KVCache()} for _ in self.decoder_layers]
         return DecoderState(memory, src_padding_mask, layers, group=group)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
