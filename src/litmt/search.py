@@ -280,22 +280,27 @@ def beam_search(
         # -- finish: eos candidates among the top K, merged into each sentence's buffer.
         new_fin = is_eos[:, :k] & torch.isfinite(top_val[:, :k])  # (b, K)
         n_tok = step + 1  # generated tokens incl. eos
-        new_score = torch.where(
-            new_fin, top_val[:, :k] / length_penalty_factor(float(n_tok), length_penalty), NEG_INF
-        )  # (b, K)
-        src_rows = (torch.arange(b, device=device)[:, None] * kk + top_beam[:, :k]).view(-1)
-        new_tokens = history.index_select(0, src_rows).view(b, k, step)  # (b, K, t)
-        new_tokens = F.pad(new_tokens, (0, max_steps - step), value=cfg.pad_id)  # (b, K, L+1)
-        all_score = torch.cat([fin_score[active], new_score], dim=1)  # (b, 2K)
-        keep_score, keep = all_score.topk(k, dim=1)  # (b, K)
-        all_logp = torch.cat([fin_logp[active], top_val[:, :k]], dim=1)  # (b, 2K)
-        all_tokens = torch.cat([fin_tokens[active], new_tokens], dim=1)  # (b, 2K, L+1)
-        new_len = torch.full((b, k), step, dtype=torch.long, device=device)
-        all_len = torch.cat([fin_len[active], new_len], dim=1)  # (b, 2K)
-        fin_score[active] = keep_score
-        fin_logp[active] = all_logp.gather(1, keep)
-        fin_len[active] = all_len.gather(1, keep)
-        fin_tokens[active] = all_tokens.gather(1, keep[:, :, None].expand(-1, -1, max_steps))
+        if bool(new_fin.any()):  # a host sync; most steps finish nothing
+            new_score = torch.where(
+                new_fin,
+                top_val[:, :k] / length_penalty_factor(float(n_tok), length_penalty),
+                NEG_INF,
+            )  # (b, K)
+            src_rows = (torch.arange(b, device=device)[:, None] * kk + top_beam[:, :k]).view(-1)
+            new_tokens = history.index_select(0, src_rows).view(b, k, step)  # (b, K, t)
+            new_tokens = F.pad(new_tokens, (0, max_steps - step), value=cfg.pad_id)  # (b, K, L+1)
+            all_score = torch.cat([fin_score[active], new_score], dim=1)  # (b, 2K)
+            keep_score, keep = all_score.topk(k, dim=1)  # (b, K)
+            all_logp = torch.cat([fin_logp[active], top_val[:, :k]], dim=1)  # (b, 2K)
+            all_tokens = torch.cat([fin_tokens[active], new_tokens], dim=1)  # (b, 2K, L+1)
+            new_len = torch.full((b, k), step, dtype=torch.long, device=device)
+            all_len = torch.cat([fin_len[active], new_len], dim=1)  # (b, 2K)
+            fin_score[active] = keep_score
+            fin_logp[active] = all_logp.gather(1, keep)
+            fin_len[active] = all_len.gather(1, keep)
+            fin_tokens[active] = all_tokens.gather(1, keep[:, :, None].expand(-1, -1, max_steps))
+        else:  # the buffers stay as they are (sorted best first)
+            keep_score = fin_score[active]  # (b, K)
 
         # -- continue: the K best non-eos candidates (there are at least K among 2K).
         order = arange_2k + is_eos.long() * 2 * k  # eos candidates sort last
