@@ -65,6 +65,17 @@ def test_packed_weight_follows_in_place_updates():
 
 
 @needs_onednn
+def test_training_drops_the_packed_copy():
+    """No stale packed weights kept alive while training between validations."""
+    layer = Linear(256, 1024)
+    with torch.no_grad():
+        layer(torch.randn(8, 256))
+    assert id(layer.weight) in linear_mod._PACKED
+    layer(torch.randn(8, 256, requires_grad=True)).sum().backward()
+    assert id(layer.weight) not in linear_mod._PACKED
+
+
+@needs_onednn
 def test_a_freed_weight_drops_its_packed_copy():
     layer = Linear(16, 8, gemm="onednn")
     with torch.no_grad():

@@ -12,7 +12,8 @@ results agree to fp32 rounding.
 Inference (no gradient needed: eval, decoding under `torch.no_grad`/`torch.inference_mode`)
 uses a packed copy of the weight, made on first use and reused while the weight is
 unchanged: it is keyed by the weight's storage and version counter, so `optimizer.step()` or
-`load_state_dict` (in-place updates) invalidate it.
+`load_state_dict` (in-place updates) invalidate it. The copy costs one extra weight's
+memory while decoding; a training call drops it.
 
 Training uses oneDNN for the forward GEMM and the input gradient (x W^T and g W; the plain
 weight, as it changes every step) and PyTorch's GEMM for the weight gradient (g^T x, where
@@ -177,6 +178,7 @@ class Linear(nn.Linear):
         if mode == "packed":
             return onednn_linear(x, self.weight, self.bias)
         if mode == "autograd":
+            _PACKED.pop(id(self.weight), None)  # training changes the weight: drop the copy
             out = _OneDNNLinear.apply(_rows(x), self.weight, self.bias)
             return out.view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)
