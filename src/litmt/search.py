@@ -280,7 +280,9 @@ def beam_search(
         # -- finish: eos candidates among the top K, merged into each sentence's buffer.
         new_fin = is_eos[:, :k] & torch.isfinite(top_val[:, :k])  # (b, K)
         n_tok = step + 1  # generated tokens incl. eos
-        if bool(new_fin.any()):  # a host sync; most steps finish nothing
+        # On CPU, skip the merge when nothing finishes (most steps); on a GPU always merge
+        # rather than add a host sync.
+        if device.type != "cpu" or bool(new_fin.any()):
             new_score = torch.where(
                 new_fin,
                 top_val[:, :k] / length_penalty_factor(float(n_tok), length_penalty),
