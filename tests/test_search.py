@@ -251,20 +251,7 @@ def test_min_len_suppresses_eos_like_the_naive_search():
 def test_large_vocabulary_beam_search_matches_the_naive_search():
     """K·V large enough for the chunked top-k, with the first step on one row per sentence."""
     vocab = 700
-    torch.manual_seed(5)
-    cfg = TransformerConfig(
-        src_vocab_size=vocab,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        n_encoder_layers=1,
-        n_decoder_layers=2,
-        dropout=0.0,
-        max_positions=32,
-    )
-    model = Seq2SeqTransformer(cfg).eval()
-    with torch.no_grad():
-        model.tgt_embed.weight[EOS_ID] *= 3.0
+    model = tiny_model(5, eos_boost=3.0, src_vocab_size=vocab, n_encoder_layers=1, max_positions=32)
     src = torch.randint(4, vocab, (3, 5))
     src[2, 3:] = PAD_ID
     budget = max_lengths(src, PAD_ID, 32, 1.0, 2).tolist()
