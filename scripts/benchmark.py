@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
 from litmt.errors import LitmtError
-from litmt.models import BOS_ID, EOS_ID, PAD_ID, Seq2SeqTransformer, TransformerConfig
+from litmt.models import Seq2SeqTransformer, TransformerConfig
 from litmt.search import beam_search, greedy_search
 
 REPO = Path(__file__).resolve().parents[1]
@@ -259,11 +259,8 @@ def logits_fn(name: str, model: nn.Module) -> Callable[[Batch], Tensor]:
     return lambda b: model(b.src, b.tgt_in)
 
 
-LITMT_TORCH_GEMM = "litmt, gemm=torch"  # litmt with PyTorch's default GEMMs (decoding)
-
 BUILDERS: dict[str, Callable[[Size, int, float], nn.Module]] = {
     "litmt": build_litmt,
-    LITMT_TORCH_GEMM: build_litmt,
     "marian": build_marian,
     "nn.Transformer": TorchTransformerMT,
 }
@@ -494,12 +491,11 @@ def bench_decoding(
 ) -> dict[str, Result]:
     """Generated tokens/s, greedy and beam, litmt vs Marian `generate`, interleaved."""
     models = {}
-    for name in ("litmt", LITMT_TORCH_GEMM, "marian"):
+    for name in ("litmt", "marian"):
         torch.manual_seed(0)
         models[name] = BUILDERS[name](size, vocab, 0.1).to(device).eval()
         if device.type == "cuda" and args.precision != "fp32":
             models[name] = models[name].to(DTYPES[args.precision])
-    models[LITMT_TORCH_GEMM].set_gemm("torch")  # the peers' GEMM path (`F.linear`)
     src = src.to(device)
     fns: dict[str, Callable[[Tensor], Tensor]] = {}
     for beam in (1, args.beam):

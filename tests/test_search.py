@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
+from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import ConfigError
-from litmt.models import EOS_ID, PAD_ID, Seq2SeqTransformer, TransformerConfig
+from litmt.models import Seq2SeqTransformer, TransformerConfig
 from litmt.search import (
     beam_search,
     generate,
@@ -53,7 +54,7 @@ def sources(n: int = 6, s: int = 9, seed: int = 1) -> torch.Tensor:
 @torch.no_grad()
 def full_logprobs(model, src_row: torch.Tensor, prefix: list[int]) -> torch.Tensor:
     """log P(. | prefix) by a full forward pass (no cache): (V,)."""
-    tgt = torch.tensor([[model.config.bos_id, *prefix]])
+    tgt = torch.tensor([[BOS_ID, *prefix]])
     logits = model(src_row[None], tgt)[0, -1]
     return torch.log_softmax(logits.float(), dim=-1)
 

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from litmt.checkpoint import save_model_checkpoint
-from litmt.data.tokenizer import Tokenizer, TokenizerSettings
-from litmt.models import BOS_ID, EOS_ID, PAD_ID, Seq2SeqTransformer, TransformerConfig
+from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
+from litmt.models import Seq2SeqTransformer, TransformerConfig
 
 ADJ = {"red": "roter", "big": "großer", "small": "kleiner", "old": "alter", "young": "junger"}
 NOUN = {"dog": "Hund", "man": "Mann", "boy": "Junge", "cat": "Kater", "bird": "Vogel"}

@@ -164,7 +164,6 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         paths,
         device=cfg.get("device"),
         attention=cfg.get("attention"),
-        gemm=cfg.get("gemm", "auto"),
     )
     data_cfg = cfg.get("data")
     if data_cfg is not None and (

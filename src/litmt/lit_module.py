@@ -20,9 +20,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import Tensor
 
 from litmt.checkpoint import META_KEY, make_meta
-from litmt.data.tokenizer import Tokenizer
+from litmt.data.tokenizer import PAD_ID, Tokenizer
 from litmt.errors import ConfigError, LitmtError
-from litmt.models import PAD_ID, Seq2SeqTransformer, TransformerConfig
+from litmt.precision import compute_dtype
+from litmt.models import Seq2SeqTransformer, TransformerConfig
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +136,6 @@ class TranslationModule(L.LightningModule):
         label_smoothing: epsilon of the smoothed loss.
         val_decode: {"beam_size": 1 (greedy) or k, "max_len_a", "max_len_b", "length_penalty"}.
         compile: compile the model in place with `torch.compile` (state-dict keys unchanged).
-        gemm: inference GEMM backend of the projections during validation decoding:
-            auto | onednn | torch (see `litmt.models.linear`); training always uses autograd.
         seed: re-seed torch's RNG before every training micro-batch from (seed, rank, batch
             number), so dropout is reproducible across a resume; None = never re-seed.
     """
@@ -152,14 +151,12 @@ class TranslationModule(L.LightningModule):
         label_smoothing: float = 0.1,
         val_decode: dict[str, Any] | None = None,
         compile: bool = False,
-        gemm: str = "auto",
         seed: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(model_config, TransformerConfig):
             model_config = TransformerConfig.from_dict(_plain(model_config))
         self.model = Seq2SeqTransformer(model_config)
-        self.model.set_gemm(gemm)
         self.tokenizer, self.src_lang, self.tgt_lang = tokenizer, src_lang, tgt_lang
         self.optimizer_factory = optimizer
         self.scheduler_cfg = _plain(scheduler or {"name": "inverse_sqrt", "warmup_steps": 4000})
@@ -177,9 +174,7 @@ class TranslationModule(L.LightningModule):
     # -- setup ----------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         """Validate attention backends for the device/precision now, and grab references."""
-        dtype = {"16": torch.float16, "bf16": torch.bfloat16}.get(
-            str(self.trainer.precision).split("-")[0], torch.float32
-        )
+        dtype = compute_dtype(self.trainer.precision_plugin)
         self.model.validate_backends(
             self.trainer.strategy.root_device, dtype, training=stage == "fit"
         )

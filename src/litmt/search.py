@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 
@@ -165,24 +166,24 @@ def greedy_search(
     bsz, device = src.size(0), src.device
     if bsz == 0:
         return []
-    budget = max_lengths(src, cfg.pad_id, cfg.max_positions, max_len_a, max_len_b).to(device)
+    budget = max_lengths(src, PAD_ID, cfg.max_positions, max_len_a, max_len_b).to(device)
     memory, mask = model.encode(src)
     state = model.init_state(memory, mask, capacity=int(budget.max()) + 1)
-    tokens = torch.full((bsz,), cfg.bos_id, dtype=torch.long, device=device)  # (B,)
-    out = torch.full((bsz, int(budget.max()) + 1), cfg.pad_id, dtype=torch.long, device=device)
+    tokens = torch.full((bsz,), BOS_ID, dtype=torch.long, device=device)  # (B,)
+    out = torch.full((bsz, int(budget.max()) + 1), PAD_ID, dtype=torch.long, device=device)
     finished = torch.zeros(bsz, dtype=torch.bool, device=device)  # (B,)
     log_prob = torch.zeros(bsz, dtype=torch.float32, device=device)  # (B,)
     lengths = torch.zeros(bsz, dtype=torch.long, device=device)  # (B,) incl. eos
     force_steps = set(budget.tolist())  # steps at which some row must emit eos
     for step in range(out.size(1)):
         logp = F.log_softmax(model.decode_step(tokens, state).float(), dim=-1)  # (B, V)
-        _constrain_eos(logp, step, min_len, cfg.eos_id, budget if step in force_steps else None)
+        _constrain_eos(logp, step, min_len, EOS_ID, budget if step in force_steps else None)
         tokens = logp.argmax(dim=-1)  # (B,)
-        tokens = tokens.masked_fill(finished, cfg.pad_id)
+        tokens = tokens.masked_fill(finished, PAD_ID)
         log_prob += logp.gather(1, tokens[:, None])[:, 0].masked_fill(finished, 0.0)
         lengths += (~finished).long()
         out[:, step] = tokens
-        finished |= tokens.eq(cfg.eos_id)
+        finished |= tokens.eq(EOS_ID)
         if bool(finished.all()):  # the one host sync per step
             break
     score = log_prob / length_penalty_factor(lengths.float(), length_penalty)
@@ -245,7 +246,7 @@ def beam_search(
     vocab = model.config.tgt_vocab_size
     if 2 * k > vocab:
         raise ConfigError(f"beam_size={k} is too large for a target vocabulary of {vocab}")
-    budget = max_lengths(src, cfg.pad_id, cfg.max_positions, max_len_a, max_len_b).to(device)
+    budget = max_lengths(src, PAD_ID, cfg.max_positions, max_len_a, max_len_b).to(device)
     max_steps = int(budget.max()) + 1
 
     memory, mask = model.encode(src)  # (B, S, C), (B, S)
@@ -254,7 +255,7 @@ def beam_search(
     # Finished hypotheses of every sentence (global, indexed by original sentence id).
     fin_score = torch.full((bsz, k), NEG_INF, device=device)  # (B, K) normalised
     fin_logp = torch.full((bsz, k), NEG_INF, device=device)  # (B, K)
-    fin_tokens = torch.full((bsz, k, max_steps), cfg.pad_id, dtype=torch.long, device=device)
+    fin_tokens = torch.full((bsz, k, max_steps), PAD_ID, dtype=torch.long, device=device)
     fin_len = torch.zeros((bsz, k), dtype=torch.long, device=device)  # tokens, eos excluded
 
     # Live state of the still-active sentences (b of them), `kk` rows (beams) each: one at
@@ -262,7 +263,7 @@ def beam_search(
     active = torch.arange(bsz, device=device)  # (b,) original ids
     scores = torch.zeros((bsz, 1), device=device)  # (b, kk) cumulative log-probs
     history = torch.empty((bsz, 0), dtype=torch.long, device=device)  # (b*kk, t)
-    last = torch.full((bsz,), cfg.bos_id, dtype=torch.long, device=device)  # (b*kk,)
+    last = torch.full((bsz,), BOS_ID, dtype=torch.long, device=device)  # (b*kk,)
     arange_2k = torch.arange(2 * k, device=device)  # (2K,)
     lp_max = length_penalty_factor(budget.double() + 1, length_penalty).float()  # (B,)
     force_steps = set(budget.tolist())  # steps at which some sentence must emit eos
@@ -271,11 +272,11 @@ def beam_search(
         b, kk = active.numel(), scores.size(1)
         logp = F.log_softmax(model.decode_step(last, state).float(), dim=-1)  # (b*kk, V)
         rows_budget = budget[active].repeat_interleave(kk) if step in force_steps else None
-        _constrain_eos(logp, step, min_len, cfg.eos_id, rows_budget)
+        _constrain_eos(logp, step, min_len, EOS_ID, rows_budget)
         cand = logp.view(b, kk, vocab).add_(scores[:, :, None]).view(b, kk * vocab)
         top_val, top_idx = topk_rows(cand, 2 * k)  # (b, 2K)
         top_beam, top_tok = top_idx // vocab, top_idx % vocab  # (b, 2K)
-        is_eos = top_tok.eq(cfg.eos_id)  # (b, 2K)
+        is_eos = top_tok.eq(EOS_ID)  # (b, 2K)
 
         # -- finish: eos candidates among the top K, merged into each sentence's buffer.
         new_fin = is_eos[:, :k] & torch.isfinite(top_val[:, :k])  # (b, K)
@@ -290,7 +291,7 @@ def beam_search(
             )  # (b, K)
             src_rows = (torch.arange(b, device=device)[:, None] * kk + top_beam[:, :k]).view(-1)
             new_tokens = history.index_select(0, src_rows).view(b, k, step)  # (b, K, t)
-            new_tokens = F.pad(new_tokens, (0, max_steps - step), value=cfg.pad_id)  # (b, K, L+1)
+            new_tokens = F.pad(new_tokens, (0, max_steps - step), value=PAD_ID)  # (b, K, L+1)
             all_score = torch.cat([fin_score[active], new_score], dim=1)  # (b, 2K)
             keep_score, keep = all_score.topk(k, dim=1)  # (b, K)
             all_logp = torch.cat([fin_logp[active], top_val[:, :k]], dim=1)  # (b, 2K)

@@ -43,7 +43,7 @@ def _instantiate_dict(cfg: DictConfig | None) -> list[Any]:
 
 
 # Keys of the `model` config group that are run-time choices, not `TransformerConfig` fields.
-RUNTIME_MODEL_KEYS = ("compile", "gemm")
+RUNTIME_MODEL_KEYS = ("compile",)
 
 
 def model_config_dict(cfg: DictConfig, tokenizer: Any) -> dict[str, Any]:

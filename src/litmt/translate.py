@@ -105,7 +105,6 @@ class Translator:
         *,
         device: str | torch.device | None = None,
         attention: str | None = None,
-        gemm: str = "auto",
     ) -> Translator:
         """Load a checkpoint (several paths: their weights are averaged).
 
@@ -114,8 +113,6 @@ class Translator:
             device: "cpu", "cuda", ... or None for CUDA when available.
             attention: decode with this kernel at every site (e.g. "sdpa"); None keeps the
                 checkpoint's backends.
-            gemm: CPU fp32 GEMM backend of the projections: auto | onednn | torch (see
-                `litmt.models.linear`).
 
         Raises:
             CheckpointError: missing/corrupt checkpoint. BackendError: the checkpoint's
@@ -125,7 +122,6 @@ class Translator:
         try:
             loaded = load_model(path, map_location=dev, attention=attention)
             loaded.model.validate_backends(dev, training=False)
-            loaded.model.set_gemm(gemm)
         except BackendError as err:
             if attention is not None:
                 raise
@@ -191,7 +187,7 @@ class Translator:
             raise ConfigError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
         todo = [i for i, ids in enumerate(sources) if len(ids) > 0]
-        pad = self.model.config.pad_id
+        pad = self.model.pad_id
         with tqdm(total=len(sources), disable=not progress, file=sys.stderr, unit="sent") as bar:
             bar.update(len(sources) - len(todo))
             for batch in token_batches([len(sources[i]) for i in todo], max_tokens):
@@ -385,7 +381,7 @@ def translate(cfg: DictConfig) -> int:
     if input_path is not None and not Path(str(input_path)).is_file():
         raise DataError(f"input file not found: {input_path}")
     translator = Translator.from_checkpoint(
-        ckpt, device=cfg.get("device"), attention=cfg.get("attention"), gemm=cfg.get("gemm", "auto")
+        ckpt, device=cfg.get("device"), attention=cfg.get("attention")
     )
     chunk_lines = int(cfg.chunk_lines)
     with ExitStack() as stack:

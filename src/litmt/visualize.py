@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, ListConfig
 from torch import Tensor
 
-from litmt.data.tokenizer import Tokenizer
+from litmt.data.tokenizer import BOS_ID, Tokenizer
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 from litmt.search import greedy_search
@@ -96,7 +96,7 @@ def collect_attention(
         tgt_ids = greedy_search(model, src, max_len_a=max_len_a, max_len_b=max_len_b)[0].tokens
     else:
         tgt_ids = tokenizer.encode_tgt([target])[0][: cfg.max_positions - 1]
-    tgt_in = torch.tensor([[cfg.bos_id, *tgt_ids]], device=device)  # (1, T)
+    tgt_in = torch.tensor([[BOS_ID, *tgt_ids]], device=device)  # (1, T)
     modules = model.attention_modules()
     try:
         for m in modules:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from litmt.data import TranslationDataModule, collate
-from litmt.models.config import BOS_ID, EOS_ID, PAD_ID
+from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 def test_batches_follow_the_interface(dm_kwargs: dict) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from litmt.models import PAD_ID, Seq2SeqTransformer, TransformerConfig
+from litmt.data.tokenizer import PAD_ID
+from litmt.models import Seq2SeqTransformer, TransformerConfig
 from litmt.models.cache import KVCache, moved_rows
 
 

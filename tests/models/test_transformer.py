@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from litmt.data.tokenizer import PAD_ID
 from litmt.errors import ConfigError
-from litmt.models import PAD_ID, Seq2SeqTransformer, TransformerConfig
+from litmt.models import Seq2SeqTransformer, TransformerConfig
 
 
 def tiny(**kw) -> TransformerConfig:

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from litmt.models.config import BOS_ID, EOS_ID, PAD_ID
+from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 _EMPTY_SRC = np.array([EOS_ID], dtype=np.int64)
 Example = tuple[int, np.ndarray, np.ndarray]  # (index in split, source ids, target ids)

@@ -15,7 +15,9 @@ from pathlib import Path
 import sentencepiece as spm
 
 from litmt.errors import DataError
-from litmt.models.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+# Special token ids of every litmt tokenizer; the model, the collator and the search use them.
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
 @dataclass

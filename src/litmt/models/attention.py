@@ -12,7 +12,6 @@ from torch import Tensor, nn
 from litmt.attention import AttentionKernel, AttentionRequest, build_backend
 from litmt.attention.math import MathAttention
 from litmt.models.cache import KVCache
-from litmt.models.linear import Linear
 from litmt.models.positional import RotaryEmbedding
 
 
@@ -51,11 +50,11 @@ class MultiHeadAttention(nn.Module):
         self.n_heads, self.head_dim = n_heads, d_model // n_heads
         self.self_attention, self.dropout, self.site = self_attention, dropout, site
         if self_attention:
-            self.qkv_proj = Linear(d_model, 3 * d_model, bias=bias)
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         else:
-            self.q_proj = Linear(d_model, d_model, bias=bias)
-            self.kv_proj = Linear(d_model, 2 * d_model, bias=bias)
-        self.out_proj = Linear(d_model, d_model, bias=bias)
+            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         # A child module without parameters: swapping it leaves the state dict unchanged.
         self.kernel: AttentionKernel = build_backend(backend, **(backend_options or {}))
         self.backend_name = backend

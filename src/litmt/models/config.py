@@ -6,13 +6,13 @@ can be read back without unpickling arbitrary objects.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from litmt.errors import ConfigError
 
-# Special token ids shared by the tokenizer and the model.
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+log = logging.getLogger(__name__)
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "rope")
 ACTIVATIONS = ("relu", "gelu", "swiglu")
@@ -62,9 +62,6 @@ class TransformerConfig:
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model)
     bias: bool = True  # biases in linear layers
     layer_norm_eps: float = 1e-5
-    pad_id: int = PAD_ID
-    bos_id: int = BOS_ID
-    eos_id: int = EOS_ID
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
@@ -109,9 +106,6 @@ class TransformerConfig:
                 f"{self.src_vocab_size} != tgt_vocab_size={self.tgt_vocab_size}; set "
                 "model.share_embeddings=false or train a joint tokenizer"
             )
-        ids = {self.pad_id, self.bos_id, self.eos_id}
-        if len(ids) != 3 or max(ids) >= min(self.src_vocab_size, self.tgt_vocab_size):
-            raise ConfigError("pad/bos/eos ids must be distinct and inside both vocabularies")
         from litmt.attention import list_backends  # local: keep config import-light
 
         for site in ATTENTION_SITES:
@@ -133,8 +127,12 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
-        """Build from a dict (e.g. a checkpoint's or Hydra's); unknown keys raise `ConfigError`."""
-        data = dict(data)
+        """Build from a dict (e.g. a checkpoint's or Hydra's); unknown keys raise `ConfigError`.
+
+        Keys that older versions stored (`LEGACY_KEYS`) are dropped with a log line, so their
+        checkpoints still load.
+        """
+        data = _drop_legacy(dict(data))
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ConfigError(
@@ -142,6 +140,29 @@ class TransformerConfig:
                 f"{', '.join(f.name for f in fields(cls))}"
             )
         return cls(**data)
+
+
+# Keys older checkpoints carry that are no longer part of the config. The special token ids
+# moved to the tokenizer (`litmt.data.tokenizer`); every litmt tokenizer has used these
+# values, so a checkpoint whose ids differ cannot be served by this version. `gemm` chose a
+# CPU GEMM library that has been removed.
+LEGACY_IDS = {"pad_id": 0, "bos_id": 2, "eos_id": 3}
+LEGACY_KEYS = (*LEGACY_IDS, "gemm")
+
+
+def _drop_legacy(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` without `LEGACY_KEYS`; legacy token ids other than the tokenizer's raise."""
+    found = [key for key in LEGACY_KEYS if key in data]
+    if not found:
+        return data
+    for key, expected in LEGACY_IDS.items():
+        if key in data and data[key] != expected:
+            raise ConfigError(
+                f"model config has {key}={data[key]}, but litmt tokenizers use {key}={expected}; "
+                "this model cannot be served by this version"
+            )
+    log.info("model config: ignoring keys of an older version: %s", ", ".join(found))
+    return {k: v for k, v in data.items() if k not in LEGACY_KEYS}
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:

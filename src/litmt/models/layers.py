@@ -11,8 +11,6 @@ from torch import Tensor, nn
 from litmt.models.attention import MultiHeadAttention
 from litmt.models.cache import KVCache
 from litmt.models.config import TransformerConfig
-from litmt.models.dropout import Dropout
-from litmt.models.linear import Linear
 from litmt.models.positional import RotaryEmbedding
 
 
@@ -23,9 +21,9 @@ class FeedForward(nn.Module):
         super().__init__()
         self.activation = cfg.activation
         width = 2 * cfg.d_ff if cfg.activation == "swiglu" else cfg.d_ff
-        self.fc1 = Linear(cfg.d_model, width, bias=cfg.bias)
-        self.fc2 = Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
-        self.dropout = Dropout(cfg.activation_dropout)
+        self.fc1 = nn.Linear(cfg.d_model, width, bias=cfg.bias)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, C) -> (B, T, C)."""
@@ -67,7 +65,7 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(cfg)
         self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, src_padding_mask: Tensor | None) -> Tensor:
         """x (B, S, C), src_padding_mask (B, S) bool True = pad -> (B, S, C)."""
@@ -90,7 +88,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.norm3 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(
         self,

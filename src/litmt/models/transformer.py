@@ -16,9 +16,7 @@ from litmt.attention import AttentionRequest
 from litmt.models.attention import MultiHeadAttention
 from litmt.models.cache import KVCache, moved_rows
 from litmt.models.config import ATTENTION_SITES, TransformerConfig
-from litmt.models.dropout import Dropout
 from litmt.models.layers import DecoderLayer, EncoderLayer
-from litmt.models.linear import Linear, check_gemm
 from litmt.models.positional import (
     LearnedPositionalEncoding,
     RotaryEmbedding,
@@ -72,14 +70,22 @@ class DecoderState:
 class Seq2SeqTransformer(nn.Module):
     """Encoder-decoder Transformer (Vaswani et al. 2017) with swappable attention kernels."""
 
-    def __init__(self, config: TransformerConfig) -> None:
+    def __init__(self, config: TransformerConfig, *, pad_id: int = 0) -> None:
+        """Build the model.
+
+        Args:
+            config: the hyper-parameters.
+            pad_id: the tokenizer's padding id (`litmt.data.tokenizer.PAD_ID`): its embedding
+                row is zero and source positions holding it are masked.
+        """
         super().__init__()
         self.config = cfg = config
-        self.src_embed = nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.pad_id = pad_id
+        self.src_embed = nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=pad_id)
         if cfg.share_embeddings:
             self.tgt_embed = self.src_embed
         else:
-            self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+            self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=pad_id)
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
         rotary = None
         self.pos_encoding: nn.Module | None = None
@@ -91,7 +97,7 @@ class Seq2SeqTransformer(nn.Module):
         else:
             rotary = RotaryEmbedding(cfg.head_dim, cfg.max_positions)
             self.rotary = rotary
-        self.embed_dropout = Dropout(cfg.dropout)
+        self.embed_dropout = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(
             EncoderLayer(cfg, rotary) for _ in range(cfg.n_encoder_layers)
         )
@@ -104,7 +110,7 @@ class Seq2SeqTransformer(nn.Module):
         self.decoder_norm = (
             nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
         )
-        self.output_proj = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self.output_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
         self.reset_parameters()
         if cfg.tie_output:
             self.output_proj.weight = self.tgt_embed.weight
@@ -119,7 +125,7 @@ class Seq2SeqTransformer(nn.Module):
         for emb in {self.src_embed, self.tgt_embed}:
             nn.init.normal_(emb.weight, std=self.config.d_model**-0.5)
             with torch.no_grad():
-                emb.weight[self.config.pad_id].zero_()
+                emb.weight[self.pad_id].zero_()
 
     # -- embeddings ---------------------------------------------------------------------
     def _embed(self, tokens: Tensor, table: nn.Embedding, learned: str, offset: int = 0) -> Tensor:
@@ -140,7 +146,7 @@ class Seq2SeqTransformer(nn.Module):
         Returns:
             memory (B, S, C) and src_padding_mask (B, S) bool (True = pad).
         """
-        mask = src.eq(self.config.pad_id)  # (B, S)
+        mask = src.eq(self.pad_id)  # (B, S)
         x = self._embed(src, self.src_embed, "src_pos")
         for layer in self.encoder_layers:
             x = layer(x, mask)
@@ -246,13 +252,6 @@ class Seq2SeqTransformer(nn.Module):
                     site=m.site,
                 )
             )
-
-    def set_gemm(self, name: str) -> None:
-        """Inference GEMM backend of every projection: auto | onednn | torch (`models.linear`)."""
-        check_gemm(name)
-        for m in self.modules():
-            if isinstance(m, Linear):
-                m.gemm = name
 
     def num_parameters(self) -> int:
         """Trainable parameters (tied weights counted once)."""
