@@ -1,0 +1,266 @@
+"""Decoding engines: ``torch`` (litmt's own search) and ``ct2`` (CTranslate2).
+
+Both give a `Translator` with the same methods and the same meaning of every option:
+
+>>> from litmt.engines import load_translator
+>>> load_translator("model.ckpt", engine="ct2").translate(["A man is walking."], beam_size=5)
+
+How the CTranslate2 engine keeps litmt's semantics (``litmt.search`` module docstring):
+
+- Tokenisation and detokenisation are litmt's sentencepiece models (the same `prepare`:
+  control characters, empty lines, truncation to max_positions); ids travel to
+  CTranslate2 as pieces of the exported vocabulary and come back as ids.
+- Output budget: CTranslate2 has one ``max_decoding_length`` per call, litmt one budget per
+  sentence, ``min(floor(max_len_a * src_len + max_len_b), max_positions - 1)`` tokens before
+  eos. Sentences are grouped by budget and each group is one call, so every sentence gets
+  exactly its own budget. ``min_len`` is ``min_decoding_length`` (CTranslate2's default is 1,
+  litmt's 0, so it is always passed).
+- Length penalty: CTranslate2 divides by ``len ** alpha`` (``finalize_hypothesis_score`` in
+  ``src/decoding.cc``, len without eos); litmt uses GNMT, ``((5 + n) / 6) ** alpha`` with
+  n counting eos. The engine asks CTranslate2 for all ``beam_size`` finished hypotheses
+  (a non-zero penalty makes it stop once ``beam_size`` have finished, litmt's rule),
+  recovers each log-probability (``score * len ** alpha``, len = tokens + eos, as
+  CTranslate2 counts the eos it strips), rescores with GNMT and ranks again. With alpha = 0 both rank by log-probability and CTranslate2 stops when the best
+  beam ends, like litmt. Reported scores are litmt's: GNMT-normalised log-probabilities.
+- n-best: the `n_best` best of those, best first.
+
+Documented difference: a hypothesis cut by its budget has no eos in CTranslate2, so its
+log-probability lacks the forced eos term that litmt adds (its text is the same).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from litmt.data.tokenizer import Tokenizer
+from litmt.errors import ConfigError
+from litmt.export import (
+    cached_export,
+    ct2_vocabulary,
+    import_ctranslate2,
+    is_export_dir,
+    read_metadata,
+)
+from litmt.search import Hypothesis, length_penalty_factor
+from litmt.translate import Translator
+
+log = logging.getLogger("litmt.engines")
+
+ENGINES = ("torch", "ct2")
+
+
+def default_cache_dir() -> Path:
+    """Where checkpoints are converted for the ct2 engine: ``$XDG_CACHE_HOME/litmt/ct2``."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "litmt" / "ct2"
+
+
+def output_budgets(
+    lengths: Sequence[int], max_len_a: float, max_len_b: int, max_positions: int
+) -> list[int]:
+    """Per-sentence token budget, exactly `litmt.search.max_lengths` (float64 floor, clamped)."""
+    src_len = torch.tensor(list(lengths), dtype=torch.float64)
+    budget = torch.floor(src_len * max_len_a + max_len_b).long()
+    return budget.clamp(min=0, max=max_positions - 1).tolist()
+
+
+class CT2Translator(Translator):
+    """A `Translator` running a CTranslate2 export (same `translate`/`search_ids` options).
+
+    Args:
+        model_dir: a directory written by `litmt.export.export_model`.
+        device: "cpu", "cuda", or None/"auto" (CUDA when CTranslate2 sees a GPU).
+        compute_type: CTranslate2 compute type; "default" keeps the export's quantization.
+        threads: intra-op threads (0 = CTranslate2's default).
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        device: str | None = None,
+        compute_type: str = "default",
+        threads: int = 0,
+    ) -> None:
+        ct2 = import_ctranslate2()
+        self.model_dir = Path(model_dir)
+        self.meta = read_metadata(self.model_dir)
+        if device in (None, "auto"):
+            device = "cuda" if ct2.get_cuda_device_count() > 0 else "cpu"
+        if str(device).startswith("cuda") and ct2.get_cuda_device_count() == 0:
+            raise ConfigError(
+                f"device={device} was asked for but CTranslate2 sees no GPU; use device=cpu"
+            )
+        kind, _, index = str(device).partition(":")
+        self.ct2 = ct2.Translator(
+            str(self.model_dir),
+            device=kind,
+            device_index=int(index or 0),
+            compute_type=compute_type,
+            intra_threads=int(threads),
+        )
+        self.model = None  # no torch model: the search runs in CTranslate2
+        self.device = torch.device("cpu")
+        self.tokenizer = Tokenizer.load(self.model_dir)
+        self.src_lang, self.tgt_lang = self.meta["src_lang"], self.meta["tgt_lang"]
+        self._src_pieces = ct2_vocabulary(self.tokenizer, "src")
+        self._tgt_ids = {p: i for i, p in enumerate(ct2_vocabulary(self.tokenizer, "tgt"))}
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        device: str | None = None,
+        compute_type: str = "default",
+        threads: int = 0,
+        cache_dir: str | Path | None = None,
+        quantization: str = "none",
+    ) -> CT2Translator:
+        """From an export directory, or a ``.ckpt`` converted into `cache_dir` on first use."""
+        p = Path(path)
+        if not is_export_dir(p):
+            if p.is_dir():
+                read_metadata(p)  # raises: a directory that is not an export
+            if not p.is_file():
+                raise ConfigError(
+                    f"model not found: {p} (give a .ckpt file or an export directory)"
+                )
+            p = cached_export(p, cache_dir or default_cache_dir(), quantization)
+        return cls(p, device=device, compute_type=compute_type, threads=threads)
+
+    @property
+    def max_source_tokens(self) -> int:
+        """Longest source the model accepts (its `max_positions`)."""
+        return int(self.meta["max_positions"])
+
+    @property
+    def engine(self) -> str:
+        return "ct2"
+
+    def search_ids(
+        self,
+        sources: Sequence[Sequence[int]],
+        *,
+        beam_size: int = 5,
+        length_penalty: float = 1.0,
+        max_len_a: float = 1.2,
+        max_len_b: int = 10,
+        max_tokens: int = 4096,
+        n_best: int = 1,
+        progress: bool = False,
+        min_len: int = 0,
+    ) -> list[list[Hypothesis]]:
+        """Decode prepared source ids with CTranslate2; results in input order (see module doc)."""
+        if beam_size < 1:
+            raise ConfigError(f"beam_size must be at least 1, got {beam_size}")
+        if not 1 <= n_best <= beam_size:
+            raise ConfigError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
+        if min_len < 0:
+            raise ConfigError(f"min_len must be >= 0, got {min_len}")
+        if max_tokens < 1:
+            raise ConfigError(f"max_tokens must be positive, got {max_tokens}")
+        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
+        todo = [i for i, ids in enumerate(sources) if len(ids) > 0]
+        budgets = output_budgets(
+            [len(sources[i]) for i in todo], max_len_a, max_len_b, self.max_source_tokens
+        )
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, budget in zip(todo, budgets, strict=True):
+            groups[budget].append(i)
+        rescore = beam_size > 1 and length_penalty != 0
+        with tqdm(total=len(sources), disable=not progress, file=sys.stderr, unit="sent") as bar:
+            bar.update(len(sources) - len(todo))
+            for budget, idx in sorted(groups.items()):
+                if budget == 0:  # only eos is allowed: the empty translation
+                    bar.update(len(idx))
+                    continue
+                found = self.ct2.translate_batch(
+                    [[self._src_pieces[t] for t in sources[i]] for i in idx],
+                    max_batch_size=max_tokens,
+                    batch_type="tokens",
+                    beam_size=beam_size,
+                    num_hypotheses=beam_size if rescore else n_best,
+                    length_penalty=length_penalty if rescore else 0.0,
+                    return_scores=True,
+                    max_input_length=0,
+                    max_decoding_length=budget,
+                    min_decoding_length=min(min_len, budget),
+                )
+                for i, res in zip(idx, found, strict=True):
+                    results[i] = self._hypotheses(res, length_penalty, rescore, n_best, budget)
+                bar.update(len(idx))
+        return results
+
+    def _hypotheses(
+        self, result: Any, alpha: float, rescore: bool, n_best: int, budget: int
+    ) -> list[Hypothesis]:
+        hyps = []
+        for pieces, score in zip(result.hypotheses, result.scores, strict=True):
+            tokens = [self._tgt_ids[p] for p in pieces]
+            n = len(tokens)
+            if rescore:  # CTranslate2's score is log P / len ** alpha, len counting eos
+                steps = n if n == budget else n + 1  # n == budget: cut by the budget, no eos
+                log_prob = float(score) * steps**alpha
+            else:
+                log_prob = float(score)
+            norm = log_prob / float(length_penalty_factor(float(n + 1), alpha))  # n + eos
+            hyps.append(Hypothesis(tokens, norm, log_prob))
+        hyps.sort(key=lambda h: h.score, reverse=True)
+        return hyps[:n_best]
+
+
+def load_translator(
+    path: str | Path | Sequence[str | Path],
+    *,
+    engine: str = "torch",
+    device: str | None = None,
+    attention: str | None = None,
+    threads: int = 0,
+    compute_type: str = "default",
+    cache_dir: str | Path | None = None,
+    quantization: str = "none",
+) -> Translator:
+    """A `Translator` for `path` on `engine`.
+
+    Args:
+        path: torch: a ``.ckpt`` (or a list, weights averaged). ct2: an export directory or
+            one ``.ckpt`` (converted into `cache_dir` on first use).
+        engine: "torch" or "ct2".
+        device: "cpu", "cuda", ... or None for CUDA when available.
+        attention: torch only: decode with this kernel everywhere.
+        threads: ct2 only: intra-op threads (torch uses torch's own setting).
+        compute_type: ct2 only: CTranslate2 compute type ("default" = as exported).
+        cache_dir: ct2 only: where checkpoints are converted (default `default_cache_dir`).
+        quantization: ct2 only: quantization of a checkpoint converted on first use.
+    """
+    if engine == "torch":
+        return Translator.from_checkpoint(path, device=device, attention=attention)
+    if engine == "ct2":
+        if not isinstance(path, str | Path):
+            raise ConfigError("engine=ct2 takes one checkpoint or export directory, not a list")
+        if attention is not None:
+            log.warning(
+                "attention=%s is ignored by engine=ct2 (CTranslate2 has its own)", attention
+            )
+        return CT2Translator.from_pretrained(
+            path,
+            device=device,
+            compute_type=compute_type,
+            threads=threads,
+            cache_dir=cache_dir,
+            quantization=quantization,
+        )
+    raise ConfigError(f"unknown engine '{engine}'; valid values: {', '.join(ENGINES)}")
+
+
+__all__ = ["ENGINES", "CT2Translator", "default_cache_dir", "load_translator", "output_budgets"]
