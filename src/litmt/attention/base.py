@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from litmt.errors import BackendError
 
 ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+HALF_DTYPES = (torch.float16, torch.bfloat16)  # what flash-attn and TE kernels take
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,21 @@ class AttentionKernel(nn.Module):
                 f"{where} is a fused kernel and cannot return attention weights; use 'math'"
             )
 
+    def check_inputs(self, q: Tensor) -> None:
+        """Refuse a tensor on a device type or in a dtype outside `support`, with a clear error.
+
+        Fused library kernels call this first, so fp32 or CPU inputs fail with a message
+        naming the fix rather than deep inside the library.
+        """
+        s = self.support
+        if q.device.type not in s.devices or q.dtype not in s.dtypes:
+            names = "/".join(str(d).replace("torch.", "") for d in s.dtypes)
+            raise BackendError(
+                f"attention backend '{self.name}' needs {'/'.join(s.devices)} {names} inputs, "
+                f"got {str(q.dtype).replace('torch.', '')} on {q.device.type}; "
+                "use attention=sdpa there"
+            )
+
     def forward(
         self,
         q: Tensor,
@@ -159,3 +176,66 @@ def safe_padding_mask(key_padding_mask: Tensor | None) -> Tensor | None:
 def causal_mask(tq: int, tk: int, device: torch.device) -> Tensor:
     """(Tq, Tk) bool, True where query i may see key j (j <= i + Tk - Tq)."""
     return torch.ones(tq, tk, dtype=torch.bool, device=device).tril(diagonal=tk - tq)
+
+
+# -- helpers shared by the backends ------------------------------------------------------
+def reject_unknown_options(backend: str, unknown: dict[str, Any], valid: tuple[str, ...]) -> None:
+    """Raise `BackendError` naming the valid options if a backend got options it lacks."""
+    if unknown:
+        raise BackendError(
+            f"attention backend '{backend}' has no option(s) {sorted(unknown)}; "
+            f"valid options: {', '.join(valid)}"
+        )
+
+
+def int_option(name: str, value: Any, backend: str, minimum: int) -> int:
+    """`value` if it is an int >= `minimum` (bools refused), else `BackendError`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise BackendError(
+            f"attention backend '{backend}': option {name} must be an integer >= {minimum}, "
+            f"got {value!r}"
+        )
+    return value
+
+
+def unpad(x: Tensor, keep: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Pack the kept positions of `x` (B, T, H, D) by `keep` (B, T) bool, in row order.
+
+    The layout of flash-attn's varlen functions and of xFormers' block-diagonal biases.
+
+    Returns:
+        packed (N, H, D), flat indices (N,) into B*T, cu_seqlens (B+1,) int32, max length.
+    """
+    b, t, h, d = x.shape
+    lengths = keep.sum(dim=1, dtype=torch.int32)  # (B,)
+    cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # (B+1,)
+    index = keep.flatten().nonzero(as_tuple=True)[0]  # (N,)
+    packed = x.reshape(b * t, h, d).index_select(0, index)  # (N, H, D)
+    return packed, index, cu_seqlens, int(lengths.max())
+
+
+def pad_rows(packed: Tensor, index: Tensor, b: int, t: int) -> Tensor:
+    """Inverse of `unpad`: (N, H, D) rows back to (B, T, H, D), zeros where nothing was kept."""
+    out = packed.new_zeros(b * t, *packed.shape[1:]).index_copy(0, index, packed)  # (B*T, H, D)
+    return out.view(b, t, *packed.shape[1:])
+
+
+def causal_padded_attention(
+    q: Tensor, k: Tensor, v: Tensor, keep: Tensor, dropout_p: float = 0.0
+) -> Tensor:
+    """Causal + key padding with Tq != Tk (a chunk of queries against a KV cache), via sdpa.
+
+    Fused libraries align a padded causal mask to each row's *real* lengths; the contract
+    aligns it to the padded ones (query i sees j <= i + Tk - Tq). This rare case stays exact.
+
+    Args:
+        q: (B, Tq, H, D); k, v: (B, Tk, H, D); keep: (B, Tk) bool, True = real key.
+
+    Returns:
+        (B, Tq, H, D)
+    """
+    mask = keep[:, None, None, :] & causal_mask(q.size(1), k.size(1), q.device)  # (B, 1, Tq, Tk)
+    out = F.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask, dropout_p=dropout_p
+    )  # (B, H, Tq, D)
+    return out.transpose(1, 2)
