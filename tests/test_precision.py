@@ -1,0 +1,299 @@
+"""Precision strings → compute dtypes, the `auto` default, FP8 helpers and the inference plan
+(issue 16 items 2, 4, 5 and 9)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+from train_utils import compose_train
+
+from litmt.errors import ConfigError
+from litmt.precision import (
+    InferencePlan,
+    compute_dtype,
+    configure_precision,
+    drop_fp8_extra_state,
+    fp8_disabled,
+    hide_tied_linears,
+    inference_plan,
+    resolve_precision,
+)
+
+ALL = {
+    "32-true": torch.float32,
+    "16-mixed": torch.float16,
+    "bf16-mixed": torch.bfloat16,
+    "16-true": torch.float16,
+    "bf16-true": torch.bfloat16,
+    "64-true": torch.float64,
+    "transformer-engine": torch.bfloat16,
+    "transformer-engine-float16": torch.float16,
+    32: torch.float32,
+    16: torch.float16,
+    64: torch.float64,
+    "32": torch.float32,
+    "16": torch.float16,
+    "bf16": torch.bfloat16,
+    None: torch.float32,
+}
+
+
+# -- item 2: one mapping for every Lightning precision ---------------------------------------
+@pytest.mark.parametrize(("precision", "dtype"), list(ALL.items()))
+def test_compute_dtype_of_every_lightning_precision(precision, dtype) -> None:
+    assert compute_dtype(precision) == dtype
+
+
+def test_compute_dtype_of_a_te_plugin_reads_its_autocast_dtype() -> None:
+    # Lightning's TE plugin reports precision="transformer-engine" (a class attribute) for both
+    # variants; the float16 one is told apart by its dtype.
+    plugin = SimpleNamespace(precision="transformer-engine", fallback_compute_dtype=torch.float16)
+    assert compute_dtype(plugin) == torch.float16
+    assert compute_dtype(SimpleNamespace(precision="bf16-mixed")) == torch.bfloat16
+
+
+def test_unknown_precision_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="unknown precision 'fp7'"):
+        compute_dtype("fp7")
+
+
+@pytest.mark.parametrize("precision", ["transformer-engine", "transformer-engine-float16"])
+def test_module_setup_validates_kernels_in_the_te_compute_dtype(precision: str) -> None:
+    """A half-only kernel (flash, te) is validated against bf16/fp16 under FP8, not fp32
+    (the old `split("-")[0]` mapping gave "transformer" → float32 and the kernels refused)."""
+    from litmt.lit_module import TranslationModule
+
+    cfg = {"src_vocab_size": 32, "tgt_vocab_size": 32, "d_model": 16, "n_heads": 2, "d_ff": 32,
+           "n_encoder_layers": 1, "n_decoder_layers": 1}  # fmt: skip
+    module = TranslationModule(cfg, tokenizer=None, src_lang="en", tgt_lang="de")
+    seen = {}
+
+    def validate(device, dtype=None, **kw):
+        seen["dtype"] = dtype
+
+    module.model.validate_backends = validate
+    want = ALL[precision]
+    plugin = SimpleNamespace(precision="transformer-engine", fallback_compute_dtype=want)
+    module._trainer = SimpleNamespace(
+        precision=plugin.precision,
+        precision_plugin=plugin,
+        strategy=SimpleNamespace(root_device=torch.device("cpu"), precision_plugin=plugin),
+        datamodule=None,
+    )
+    module.setup("validate")
+    assert seen["dtype"] == want
+
+
+# -- item 9: the auto default --------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("accelerator", "cuda", "bf16", "want"),
+    [
+        ("auto", True, True, "bf16-mixed"),
+        ("gpu", True, False, "16-mixed"),
+        ("cuda", True, True, "bf16-mixed"),
+        ("auto", False, False, "32-true"),
+        ("cpu", True, True, "32-true"),
+        ("mps", True, True, "32-true"),
+    ],
+)
+def test_auto_precision_follows_the_device(accelerator, cuda, bf16, want) -> None:
+    got = resolve_precision("auto", accelerator, cuda_available=cuda, bf16_supported=bf16)
+    assert got == want
+
+
+def test_explicit_precision_passes_through() -> None:
+    assert resolve_precision("16-mixed", "gpu", cuda_available=True, bf16_supported=True) == (
+        "16-mixed"
+    )
+
+
+def test_default_config_is_auto_and_resolves_to_fp32_on_this_cpu(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`python scripts/train.py` must not pin 32-true: the default trainer says auto, and on a
+    machine without CUDA it resolves to 32-true, logged in one line."""
+    cfg = compose_train([], tmp_path)
+    assert cfg.trainer.precision == "auto"
+    if torch.cuda.is_available():
+        pytest.skip("this checks the CPU default")
+    with caplog.at_level(logging.INFO, logger="litmt.precision"):
+        assert configure_precision(cfg.trainer.precision, cfg.trainer.accelerator) == "32-true"
+    lines = [r.getMessage() for r in caplog.records if r.name == "litmt.precision"]
+    assert len(lines) == 1 and lines[0].startswith("precision: 32-true (auto")
+
+
+def test_auto_on_a_mocked_cuda_gpu_sets_tf32_and_logs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100")
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        with caplog.at_level(logging.INFO, logger="litmt.precision"):
+            assert configure_precision("auto", "auto") == "16-mixed"
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert "precision: 16-mixed (auto, on CUDA Tesla V100" in caplog.text
+
+
+def test_build_trainer_resolves_auto_on_cpu(tmp_path: Path) -> None:
+    from litmt.train import build_trainer
+
+    if torch.cuda.is_available():
+        pytest.skip("this checks the CPU default")
+    cfg = compose_train(["trainer.accelerator=cpu"], tmp_path)
+    trainer = build_trainer(cfg, [], [])
+    assert trainer.precision == "32-true"
+
+
+# -- item 4: FP8 keeps tying; FP8 checkpoints load -----------------------------------------
+class _Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(32, 16)
+        self.proj = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 32, bias=False)
+        self.out.weight = self.embed.weight
+
+
+@pytest.fixture
+def fake_te(monkeypatch: pytest.MonkeyPatch):
+    """A stand-in `transformer_engine` with what Lightning's TE plugin touches: a Linear and a
+    LayerNorm class (with `_extra_state` like TE's modules), `fp8_autocast`, DelayedScaling."""
+
+    class Linear(nn.Linear):
+        def __init__(self, i: int, o: int, bias: bool = True) -> None:
+            super().__init__(i, o, bias=bias)
+
+        def get_extra_state(self):
+            return torch.zeros(1)
+
+        def set_extra_state(self, state) -> None:
+            pass
+
+    Linear.__module__ = "transformer_engine.pytorch.module.linear"
+    calls = []
+
+    class _Ctx:
+        def __init__(self, enabled: bool = True, fp8_recipe=None) -> None:
+            calls.append(enabled)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    te = types.ModuleType("transformer_engine")
+    te_pt = types.ModuleType("transformer_engine.pytorch")
+    te_pt.Linear, te_pt.LayerNorm, te_pt.fp8_autocast = Linear, nn.LayerNorm, _Ctx
+    common = types.ModuleType("transformer_engine.common")
+    recipe = types.ModuleType("transformer_engine.common.recipe")
+    recipe.DelayedScaling = lambda **kw: SimpleNamespace(**kw)
+    te.pytorch, te.common, common.recipe = te_pt, common, recipe
+    for name, mod in {"transformer_engine": te, "transformer_engine.pytorch": te_pt,
+                      "transformer_engine.common": common,
+                      "transformer_engine.common.recipe": recipe}.items():  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, mod)
+    import lightning.fabric.plugins.precision.transformer_engine as fabric_te
+
+    monkeypatch.setattr(fabric_te, "_TRANSFORMER_ENGINE_AVAILABLE", True)
+    return SimpleNamespace(Linear=Linear, calls=calls)
+
+
+def test_fp8_conversion_keeps_the_output_projection_tied(fake_te) -> None:
+    from litmt.precision import fp8_precision_plugin
+
+    model = _Tied()
+    plugin = fp8_precision_plugin("transformer-engine")
+    model = plugin.convert_module(model)
+    assert isinstance(model.proj, fake_te.Linear)  # untied layers are converted
+    assert not isinstance(model.out, fake_te.Linear)
+    assert model.out.weight is model.embed.weight  # still one parameter
+    assert model.embed.weight.dtype == torch.bfloat16
+
+
+def test_lightning_plain_conversion_unties_the_projection(fake_te) -> None:
+    """The defect itself: Lightning's own plugin clones the tied weight into a te.Linear."""
+    from lightning.pytorch.plugins.precision.transformer_engine import (
+        TransformerEnginePrecision,
+    )
+
+    model = TransformerEnginePrecision(weights_dtype=torch.bfloat16).convert_module(_Tied())
+    assert isinstance(model.out, fake_te.Linear)
+    assert model.out.weight is not model.embed.weight
+
+
+def test_hide_tied_linears_restores_the_layers() -> None:
+    model = _Tied()
+    out = model.out
+    with hide_tied_linears(model) as hidden:
+        assert hidden == ["out"] and isinstance(model.out, nn.Identity)
+    assert model.out is out and model.out.weight is model.embed.weight
+
+
+def test_fp8_state_dict_loads_into_a_plain_model(fake_te) -> None:
+    from litmt.precision import fp8_precision_plugin
+
+    converted = fp8_precision_plugin("transformer-engine").convert_module(_Tied())
+    state = converted.state_dict()
+    assert "proj._extra_state" in state
+    plain = _Tied()
+    with pytest.raises(RuntimeError, match="_extra_state"):
+        plain.load_state_dict(state)
+    plain.load_state_dict(drop_fp8_extra_state(state))  # strict
+    assert torch.equal(plain.proj.weight, converted.proj.weight.float())
+
+
+def test_fp8_disabled_turns_fp8_off_only_when_te_is_loaded(fake_te) -> None:
+    with fp8_disabled():
+        pass
+    assert fake_te.calls == [False]
+
+
+# -- item 5: inference precision of a checkpoint ---------------------------------------------
+CUDA = torch.device("cuda")
+
+
+def _half_only(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float16, torch.bfloat16)
+
+
+def test_fp32_capable_kernels_run_unchanged() -> None:
+    assert inference_plan(CUDA, lambda d: True, "bf16-mixed") == InferencePlan()
+
+
+@pytest.mark.parametrize(
+    ("trained", "bf16", "want"),
+    [
+        ("bf16-mixed", True, torch.bfloat16),
+        ("16-mixed", True, torch.float16),
+        ("transformer-engine", True, torch.bfloat16),
+        (None, True, torch.bfloat16),
+        (None, False, torch.float16),
+        ("32-true", False, torch.float16),
+    ],
+)
+def test_half_only_kernels_on_cuda_autocast_to_the_training_dtype(trained, bf16, want) -> None:
+    plan = inference_plan(CUDA, _half_only, trained, bf16_supported=bf16)
+    assert plan.autocast == want and plan.attention is None
+    assert plan.message.startswith(f"inference in {str(want)[6:]} autocast on cuda")
+
+
+def test_kernels_that_serve_no_dtype_here_switch_to_sdpa() -> None:
+    plan = inference_plan(torch.device("cpu"), lambda d: False, "bf16-mixed")
+    assert plan == InferencePlan(
+        attention="sdpa",
+        message="inference with attention=sdpa in float32 on cpu (the checkpoint's attention "
+        "kernels cannot run here)",
+    )
