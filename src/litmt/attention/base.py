@@ -73,6 +73,17 @@ class AttentionKernel(nn.Module):
                 f"attention backend '{self.name}' takes no options, got {sorted(options)}"
             )
         self.import_packages()
+        self.site = "attention"  # where the model uses this kernel (see `set_site`)
+        self.self_attention: bool | None = None  # None: not told (standalone use)
+
+    def set_site(self, site: str, *, self_attention: bool) -> None:
+        """Told once by the layer that owns the kernel: its site, and whether queries and
+        keys/values come from one sequence (self-attention) or two (cross-attention).
+
+        Most kernels compute the same either way. `te` must know: for self-attention,
+        Transformer Engine takes the query lengths from the key padding mask.
+        """
+        self.site, self.self_attention = site, self_attention
 
     # -- availability -------------------------------------------------------------------
     @classmethod
