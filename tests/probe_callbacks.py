@@ -21,7 +21,8 @@ import torch
 
 class RecordBatches(L.Callback):
     """Writes `<out_dir>/rank<r>.jsonl`: one line per training micro-batch,
-    {"epoch", "step" (global step before the batch), "index": [...], "world", "loss", "lr"},
+    {"epoch", "step" (global step before the batch), "index": [...], "world", "loss" (per
+    target token), "lr"},
     one per validation batch {"step", "val_index": [...]} and one per validation
     {"step", "valid_bleu"}."""
 
@@ -55,7 +56,7 @@ class RecordBatches(L.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        loss = outputs["token_loss"]  # per target token (outputs["loss"] is the summed loss)
         lr = trainer.optimizers[0].param_groups[0]["lr"]
         self._write(trainer, {**self._pending, "loss": float(loss), "lr": float(lr)})
 

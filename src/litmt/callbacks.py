@@ -1,4 +1,10 @@
-"""Lightning callbacks that `litmt.train` adds to every run.
+"""Lightning callbacks of litmt runs (`conf/callbacks/default.yaml`; `litmt.train` adds
+`PreemptionCheckpoint` to every run).
+
+`TranslationScorer`: validation and test decoding, sacreBLEU's BLEU and chrF on the hypotheses
+gathered from every rank, logged as `valid/bleu`, `valid/chrf` (and `test/...`).
+
+`AttentionHeatmap`: one cross-attention heatmap per validation, to W&B.
 
 `PreemptionCheckpoint`: a preempted job (SLURM, Kubernetes, `kill <pid>`) gets SIGTERM and
 should leave a checkpoint it can resume from. Lightning 2.x installs its own SIGTERM handler
@@ -11,7 +17,8 @@ for) in `on_train_batch_end` of the optimizer step during which the signal arriv
 where `ModelCheckpoint(every_n_train_steps=...)` saves, which resumes
 exactly. A SIGTERM that arrives during validation lets the validation finish (stopping
 mid-validation would leave the other ranks waiting, and a mid-validation checkpoint would resume
-without the hypotheses already decoded) and saves after the next training step.
+without the hypotheses already decoded) and saves after the next training step. The Lightning
+internals it needs are wrapped in `litmt.lightning_compat`.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -27,9 +35,14 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import Tensor
+
+from litmt.errors import LitmtError
+from litmt.lightning_compat import set_received_sigterm, sigterm_handlers_besides_lightning
+from litmt.metrics import corpus_scores
+from litmt.precision import fp8_disabled
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +68,7 @@ class PreemptionCheckpoint(L.Callback):
         self.saved: Path | None = None
         self._pending = False  # rank 0 got SIGTERM; save at the next optimizer step boundary
         self._forwarded = False
+        self._stepped = False  # the optimizer stepped during the current batch
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Swap Lightning's SIGTERM notifier for one without collectives.
@@ -69,11 +83,8 @@ class PreemptionCheckpoint(L.Callback):
         """
         if threading.current_thread() is not threading.main_thread():
             return
-        connector = trainer._signal_connector
-        previous = signal.getsignal(signal.SIGTERM)
-        others = []  # handlers Lightning composed after its notifier (SLURM's, the user's)
-        if isinstance(previous, _HandlersCompose):
-            others = [h for h in previous.signal_handlers if h != connector._sigterm_notifier_fn]
+        # handlers Lightning composed after its notifier (SLURM's, the user's)
+        others = sigterm_handlers_besides_lightning(trainer, signal.getsignal(signal.SIGTERM))
 
         def notify(signum: int, frame: FrameType | None) -> None:
             if trainer.global_rank == 0:
@@ -87,12 +98,22 @@ class PreemptionCheckpoint(L.Callback):
                     # after the next training step
                     self._pending = True
                 else:
-                    connector.received_sigterm = True
+                    set_received_sigterm(trainer, True)
             for handler in others:
                 if callable(handler):
                     handler(signum, frame)
 
         signal.signal(signal.SIGTERM, notify)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._stepped = False
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        self._stepped = True  # this batch ends an optimizer step (not mid accumulation)
 
     def on_train_batch_end(
         self,
@@ -104,23 +125,23 @@ class PreemptionCheckpoint(L.Callback):
     ) -> None:
         if self.saved is not None:
             return
-        connector = trainer._signal_connector
-        pending = self._pending or connector.received_sigterm
+        pending = self._pending or trainer.received_sigterm
         if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
             flag = torch.tensor([int(pending)], device=pl_module.device)
             dist.broadcast(flag, src=0)  # rank 0 decides, as in Lightning's own check
             pending = bool(flag.item())
         if not pending:
             return
-        if trainer.fit_loop.epoch_loop._should_accumulate():
+        if not self._stepped:
             # mid gradient accumulation: hide the flag from Lightning's loop until the
             # optimizer step, so that the checkpoint holds a whole step
-            self._pending, connector.received_sigterm = True, False
+            self._pending = True
+            set_received_sigterm(trainer, False)
             return
         path = Path(self.path) if self.path else last_checkpoint_path(trainer)
         trainer.save_checkpoint(path)  # the same point as ModelCheckpoint(every_n_train_steps)
         self.saved, self._pending = path, False
-        connector.received_sigterm = True  # Lightning now stops with SIGTERMException
+        set_received_sigterm(trainer, True)  # Lightning now stops with SIGTERMException
         if trainer.is_global_zero:
             log.warning(
                 "SIGTERM: saved %s at step %d; rerun with the same hydra.run.dir to resume",
@@ -138,3 +159,198 @@ class PreemptionCheckpoint(L.Callback):
                 "SIGTERM outside a training step: no new checkpoint; resume from %s",
                 last_checkpoint_path(trainer),
             )
+
+
+# -- validation decoding and corpus scores ----------------------------------------------------
+
+
+def gather_hypotheses(pairs: list[tuple[int, str]], n_refs: int) -> list[str] | None:
+    """Every rank's (example index, hypothesis) pairs, de-duplicated and in corpus order.
+
+    Collective under `torch.distributed` (every rank must call it); the same result on every
+    rank.
+
+    Args:
+        pairs: this rank's (index in the split, detokenised hypothesis) pairs.
+        n_refs: the number of references (sentences) in the split.
+
+    Returns:
+        n_refs hypotheses in index order, or None when some index is missing (a partial run,
+        e.g. `limit_val_batches`): no corpus score then.
+    """
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[list[tuple[int, str]] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, pairs)
+        pairs = [p for part in gathered for p in (part or [])]
+    by_index = dict(pairs)  # duplicates padded in by a distributed sampler collapse here
+    if n_refs == 0 or any(i not in by_index for i in range(n_refs)):
+        return None
+    return [by_index[i] for i in range(n_refs)]
+
+
+class TranslationScorer(L.Callback):
+    """Decodes the validation and test sets, scores them with sacreBLEU (`litmt.metrics`) and
+    logs `<split>/bleu` and `<split>/chrf` (what `ModelCheckpoint` and `EarlyStopping` monitor).
+
+    Each rank decodes its own batches; the hypotheses of all ranks are gathered by example
+    index before scoring, so the score equals a one-process evaluation. The sacreBLEU
+    signatures go to every logger once, as hyperparameters. References come from the
+    datamodule's `references(split)` (`TranslationDataModule`).
+
+    Args:
+        beam_size: 1 = greedy decoding; > 1 = beam search.
+        length_penalty: GNMT alpha of beam search.
+        max_len_a, max_len_b: a hypothesis has at most `a * source length + b` tokens.
+        splits: the evaluation splits to score ("valid", "test").
+    """
+
+    def __init__(
+        self,
+        beam_size: int = 1,
+        length_penalty: float = 1.0,
+        max_len_a: float = 1.2,
+        max_len_b: int = 10,
+        splits: Sequence[str] = ("valid", "test"),
+    ) -> None:
+        self.beam_size = int(beam_size)
+        self.length_penalty = float(length_penalty)
+        self.max_len_a, self.max_len_b = float(max_len_a), int(max_len_b)
+        self.splits = tuple(splits)
+        self.references: dict[str, list[str]] = {}
+        self._pairs: dict[str, list[tuple[int, str]]] = {}
+        self.signature_logged = False
+
+    def hypotheses(self, pl_module: L.LightningModule, batch: dict[str, Tensor]) -> list[str]:
+        """Detokenised hypotheses of one batch (B,) with this callback's decoding settings."""
+        from litmt.search import generate
+
+        ids = generate(
+            pl_module.model,
+            batch["src"],
+            beam_size=self.beam_size,
+            length_penalty=self.length_penalty,
+            max_len_a=self.max_len_a,
+            max_len_b=self.max_len_b,
+        )
+        return pl_module.tokenizer.decode_tgt(ids)
+
+    def _start(self, trainer: L.Trainer, split: str) -> None:
+        self._pairs.pop(split, None)
+        if split not in self.splits or trainer.sanity_checking:
+            return
+        dm = trainer.datamodule
+        if dm is None or not hasattr(dm, "references"):
+            log.warning("no datamodule with references(split): %s BLEU is not computed", split)
+            return
+        self.references[split] = dm.references(split)
+        self._pairs[split] = []
+
+    def _batch(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        batch: dict[str, Tensor],
+        split: str,
+    ) -> None:
+        if split not in self._pairs:
+            return
+        plugin = trainer.precision_plugin
+        context = plugin.val_step_context() if split == "valid" else plugin.test_step_context()
+        with context, fp8_disabled():  # B x 1 decode rows break FP8 GEMMs' multiple-of-8 rule
+            hyps = self.hypotheses(pl_module, batch)
+        index = batch["index"].tolist()
+        self._pairs[split].extend(zip(index, hyps, strict=True))
+
+    def _end(self, trainer: L.Trainer, pl_module: L.LightningModule, split: str) -> None:
+        if split not in self._pairs:
+            return
+        hyps = gather_hypotheses(self._pairs.pop(split), len(self.references[split]))
+        if hyps is None:
+            return
+        scores = corpus_scores(hyps, self.references[split], metrics=("bleu", "chrf"))
+        # every rank has the same hypotheses, hence the same score: no sync needed
+        pl_module.log(f"{split}/bleu", scores["bleu"].score, prog_bar=True, rank_zero_only=False)
+        pl_module.log(f"{split}/chrf", scores["chrf"].score, rank_zero_only=False)
+        if not self.signature_logged:
+            self.signature_logged = True
+            signatures = {
+                "sacrebleu/bleu_signature": scores["bleu"].signature,
+                "sacrebleu/chrf_signature": scores["chrf"].signature,
+            }
+            for lg in trainer.loggers:  # Lightning loggers write on rank 0 only
+                lg.log_hyperparams(signatures)
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start(trainer, "valid")
+
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start(trainer, "test")
+
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: dict[str, Tensor],
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch(trainer, pl_module, batch, "valid")
+
+    def on_test_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: dict[str, Tensor],
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch(trainer, pl_module, batch, "test")
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._end(trainer, pl_module, "valid")
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._end(trainer, pl_module, "test")
+
+
+# -- attention heatmaps ---------------------------------------------------------------------
+
+
+class AttentionHeatmap(L.Callback):
+    """After each validation, logs the cross-attention heatmap of one fixed validation
+    sentence to W&B (`valid/cross_attention`); does nothing without a `WandbLogger`.
+
+    Args:
+        sentence: the index of the validation source sentence to draw.
+    """
+
+    def __init__(self, sentence: int = 0) -> None:
+        self.sentence = int(sentence)
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero or trainer.sanity_checking:
+            return
+        from lightning.pytorch.loggers import WandbLogger
+
+        wandb_loggers = [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
+        dm = trainer.datamodule
+        if not wandb_loggers or dm is None or not hasattr(dm, "sources"):
+            return
+        sources = dm.sources("valid")
+        if self.sentence >= len(sources):
+            return
+        import matplotlib.pyplot as plt
+
+        from litmt.visualize import cross_attention_figure
+
+        try:
+            fig = cross_attention_figure(
+                pl_module.model, pl_module.tokenizer, sources[self.sentence]
+            )
+        except LitmtError as exc:  # e.g. an attention backend that cannot return weights
+            log.warning("skipping the attention heatmap: %s", exc)
+            return
+        wandb_loggers[0].log_image("valid/cross_attention", images=[fig], step=trainer.global_step)
+        plt.close(fig)

@@ -1,29 +1,55 @@
-"""`TranslationModule`: the LightningModule that trains and scores a `Seq2SeqTransformer`.
+"""`TranslationModule`: the LightningModule that trains a `Seq2SeqTransformer`.
+
+It owns the loss, the optimiser, the LR schedule and the logging. Validation decoding, the
+BLEU/chrF scores, their gather over ranks and the W&B heatmap are callbacks
+(`litmt.callbacks`, configured in `conf/callbacks/default.yaml`).
+
+Loss normalisation (fairseq's and Sockeye's choice): the gradient of one optimiser step is
+
+    sum of the label-smoothed token losses / number of non-pad target tokens
+
+over *all* the micro-batches (`trainer.accumulate_grad_batches`) and ranks of that step, so the
+update does not depend on how a token budget was split into batches, accumulation steps or
+processes. `training_step` returns its micro-batch's summed loss; Lightning divides it by
+`accumulate_grad_batches` (`ClosureResult.from_training_step_output` in
+lightning/pytorch/loops/optimization/automatic.py) and DDP and FSDP average the gradients over
+the `world_size` ranks. `on_before_optimizer_step` undoes both: it multiplies the gradients by
+`accumulate_grad_batches * world_size / step_tokens`, where `step_tokens` (the step's non-pad
+target tokens) is all-reduced once per optimiser step, not per micro-batch. The logged
+`train/loss` stays per token (of each micro-batch). Under fp16 loss scaling ("16-mixed") the
+summed loss makes the first steps overflow until the scaler has lowered its scale (skipped
+steps, as in fairseq); bf16 and fp32 are unaffected.
+
+Non-finite values (fairseq's check): `configure_gradient_clipping` gets the global gradient
+norm from the clipping itself (`clip_grad_norm_` returns it; with clipping off the norm is
+computed alone) and reads it once per optimiser step. It needs no all-reduce of its own: DDP
+gradients are equal on every rank, and FSDP's `clip_grad_norm_` reduces the shard norms, so all
+ranks see the same norm and stop together. A non-finite norm raises `LitmtError` before the
+optimiser updates the weights, except under "16-mixed", whose scaler skips such steps itself
+(a non-finite loss raises there too).
 
 Shapes: B batch, S source length, T target length, V target vocabulary, N = B*T.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import lightning as L
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from torch import Tensor
+from torch import Tensor, nn
 
 from litmt.checkpoint import META_KEY, make_meta
 from litmt.data.tokenizer import PAD_ID, Tokenizer
 from litmt.errors import ConfigError, LitmtError
-from litmt.precision import compute_dtype
 from litmt.models import Seq2SeqTransformer, TransformerConfig
+from litmt.precision import compute_dtype, precision_name
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +76,44 @@ def total_norm(tensors: list[Tensor]) -> Tensor:
     )
 
 
-def all_ranks_true(flag: bool, device: torch.device) -> bool:
-    """`flag` AND-ed over every process of the default group (no-op in one process).
+def clip_gradients(
+    root: nn.Module,
+    parameters: Iterable[nn.Parameter],
+    max_value: float | None,
+    algorithm: str | None = "norm",
+) -> Tensor:
+    """Clip the gradients as Lightning's `gradient_clip_val`/`_algorithm` ask and return the
+    global 2-norm of the gradients before clipping (0-d, on their device; never read here).
 
-    A check that raises on one rank only would leave the others waiting forever in the next
-    collective; reducing the flag first makes every rank raise together.
+    Lightning's own clipping (`Precision.clip_grad_by_norm` in
+    lightning/pytorch/plugins/precision/precision.py) calls `torch.nn.utils.clip_grad_norm_`
+    and drops the norm it returns; this keeps it. Under FSDP the norm must cover every rank's
+    shard, which only the root module's `FullyShardedDataParallel.clip_grad_norm_` computes
+    (Lightning's `FSDPPrecision.clip_grad_by_norm` refuses to clip by norm for that reason).
+
+    Args:
+        root: the module the strategy trains (`trainer.model`): FSDP's root, DDP's wrapper or
+            the LightningModule itself.
+        parameters: the parameters the optimiser updates.
+        max_value: the clipping threshold; None or <= 0 = no clipping (the norm is still
+            computed).
+        algorithm: "norm" (clip the global norm, the default) or "value" (clip each element).
     """
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return flag
-    t = torch.tensor([1 if flag else 0], device=device, dtype=torch.int32)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    params = [p for p in parameters if p.grad is not None]
+    clip = max_value is not None and max_value > 0
+    by_value = clip and str(algorithm) == "value"
+    if by_value:
+        torch.nn.utils.clip_grad_value_(params, max_value)  # type: ignore[arg-type]
+    if isinstance(root, FullyShardedDataParallel):
+        # the only sharding-aware norm; with no norm clipping, max_norm=inf scales by 1
+        return root.clip_grad_norm_(max_value if clip and not by_value else math.inf)
+    if not params:
+        return torch.zeros(())
+    if clip and not by_value:
+        return torch.nn.utils.clip_grad_norm_(params, max_value)  # type: ignore[arg-type]
+    return total_norm([p.grad for p in params])  # type: ignore[misc]
 
 
 def _plain(value: Any) -> Any:
@@ -84,7 +137,10 @@ def label_smoothed_nll(
         (loss_sum, nll_sum, ntokens): summed smoothed loss, summed NLL, and the number of
         non-ignored targets (all 0-d tensors).
     """
-    lprobs = F.log_softmax(logits.float(), dim=-1)  # (N, V)
+    # at least fp32 (bf16/fp16 logits are upcast; fp64 stays fp64)
+    lprobs = F.log_softmax(
+        logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1
+    )  # (N, V)
     keep = target.ne(ignore_index)  # (N,)
     nll = -lprobs.gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1)  # (N,)
     nll_sum = nll.masked_fill(~keep, 0.0).sum()
@@ -125,16 +181,16 @@ def lr_lambda(
 
 
 class TranslationModule(L.LightningModule):
-    """Trains a `Seq2SeqTransformer` with label smoothing and scores it with sacreBLEU.
+    """Trains a `Seq2SeqTransformer` with label-smoothed, token-normalised cross-entropy.
 
     Args:
         model_config: a `TransformerConfig` or its dict (vocab sizes filled in from the tokenizer).
-        tokenizer: the sentencepiece `Tokenizer` (stored inside every checkpoint).
+        tokenizer: the sentencepiece `Tokenizer` (stored inside every checkpoint; the scoring
+            callback decodes with it).
         src_lang, tgt_lang: language codes (stored inside every checkpoint).
         optimizer: a partial optimizer factory taking the parameters (Hydra `_partial_: true`).
         scheduler: {"name": inverse_sqrt|cosine|constant, "warmup_steps": int, "min_lr_ratio": float}.
         label_smoothing: epsilon of the smoothed loss.
-        val_decode: {"beam_size": 1 (greedy) or k, "max_len_a", "max_len_b", "length_penalty"}.
         compile: compile the model in place with `torch.compile` (state-dict keys unchanged).
         seed: re-seed torch's RNG before every training micro-batch from (seed, rank, batch
             number), so dropout is reproducible across a resume; None = never re-seed.
@@ -149,7 +205,6 @@ class TranslationModule(L.LightningModule):
         optimizer: Callable[..., torch.optim.Optimizer] | None = None,
         scheduler: dict[str, Any] | None = None,
         label_smoothing: float = 0.1,
-        val_decode: dict[str, Any] | None = None,
         compile: bool = False,
         seed: int | None = None,
     ) -> None:
@@ -161,37 +216,28 @@ class TranslationModule(L.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_cfg = _plain(scheduler or {"name": "inverse_sqrt", "warmup_steps": 4000})
         self.label_smoothing = float(label_smoothing)
-        self.val_decode = {"beam_size": 1, "max_len_a": 1.2, "max_len_b": 10, "length_penalty": 1.0}
-        self.val_decode.update(_plain(val_decode or {}))
         self.compile = compile
         self.seed = seed
-        self._hyps: dict[str, list[tuple[int, str]]] = {}
         self._tick: float | None = None
-        self._logged_signature = False
-        self.references: dict[str, list[str]] = {}
-        self.sources: dict[str, list[str]] = {}
+        # sums over the micro-batches of the current optimiser step (0-d, on the device)
+        self._step_tokens: Tensor | None = None
+        self._step_loss: Tensor | None = None
 
     # -- setup ----------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        """Validate attention backends for the device/precision now, and grab references."""
+        """Validate the attention backends for the device and precision now, not mid-run."""
         dtype = compute_dtype(self.trainer.precision_plugin)
         self.model.validate_backends(
             self.trainer.strategy.root_device, dtype, training=stage == "fit"
         )
-        dm = getattr(self.trainer, "datamodule", None)
-        if dm is not None:
-            for split in ("valid", "test"):
-                try:
-                    self.references[split] = dm.references(split)
-                    self.sources[split] = dm.sources(split)
-                except Exception:
-                    continue
         if self.compile and stage == "fit" and not getattr(self, "_compiled", False):
             self.model.compile(dynamic=True)  # in place: no `_orig_mod.` prefix in checkpoints
             self._compiled = True
 
     # -- training ---------------------------------------------------------------------------
-    def _loss(self, batch: dict[str, Tensor], forward: Callable[[Tensor, Tensor], Tensor]):
+    def _loss(
+        self, batch: dict[str, Tensor], forward: Callable[[Tensor, Tensor], Tensor]
+    ) -> tuple[Tensor, Tensor, Tensor]:
         logits = forward(batch["src"], batch["tgt_in"])  # (B, T, V)
         return label_smoothed_nll(
             logits.flatten(0, 1), batch["tgt_out"].flatten(), self.label_smoothing
@@ -203,54 +249,46 @@ class TranslationModule(L.LightningModule):
             total = self.trainer.fit_loop.epoch_loop.total_batch_idx  # restored on resume
             torch.manual_seed(step_seed(self.seed, self.global_rank, total))
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """The micro-batch's summed loss (see the module docstring for its normalisation).
+
+        Returns:
+            {"loss": summed smoothed loss (0-d, with grad), "token_loss": the same per
+            non-pad target token (0-d, detached; what `train/loss` logs)}.
+        """
         loss_sum, nll_sum, ntok = self._loss(batch, self.model)
-        ntok_f = ntok.clamp_min(1).float()
-        loss = loss_sum / ntok_f
-        finite = bool(torch.isfinite(loss.detach()))
-        if not all_ranks_true(finite, loss.device):
-            value = "non-finite on another rank" if finite else str(loss.item())
-            raise LitmtError(
-                f"the training loss became {value} at step {self.global_step}; stopped before updating the weights, the last saved checkpoint is "
-                "intact: lower module.optimizer.lr, raise warmup, use bf16-mixed instead of "
-                "16-mixed, or keep trainer.gradient_clip_val on"
-            )
-        n = int(batch["ntokens"]) if "ntokens" in batch else int(ntok)
-        now = time.perf_counter()
+        ntok_f = ntok.clamp_min(1).to(loss_sum.dtype)
+        detached = loss_sum.detach()
+        if self._step_tokens is None or self._step_loss is None:
+            self._step_tokens, self._step_loss = ntok.to(loss_sum.dtype), detached
+        else:
+            self._step_tokens = self._step_tokens + ntok
+            self._step_loss = self._step_loss + detached
+        token_loss = detached / ntok_f
         bs = batch["src"].size(0)
-        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
-        self.log("train/ppl", torch.exp((nll_sum / ntok_f).detach().clamp(max=50)), batch_size=bs)
-        if self._tick is not None:
-            self.log(
-                "train/tok_per_s", n / max(now - self._tick, 1e-9), prog_bar=True, batch_size=bs
-            )
+        self.log("train/loss", token_loss, prog_bar=True, batch_size=bs)
+        self.log("train/ppl", torch.exp((nll_sum.detach() / ntok_f).clamp(max=50)), batch_size=bs)
+        now = time.perf_counter()
+        if self._tick is not None and "ntokens" in batch:  # a python int: no device sync
+            rate = int(batch["ntokens"]) / max(now - self._tick, 1e-9)
+            self.log("train/tok_per_s", rate, prog_bar=True, batch_size=bs)
         self._tick = now
-        return loss
+        return {"loss": loss_sum, "token_loss": token_loss}
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Stop on non-finite gradients before they reach the weights (and a checkpoint).
-
-        Skipped under fp16 loss scaling (`16-mixed`), whose scaler skips such steps itself.
-        Gradients are already averaged over DDP ranks here; under FSDP each rank holds a
-        shard, so the verdict is AND-ed over ranks.
-        """
-        if str(self.trainer.precision).startswith("16"):
+        """Turn the accumulated, rank-averaged gradient of summed losses into the gradient of
+        (sum of token losses) / (the step's non-pad target tokens on all ranks)."""
+        tokens, self._step_tokens = self._step_tokens, None
+        if tokens is None:
             return
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if not grads:
-            return
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        norm = total_norm(grads)
-        finite = bool(torch.isfinite(norm))
-        if isinstance(self.trainer.model, FullyShardedDataParallel):
-            finite = all_ranks_true(finite, norm.device)  # shards differ; DDP grads are equal
-        if not finite:
-            raise LitmtError(
-                f"the gradients became non-finite (norm {norm.item()}) at step {self.global_step}; "
-                "stopped before updating the weights, the last saved checkpoint is intact: lower "
-                "module.optimizer.lr or raise module.scheduler.warmup_steps"
-            )
+        # one all-reduce per optimiser step (a no-op in one process)
+        tokens = self.trainer.strategy.reduce(tokens, reduce_op="sum")
+        factor = self.trainer.accumulate_grad_batches * self.trainer.world_size
+        scale = factor / tokens.clamp_min(1)  # 0-d tensor: no host sync
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.mul_(scale.to(p.grad.dtype))
 
     def configure_gradient_clipping(
         self,
@@ -258,19 +296,41 @@ class TranslationModule(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Clip as configured; under FSDP through the root module's `clip_grad_norm_`, which
-        computes the norm over every rank's shard (Lightning's FSDP plugin refuses to clip)."""
-        from torch.distributed.fsdp import FullyShardedDataParallel
+        """Clip as configured (FSDP included, see `clip_gradients`), log the norm before
+        clipping, and stop on a non-finite norm before the optimiser updates the weights."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        norm = clip_gradients(
+            self.trainer.model, params, gradient_clip_val, gradient_clip_algorithm
+        )
+        self.log("train/grad_norm", norm, batch_size=1)
+        loss, self._step_loss = self._step_loss, None
+        self.check_finite(norm, loss)
 
-        root = self.trainer.model
-        if (
-            gradient_clip_val
-            and isinstance(root, FullyShardedDataParallel)
-            and gradient_clip_algorithm in (None, "norm")
-        ):
-            root.clip_grad_norm_(gradient_clip_val)
+    def check_finite(self, norm: Tensor, loss: Tensor | None) -> None:
+        """Raise `LitmtError` if the gradient norm is not finite (fairseq's check).
+
+        Args:
+            norm: the global gradient norm of this optimiser step (0-d); the only value read
+                on the host in a normal step.
+            loss: this rank's summed training loss of the step (0-d), read only when `norm`
+                is not finite, to say whether the loss itself was.
+        """
+        if bool(torch.isfinite(norm)):  # one device->host read per optimiser step
             return
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        hint = "the last saved checkpoint is intact"
+        if loss is not None and not bool(torch.isfinite(loss)):
+            raise LitmtError(
+                f"the training loss became {float(loss)} at step {self.global_step}; stopped "
+                f"before updating the weights, {hint}: lower module.optimizer.lr, raise warmup, "
+                "use bf16-mixed instead of 16-mixed, or keep trainer.gradient_clip_val on"
+            )
+        if str(self.trainer.precision).startswith("16"):
+            return  # fp16 loss scaling: the scaler skips this step and lowers its scale
+        raise LitmtError(
+            f"the gradients became non-finite (norm {float(norm)}) at step {self.global_step}; "
+            f"stopped before updating the weights, {hint}: lower module.optimizer.lr or raise "
+            "module.scheduler.warmup_steps"
+        )
 
     def on_train_epoch_start(self) -> None:
         self._tick = None
@@ -296,38 +356,13 @@ class TranslationModule(L.LightningModule):
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"},
         }
 
-    # -- validation / test ------------------------------------------------------------------
+    # -- validation / test (loss only; decoding and BLEU are `litmt.callbacks`) -------------
     def _eval_step(self, batch: dict[str, Tensor], split: str) -> None:
         loss_sum, nll_sum, ntok = self._loss(batch, self.model)
-        bs = batch["src"].size(0)
-        ntok_f = ntok.clamp_min(1).float()
-        self.log(f"{split}/loss", loss_sum / ntok_f, batch_size=int(ntok), sync_dist=True)
-        self.log(f"{split}/nll", nll_sum / ntok_f, batch_size=int(ntok), sync_dist=True)
-        if split in self.references:
-            ids = self.decode_ids(batch["src"])
-            hyps = self.tokenizer.decode_tgt(ids)
-            index = batch["index"].tolist() if "index" in batch else list(range(bs))
-            self._hyps.setdefault(split, []).extend(zip(index, hyps, strict=True))
-
-    def decode_ids(self, src: Tensor) -> list[list[int]]:
-        """Decode a source batch (B, S) with the validation settings; returns token ids."""
-        from litmt import search
-
-        d = self.val_decode
-        if int(d.get("beam_size", 1)) <= 1:
-            hyps = search.greedy_search(
-                self.model, src, max_len_a=d["max_len_a"], max_len_b=d["max_len_b"]
-            )
-            return [h.tokens for h in hyps]
-        nbest = search.beam_search(
-            self.model,
-            src,
-            beam_size=int(d["beam_size"]),
-            length_penalty=d.get("length_penalty", 1.0),
-            max_len_a=d["max_len_a"],
-            max_len_b=d["max_len_b"],
-        )
-        return [n[0].tokens for n in nbest]
+        ntok_f = ntok.clamp_min(1).to(loss_sum.dtype)
+        n = int(ntok)
+        self.log(f"{split}/loss", loss_sum / ntok_f, batch_size=n, sync_dist=True)
+        self.log(f"{split}/nll", nll_sum / ntok_f, batch_size=n, sync_dist=True)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "valid")
@@ -335,77 +370,11 @@ class TranslationModule(L.LightningModule):
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "test")
 
-    def on_validation_epoch_start(self) -> None:
-        self._hyps.pop("valid", None)
-
-    def on_test_epoch_start(self) -> None:
-        self._hyps.pop("test", None)
-
-    def gather_hypotheses(self, split: str) -> list[str] | None:
-        """All ranks' (index, hypothesis) pairs, de-duplicated and in corpus order."""
-        pairs = self._hyps.pop(split, [])
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            gathered: list[list[tuple[int, str]] | None] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, pairs)
-            pairs = [p for part in gathered for p in (part or [])]
-        by_index = dict(pairs)  # duplicates padded in by a distributed sampler collapse here
-        refs = self.references.get(split, [])
-        if not refs or len(by_index) < len(refs):
-            return None  # partial run (e.g. limit_val_batches): no corpus score
-        return [by_index[i] for i in range(len(refs))]
-
-    def _score(self, split: str) -> None:
-        hyps = self.gather_hypotheses(split)
-        if hyps is None or self.trainer.sanity_checking:
-            return
-        from litmt.metrics import corpus_scores
-
-        scores = corpus_scores(hyps, self.references[split], metrics=("bleu", "chrf"))
-        self.log(f"{split}/bleu", scores["bleu"].score, prog_bar=True, rank_zero_only=False)
-        self.log(f"{split}/chrf", scores["chrf"].score, rank_zero_only=False)
-        self.last_scores = {split: scores, "hypotheses": hyps}
-        if not self._logged_signature and self.trainer.is_global_zero:
-            self._logged_signature = True
-            for lg in self.loggers:
-                with contextlib.suppress(Exception):  # a logger that cannot take strings
-                    lg.log_hyperparams(
-                        {
-                            "sacrebleu/bleu_signature": scores["bleu"].signature,
-                            "sacrebleu/chrf_signature": scores["chrf"].signature,
-                        }
-                    )
-
-    def on_validation_epoch_end(self) -> None:
-        self._score("valid")
-        if self.trainer.is_global_zero and not self.trainer.sanity_checking:
-            self._log_heatmap()
-
-    def on_test_epoch_end(self) -> None:
-        self._score("test")
-
-    def _log_heatmap(self) -> None:
-        """Log one cross-attention heatmap of a fixed validation sentence to W&B (if used)."""
-        from lightning.pytorch.loggers import WandbLogger
-
-        wandb_loggers = [lg for lg in self.loggers if isinstance(lg, WandbLogger)]
-        sources = self.sources.get("valid")
-        if not wandb_loggers or not sources:
-            return
-        import matplotlib.pyplot as plt
-
-        from litmt.visualize import cross_attention_figure
-
-        try:
-            fig = cross_attention_figure(self.model, self.tokenizer, sources[0])
-        except Exception as exc:
-            log.warning("skipping the attention heatmap: %s", exc)
-            return
-        wandb_loggers[0].log_image("valid/cross_attention", images=[fig], step=self.global_step)
-        plt.close(fig)
-
     # -- checkpoints ------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Make the checkpoint self-contained: model config, tokenizer bytes, languages."""
         checkpoint[META_KEY] = make_meta(
             self.model.config, self.tokenizer, self.src_lang, self.tgt_lang
         )
+        # the training precision, so that inference can pick the same compute dtype
+        checkpoint[META_KEY]["precision"] = precision_name(self.trainer.precision_plugin)
