@@ -4,42 +4,30 @@ Shapes: B batch, Tq/Tk query/key length, H heads, D head dim, N non-padding toke
 
 - no padding mask: ``flash_attn_func`` on (B, T, H, D), which is already our layout.
   flash-attn >= 2.1 aligns a causal mask with Tq != Tk to the bottom right, i.e. query i
-  sees keys j <= i + Tk - Tq, exactly the contract's rule.
+  sees keys j <= i + Tk - Tq, exactly the contract's rule (flash-attn
+  ``flash_attn/flash_attn_interface.py``, ``flash_attn_func`` docstring).
 - padding mask: the padding keys are dropped and the rest packed into one (N, H, D) tensor
   with cumulative lengths ``cu_seqlens`` for ``flash_attn_varlen_func``. Non-causal: every
   query row is kept. Causal (self-attention): queries are packed with the same mask, so
   query i still sees exactly the non-padding keys j <= i; padded query rows return 0.
+- causal + padding with Tq != Tk (a chunk against a padded cache): flash-attn would align
+  the diagonal to each row's real lengths; this rare case runs exactly through sdpa.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from litmt.attention.base import (
+    HALF_DTYPES,
     AttentionKernel,
     BackendSupport,
-    causal_mask,
+    causal_padded_attention,
+    pad_rows,
     safe_padding_mask,
+    unpad,
 )
-from litmt.errors import BackendError
-
-HALF_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def unpad(x: Tensor, keep: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
-    """Pack the kept positions of `x` (B, T, H, D) by `keep` (B, T) bool.
-
-    Returns:
-        packed (N, H, D), flat indices (N,) into B*T, cu_seqlens (B+1,) int32, max length.
-    """
-    b, t, h, d = x.shape
-    lengths = keep.sum(dim=1, dtype=torch.int32)  # (B,)
-    cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # (B+1,)
-    index = keep.flatten().nonzero(as_tuple=True)[0]  # (N,)
-    packed = x.reshape(b * t, h, d).index_select(0, index)  # (N, H, D)
-    return packed, index, cu_seqlens, int(lengths.max())
 
 
 class FlashAttention(AttentionKernel):
@@ -61,14 +49,6 @@ class FlashAttention(AttentionKernel):
 
         self._func, self._varlen = flash_attn_func, flash_attn_varlen_func
 
-    def check_inputs(self, q: Tensor) -> None:
-        """Refuse inputs the kernel cannot take (not CUDA, not fp16/bf16) with a clear error."""
-        if q.device.type != "cuda" or q.dtype not in HALF_DTYPES:
-            raise BackendError(
-                f"attention backend 'flash' needs CUDA fp16/bf16 inputs, got {q.dtype} on "
-                f"{q.device.type}; use attention=sdpa there"
-            )
-
     def forward(
         self,
         q: Tensor,
@@ -87,22 +67,17 @@ class FlashAttention(AttentionKernel):
         if kpm is None:
             return self._func(q, k, v, dropout_p=dropout_p, causal=causal)  # (B, Tq, H, D)
         keep = ~kpm  # (B, Tk)
+        if causal and tq != tk:
+            return causal_padded_attention(q, k, v, keep, dropout_p)
         k_p, index, cu_k, max_k = unpad(k, keep)  # (N, H, D)
-        v_p = v.reshape(b * tk, h, d).index_select(0, index)
+        v_p = v.reshape(b * tk, h, d).index_select(0, index)  # (N, H, D)
         if not causal:
             q_p = q.reshape(b * tq, h, d)  # every query row, (B*Tq, H, D)
             cu_q = torch.arange(0, (b + 1) * tq, tq, dtype=torch.int32, device=q.device)
             out = self._varlen(q_p, k_p, v_p, cu_q, cu_k, tq, max_k, dropout_p=dropout_p)
             return out.view(b, tq, h, d)
-        if tq != tk:  # causal + padding against a cache: rare; keep it exact via sdpa
-            mask = keep[:, None, None, :] & causal_mask(tq, tk, q.device)  # (B, 1, Tq, Tk)
-            out = F.scaled_dot_product_attention(
-                *(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask, dropout_p=dropout_p
-            )  # (B, H, Tq, D)
-            return out.transpose(1, 2)
         q_p = q.reshape(b * tq, h, d).index_select(0, index)  # queries packed like the keys
         out_p = self._varlen(
             q_p, k_p, v_p, cu_k, cu_k, max_k, max_k, dropout_p=dropout_p, causal=True
         )  # (N, H, D)
-        out = out_p.new_zeros(b * tq, h, d).index_copy(0, index, out_p)  # padded rows: 0
-        return out.view(b, tq, h, d)
+        return pad_rows(out_p, index, b, tq)  # (B, Tq, H, D), padded rows 0

@@ -1,19 +1,34 @@
 """`flex`: torch.nn.attention.flex_attention, compiled, with block masks.
 
-Shapes: B batch, Tq/Tk query/key length, H heads, D head dim.
+Shapes: B batch, Tq/Tk query/key length, H heads, D head dim, Bp/Tp bucketed B/T.
 
 One ``mask_mod(b, h, q_idx, kv_idx) -> bool`` composes the requested pattern: key padding,
 causal, a sliding window (``window``) and a fixed/strided block-sparse layout (``sparse``).
 ``create_block_mask`` turns it into a `BlockMask`, so fully masked tiles are skipped by the
-compiled kernel. Block masks that do not depend on the batch (no padding) are cached per
-(shape, pattern, device); with a padding mask a new one is built per batch.
+compiled kernel.
 
-Where flex cannot run, the same ``mask_mod`` is materialised as a dense boolean mask and
-handed to `sdpa`, so every path computes the same function:
+Bounded compiles. ``torch.compile`` specialises on every input shape and on the Python
+values a ``mask_mod`` closes over, and past dynamo's recompile limit (8) it silently runs
+eager flex, which materialises the full score matrix. So the compiled path:
+
+- pads B to the next power of two and T to a multiple of ``kernel_block_size`` (padded
+  rows and positions are masked out, so whole padded tiles are skipped, and sliced off);
+- closes its ``mask_mod`` only over tensors (key validity, causal flag, layout) and over
+  values fixed per kernel (window, sparse layout parameters), never over T or B.
+
+A kernel therefore compiles once per (Bp, Tp, H, D, dtype, device, autograd) bucket: with
+B <= 2^k and T <= L that is at most (k + 1) * ceil(L / kernel_block_size) shapes per
+(H, D, dtype). At most `MAX_COMPILES` buckets are compiled per process; a shape beyond
+that runs the dense path below (one warning), never eager flex.
+
+Where the compiled kernel cannot run, the same ``mask_mod`` is materialised as a dense
+boolean mask and handed to `sdpa`, so every path computes the same function:
 
 - autograd on CPU (torch has no CPU backward for flex attention),
 - Tq != Tk (decoder steps against a KV cache: every step would be a new compiled shape),
-- a failed ``torch.compile`` (e.g. no C++ compiler on CPU): eager flex, with one warning.
+- ``torch.compile`` cannot build a kernel here (no C++ compiler, no Triton, a GPU too old
+  for Triton, a compiler bug): one warning, then eager flex on the exact shapes for the
+  rest of the process. Any other error, out-of-memory included, propagates.
 """
 
 from __future__ import annotations
@@ -26,6 +41,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -33,9 +49,10 @@ from litmt.attention.base import (
     AttentionKernel,
     AttentionRequest,
     BackendSupport,
+    int_option,
+    reject_unknown_options,
     safe_padding_mask,
 )
-from litmt.attention.local import _no_unknown, _positive_int
 from litmt.attention.sparse import SPARSE_MODES, block_layout
 from litmt.errors import BackendError
 
@@ -43,7 +60,8 @@ log = logging.getLogger(__name__)
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
-_COMPILED: dict[str, Any] = {}  # "fn" -> the compiled flex_attention (one per process)
+MAX_COMPILES = 64  # compiled (Bp, Tp, ...) buckets per process; beyond: the dense path
+_COMPILED: dict[str, Any] = {"fn": None, "failed": False, "buckets": set(), "capped": False}
 _CACHE_SIZE = 32
 _FLEX_OPTIONS = (
     "window",
@@ -65,6 +83,44 @@ def _flex_module() -> Any:
             "upgrade torch or use attention=sdpa"
         ) from exc
     return module
+
+
+def cannot_compile_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions by which torch.compile says it cannot build a kernel on this machine.
+
+    torch/_inductor/exc.py: ``InductorError`` wraps any failure inside inductor (e.g. a
+    ``CppCompileError``), ``InvalidCxxCompiler``, ``TritonMissing``, ``GPUTooOldForTriton``;
+    torch/_dynamo/exc.py: ``BackendCompilerFailed`` (older releases wrap them all in it).
+    """
+    import torch._dynamo.exc as dynamo_exc
+    import torch._inductor.exc as inductor_exc
+
+    names = (
+        "InductorError",
+        "CppCompileError",
+        "CUDACompileError",
+        "InvalidCxxCompiler",
+        "TritonMissing",
+        "GPUTooOldForTriton",
+    )
+    found = [getattr(inductor_exc, n) for n in names if hasattr(inductor_exc, n)]
+    return (dynamo_exc.BackendCompilerFailed, *found)
+
+
+def _caused_by_oom(exc: BaseException) -> bool:
+    """True if out-of-memory is anywhere in `exc`'s chain (it must propagate)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, torch.OutOfMemoryError):
+            return True
+        seen.add(id(cur))
+        cur = getattr(cur, "inner_exception", None) or cur.__cause__ or cur.__context__
+    return False
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
 
 
 class FlexAttention(AttentionKernel):
@@ -99,22 +155,20 @@ class FlexAttention(AttentionKernel):
         **unknown: Any,
     ) -> None:
         super().__init__()
-        _no_unknown(self.name, unknown, _FLEX_OPTIONS)
+        reject_unknown_options(self.name, unknown, _FLEX_OPTIONS)
         self._flex = _flex_module()
-        self.window = None if window is None else _positive_int("window", window, self.name, 0)
+        self.window = None if window is None else int_option("window", window, self.name, 0)
         if sparse is not None and sparse not in SPARSE_MODES:
             raise BackendError(
                 f"attention backend 'flex': unknown sparse mode '{sparse}'; valid: "
                 f"{', '.join(SPARSE_MODES)} or null"
             )
         self.sparse = sparse
-        self.sparse_block_size = _positive_int("sparse_block_size", sparse_block_size, self.name, 1)
-        self.sparse_stride = _positive_int("sparse_stride", sparse_stride, self.name, 1)
-        self.sparse_summary = _positive_int("sparse_summary", sparse_summary, self.name, 1)
+        self.sparse_block_size = int_option("sparse_block_size", sparse_block_size, self.name, 1)
+        self.sparse_stride = int_option("sparse_stride", sparse_stride, self.name, 1)
+        self.sparse_summary = int_option("sparse_summary", sparse_summary, self.name, 1)
         self.compile = bool(compile)
-        self.kernel_block_size = _positive_int(
-            "kernel_block_size", kernel_block_size, self.name, 16
-        )
+        self.kernel_block_size = int_option("kernel_block_size", kernel_block_size, self.name, 16)
         if self.window is not None or self.sparse is not None:
             # An instance attribute: this configuration is no longer softmax over all keys.
             self.support = replace(type(self).support, exact=False)
@@ -132,35 +186,54 @@ class FlexAttention(AttentionKernel):
 
     # -- mask --------------------------------------------------------------------------
     def mask_mod(
-        self, tq: int, tk: int, causal: bool, key_padding_mask: Tensor | None, device: Any
+        self,
+        tq: int,
+        tk: int,
+        causal: bool | Tensor,
+        valid: Tensor | None,
+        device: Any,
+        q_valid: Tensor | None = None,
     ) -> MaskMod:
-        """The ``mask_mod`` for this call; query i sits at absolute position Tk - Tq + i."""
+        """The ``mask_mod`` for one call; query i sits at absolute position Tk - Tq + i.
+
+        Args:
+            tq, tk: query/key lengths of the (possibly padded) call.
+            causal: bool, or a 0-dim bool tensor (the compiled path: no Python value
+                that varies between calls may be closed over).
+            valid: (B, Tk) bool, True = a key that may be attended, or None.
+            device: where the sparse layout is built.
+            q_valid: (Tq,) bool, False = a padded query row (fully masked), or None.
+        """
         offset = tk - tq
-        window = self.window
+        window, p = self.window, self.sparse_block_size
         layout = None
         if self.sparse is not None:
-            p = self.sparse_block_size
             layout = block_layout(
                 torch.arange(-(-tk // p), device=device),
                 -(-tk // p),
                 mode=self.sparse,
                 stride=self.sparse_stride,
                 summary=self.sparse_summary,
-                causal=causal,
-            )  # (K, K) over absolute blocks
-        valid = None if key_padding_mask is None else ~key_padding_mask  # (B, Tk)
+                causal=False,
+            )  # (K, K) over absolute blocks; causality is applied per token below
+        causal_t = causal if isinstance(causal, Tensor) else None
+        causal_b = bool(causal) if causal_t is None else False
 
         def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             qpos = q_idx + offset
             ok = kv_idx >= 0  # all-True of the right shape
-            if causal:
+            if causal_b:
                 ok = ok & (kv_idx <= qpos)
+            if causal_t is not None:
+                ok = ok & ((kv_idx <= qpos) | ~causal_t)
             if window is not None:
                 ok = ok & (kv_idx >= qpos - window) & (kv_idx <= qpos + window)
             if layout is not None:
-                ok = ok & layout[qpos // self.sparse_block_size, kv_idx // self.sparse_block_size]
+                ok = ok & layout[qpos // p, kv_idx // p]
             if valid is not None:
                 ok = ok & valid[b, kv_idx]
+            if q_valid is not None:
+                ok = ok & q_valid[q_idx]
             return ok
 
         return mask_mod
@@ -196,38 +269,85 @@ class FlexAttention(AttentionKernel):
         b, tq = q.shape[:2]
         tk = k.size(1)
         kpm = safe_padding_mask(key_padding_mask)
-        mask_mod = self.mask_mod(tq, tk, causal, kpm, q.device)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if tq != tk or (q.device.type == "cpu" and needs_grad):
-            return self._dense(q, k, v, mask_mod, kpm is not None).transpose(1, 2)
-        # Without padding the mask does not depend on the batch: build it once per shape.
+            return self._dense(q, k, v, causal, kpm).transpose(1, 2)
+        if self.compile and not _COMPILED["failed"]:
+            out = self._compiled(q, k, v, causal, kpm, needs_grad)
+            if out is not None:
+                return out.transpose(1, 2)  # (B, Tq, H, D)
+            if not _COMPILED["failed"]:  # over MAX_COMPILES: dense, never eager flex
+                return self._dense(q, k, v, causal, kpm).transpose(1, 2)
+        # Eager flex on the exact shapes; without padding the mask does not depend on the
+        # batch, so it is built once per shape.
+        valid = None if kpm is None else ~kpm  # (B, Tk)
+        mask_mod = self.mask_mod(tq, tk, causal, valid, q.device)
         cache_key = None if kpm is not None else (tq, tk, causal, str(q.device))
         block_mask = self.block_mask(
             mask_mod, b if kpm is not None else None, tq, tk, q.device, cache_key
         )
-        out = self._run(q, k, v, block_mask)  # (B, H, Tq, D)
-        return out.transpose(1, 2)  # (B, Tq, H, D)
-
-    def _run(self, q: Tensor, k: Tensor, v: Tensor, block_mask: Any) -> Tensor:
-        if self.compile and not _COMPILED.get("failed"):
-            fn = _COMPILED.get("fn")
-            if fn is None:
-                fn = _COMPILED["fn"] = torch.compile(self._flex.flex_attention, dynamic=False)
-            try:
-                return fn(q, k, v, block_mask=block_mask)
-            except Exception as exc:  # compiler failures surface as many exception types
-                _COMPILED["failed"] = True
-                log.warning("flex: torch.compile failed (%s); using eager flex from now on", exc)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*without torch.compile.*")
-            return self._flex.flex_attention(q, k, v, block_mask=block_mask)
+            out = self._flex.flex_attention(q, k, v, block_mask=block_mask)  # (B, H, Tq, D)
+        return out.transpose(1, 2)  # (B, Tq, H, D)
 
-    def _dense(self, q: Tensor, k: Tensor, v: Tensor, mask_mod: MaskMod, batched: bool) -> Tensor:
+    def _compiled(
+        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, kpm: Tensor | None, grad: bool
+    ) -> Tensor | None:
+        """The compiled kernel on bucketed shapes: (B, H, T, D), or None if it cannot run.
+
+        q, k, v: (B, H, T, D) with Tq == Tk; kpm: (B, T) bool, True = padding, or None.
+        """
+        b, h, t, d = q.shape
+        bp, tp = _next_pow2(b), -(-t // self.kernel_block_size) * self.kernel_block_size
+        bucket = (bp, h, tp, d, q.dtype, str(q.device), grad, self.extra_repr())
+        if bucket not in _COMPILED["buckets"] and len(_COMPILED["buckets"]) >= MAX_COMPILES:
+            if not _COMPILED["capped"]:
+                _COMPILED["capped"] = True
+                log.warning(
+                    "flex: %d compiled shapes in this process; further shapes run the dense "
+                    "sdpa path",
+                    MAX_COMPILES,
+                )
+            return None
+        pad = (0, 0, 0, tp - t, 0, 0, 0, bp - b)  # (D, T, H, B) right padding
+        # contiguous: a zero pad returns the strided view, and strides are compiled in
+        q, k, v = (F.pad(x, pad).contiguous() for x in (q, k, v))  # (Bp, H, Tp, D)
+        valid = torch.zeros(bp, tp, dtype=torch.bool, device=q.device)  # (Bp, Tp)
+        valid[:b, :t] = True if kpm is None else ~kpm
+        q_valid = torch.arange(tp, device=q.device) < t  # (Tp,)
+        causal_t = torch.tensor(causal, device=q.device)
+        mask_mod = self.mask_mod(tp, tp, causal_t, valid, q.device, q_valid)
+        block_mask = self.block_mask(mask_mod, bp, tp, tp, q.device, None)
+        if _COMPILED["fn"] is None:
+            _COMPILED["fn"] = torch.compile(self._flex.flex_attention, dynamic=False)
+        # Dynamo's own recompile limit (8 per function) must not turn bucket 9 into eager
+        # flex: the buckets above are the bound.
+        try:
+            with torch._dynamo.config.patch(recompile_limit=MAX_COMPILES):
+                out = _COMPILED["fn"](q, k, v, block_mask=block_mask)  # (Bp, H, Tp, D)
+        except cannot_compile_errors() as exc:
+            if _caused_by_oom(exc):
+                raise
+            _COMPILED["failed"] = True
+            log.warning(
+                "flex: torch.compile cannot build the kernel here (%s: %s); using eager "
+                "flex from now on",
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+            )
+            return None
+        _COMPILED["buckets"].add(bucket)
+        return out[:b, :, :t]  # (B, H, T, D)
+
+    def _dense(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, kpm: Tensor | None) -> Tensor:
         """The same mask, materialised, through sdpa: (B, H, Tq, D)."""
         b, _, tq, _ = q.shape
         tk = k.size(2)
-        mask = self._flex.create_mask(mask_mod, b if batched else 1, 1, tq, tk, q.device)
+        valid = None if kpm is None else ~kpm  # (B, Tk)
+        mask_mod = self.mask_mod(tq, tk, causal, valid, q.device)
+        mask = self._flex.create_mask(mask_mod, b if kpm is not None else 1, 1, tq, tk, q.device)
         mask = mask | ~mask.any(dim=-1, keepdim=True)  # (B|1, 1, Tq, Tk); no empty rows
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 

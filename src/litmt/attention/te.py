@@ -6,19 +6,32 @@ TE's module is built per (heads, head dim, dropout, attention type) on first use
 a kernel does not know H and D until it sees q. It is kept out of ``state_dict`` (kernels
 own no weights). Its defaults are set explicitly, never inherited: ``qkv_format="bshd"``
 (our layout; TE's default is "sbhd") and ``attn_mask_type`` per call (TE's default is
-"causal", wrong for an encoder):
+"causal", wrong for an encoder).
 
-| call                               | attention_type | attn_mask_type                  |
-|------------------------------------|----------------|---------------------------------|
-| encoder self, no padding           | self           | no_mask                         |
-| encoder self, padding              | self           | padding (mask (B, 1, 1, T))     |
-| decoder self (causal)              | self           | causal                          |
-| decoder step (Tq != Tk), causal    | cross          | causal_bottom_right             |
-| cross / decoder step, padding      | cross          | padding (masks (q, kv) tuple)   |
+Self or cross is chosen by the call site, never by the shapes. With
+``attention_type="self"`` TE derives the *query* lengths from the one key mask
+(TransformerEngine ``dot_product_attention.py``, ``DotProductAttention.forward``:
+``cu_seqlens_q = get_cu_seqlens(attention_mask)`` and the same for ``cu_seqlens_kv``), so a
+cross-attention call that happens to have Tq == Tk would lose every query row at or past
+its source length. "self" is therefore used only where the model said the kernel serves a
+self-attention site (`set_site`), or for causal calls (causal attention is self-attention
+by the contract), and only when Tq == Tk (a decode step against a cache has Tq != Tk; TE
+itself switches to "cross" under KV caching). Everything else runs as "cross", with the
+query mask stated explicitly, which is correct at any site:
+
+| call                                 | attention_type | attn_mask_type                   |
+|--------------------------------------|----------------|----------------------------------|
+| self site, Tq == Tk, no padding      | self           | no_mask                          |
+| self site, Tq == Tk, padding         | self           | padding (mask (B, 1, 1, T))      |
+| causal, Tq == Tk (decoder self)      | self           | causal / padding_causal          |
+| causal, Tq != Tk (cached chunk)      | cross          | causal_bottom_right              |
+| causal, Tq != Tk, padding            | (sdpa, exact)  | TE aligns to the real lengths    |
+| cross site (any Tq, Tk), no padding  | cross          | no_mask                          |
+| cross site or decode step, padding   | cross          | padding (masks (q all kept, kv)) |
 
 TE's mask convention is True = masked out, the same as our key_padding_mask. TE's padding
-path turns masks into sequence lengths, so it assumes right padding (what the data
-pipeline produces). Padded query rows return 0.
+path turns masks into sequence lengths (``get_cu_seqlens``), so it assumes right padding
+(what the data pipeline produces). Padded query rows of self-attention return 0.
 
 FP8: `fp8_autocast` wraps TE's autocast with a DelayedScaling recipe. Only TE modules run in
 FP8 (the projections here are torch ``nn.Linear``); with ``fp8_dpa=True`` the attention
@@ -33,15 +46,20 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from litmt.attention.base import AttentionKernel, BackendSupport, safe_padding_mask
+from litmt.attention.base import (
+    HALF_DTYPES,
+    AttentionKernel,
+    BackendSupport,
+    causal_padded_attention,
+    safe_padding_mask,
+)
 from litmt.errors import BackendError
 
-HALF_DTYPES = (torch.float16, torch.bfloat16)
 FP8_FORMATS = ("HYBRID", "E4M3")
 
 
 class TEAttention(AttentionKernel):
-    """Transformer Engine ``DotProductAttention`` with layout and mask type set per call."""
+    """Transformer Engine ``DotProductAttention`` with layout, type and mask set per call."""
 
     name = "te"
     support = BackendSupport(
@@ -77,13 +95,10 @@ class TEAttention(AttentionKernel):
         mod.train(dropout_p > 0)  # TE applies its dropout only in training mode
         return mod
 
-    def check_inputs(self, q: Tensor) -> None:
-        """Refuse inputs the kernel cannot take (not CUDA, not fp16/bf16) with a clear error."""
-        if q.device.type != "cuda" or q.dtype not in HALF_DTYPES:
-            raise BackendError(
-                f"attention backend 'te' needs CUDA fp16/bf16 inputs, got {q.dtype} on "
-                f"{q.device.type}; use attention=sdpa there"
-            )
+    def attention_type(self, tq: int, tk: int, causal: bool) -> str:
+        """TE's attention type for this call: "self" only for one sequence against itself."""
+        one_sequence = causal or self.self_attention is True
+        return "self" if one_sequence and tq == tk else "cross"
 
     def forward(
         self,
@@ -99,23 +114,23 @@ class TEAttention(AttentionKernel):
         self.check_inputs(q)
         b, tq, h, d = q.shape
         tk = k.size(1)
-        attention_type = "self" if tq == tk else "cross"
+        attention_type = self.attention_type(tq, tk, causal)
         kpm = safe_padding_mask(key_padding_mask)
         mask: Tensor | tuple[Tensor, Tensor] | None = None
         if kpm is None:
             mask_type = "no_mask"
             if causal:
                 mask_type = "causal" if tq == tk else "causal_bottom_right"
+        elif causal and tq != tk:
+            return causal_padded_attention(q, k, v, ~kpm, dropout_p)  # (B, Tq, H, D)
         else:
             kv_mask = kpm[:, None, None, :]  # (B, 1, 1, Tk), True = masked out
             if attention_type == "self":
-                mask = kv_mask  # queries share the keys' padding
-            else:
+                mask = kv_mask  # queries are the keys: they share the padding
+            else:  # every query row is real: say so instead of letting TE guess
                 q_mask = torch.zeros(b, 1, 1, tq, dtype=torch.bool, device=q.device)
                 mask = (q_mask, kv_mask)
-            mask_type = "padding"
-            if causal:
-                mask_type = "padding_causal" if tq == tk else "padding_causal_bottom_right"
+            mask_type = "padding_causal" if causal else "padding"
         mod = self._module(h, d, dropout_p, attention_type)
         q, k, v = (t.contiguous() for t in (q, k, v))
         out = mod(q, k, v, attention_mask=mask, attn_mask_type=mask_type)  # (B, Tq, H*D)

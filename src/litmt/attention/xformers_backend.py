@@ -3,7 +3,8 @@
 Shapes: B batch, Tq/Tk query/key length, H heads, D head dim, N non-padding tokens.
 (The file is not called ``xformers.py`` so that it never shadows the package.)
 
-The masks are xformers bias objects, never dense (Tq, Tk) tensors:
+The masks are xformers bias objects, never dense (Tq, Tk) tensors
+(xformers ``xformers/ops/fmha/attn_bias.py``):
 
 - causal, no padding: ``LowerTriangularMask`` (Tq == Tk) or
   ``LowerTriangularFromBottomRightMask`` (Tq != Tk: query i sees j <= i + Tk - Tq).
@@ -11,21 +12,28 @@ The masks are xformers bias objects, never dense (Tq, Tk) tensors:
   built from the per-row lengths keeps each query inside its own row's keys.
 - causal + padding (self-attention): queries are packed with the same mask as the keys and
   ``BlockDiagonalCausalMask`` applies; padded query rows return 0.
+- causal + padding with Tq != Tk (rare): exact through sdpa.
+
+Block-diagonal biases hold their sequence starts as a tensor. ``from_seqlens`` puts it on
+the *current* CUDA device unless told otherwise (``_get_default_bias_device``), and
+``memory_efficient_attention`` refuses a bias on another device than the queries
+(``xformers/ops/fmha/common.py``, ``Inputs.validate_inputs``), so the biases are built with
+``device=q.device`` (e.g. ``translate device=cuda:1``).
 """
 
 from __future__ import annotations
 
-import torch.nn.functional as F
+import torch
 from torch import Tensor
 
 from litmt.attention.base import (
     AttentionKernel,
     BackendSupport,
-    causal_mask,
+    causal_padded_attention,
+    pad_rows,
     safe_padding_mask,
+    unpad,
 )
-from litmt.attention.flash import unpad
-from litmt.errors import BackendError
 
 
 class XFormersAttention(AttentionKernel):
@@ -46,17 +54,11 @@ class XFormersAttention(AttentionKernel):
 
         self._attend, self._bias = xops.memory_efficient_attention, attn_bias
 
-    def _block_diagonal(self, cls_name: str, q_lens: list[int], k_lens: list[int]) -> object:
+    def _block_diagonal(
+        self, cls_name: str, q_lens: list[int], k_lens: list[int], device: torch.device
+    ) -> object:
         cls = getattr(self._bias, cls_name)
-        return cls.from_seqlens(q_seqlen=q_lens, kv_seqlen=k_lens)
-
-    def check_inputs(self, q: Tensor) -> None:
-        """Refuse inputs the kernel cannot take (not on CUDA) with a clear error."""
-        if q.device.type != "cuda":
-            raise BackendError(
-                f"attention backend 'xformers' needs CUDA inputs, got {q.device.type}; "
-                "use attention=sdpa there"
-            )
+        return cls.from_seqlens(q_seqlen=q_lens, kv_seqlen=k_lens, device=device)
 
     def forward(
         self,
@@ -83,23 +85,18 @@ class XFormersAttention(AttentionKernel):
                 )
             return self._attend(q, k, v, attn_bias=bias, p=dropout_p)  # (B, Tq, H, D)
         keep = ~kpm  # (B, Tk)
+        if causal and tq != tk:
+            return causal_padded_attention(q, k, v, keep, dropout_p)
         k_p, index, _, _ = unpad(k, keep)  # (N, H, D)
-        v_p = v.reshape(b * tk, h, d).index_select(0, index)
-        k_lens = keep.sum(dim=1).tolist()
+        v_p = v.reshape(b * tk, h, d).index_select(0, index)  # (N, H, D)
+        k_lens = keep.sum(dim=1).tolist()  # from_seqlens takes Python ints
         if not causal:
-            bias = self._block_diagonal("BlockDiagonalMask", [tq] * b, k_lens)
+            bias = self._block_diagonal("BlockDiagonalMask", [tq] * b, k_lens, q.device)
             out = self._attend(
                 q.reshape(1, b * tq, h, d), k_p[None], v_p[None], attn_bias=bias, p=dropout_p
             )  # (1, B*Tq, H, D)
             return out.view(b, tq, h, d)
-        if tq != tk:  # causal + padding against a cache: rare; keep it exact via sdpa
-            mask = keep[:, None, None, :] & causal_mask(tq, tk, q.device)  # (B, 1, Tq, Tk)
-            out = F.scaled_dot_product_attention(
-                *(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask, dropout_p=dropout_p
-            )  # (B, H, Tq, D)
-            return out.transpose(1, 2)
         q_p = q.reshape(b * tq, h, d).index_select(0, index)  # queries packed like the keys
-        bias = self._block_diagonal("BlockDiagonalCausalMask", k_lens, k_lens)
+        bias = self._block_diagonal("BlockDiagonalCausalMask", k_lens, k_lens, q.device)
         out_p = self._attend(q_p[None], k_p[None], v_p[None], attn_bias=bias, p=dropout_p)
-        out = out_p[0].new_zeros(b * tq, h, d).index_copy(0, index, out_p[0])  # pads: 0
-        return out.view(b, tq, h, d)
+        return pad_rows(out_p[0], index, b, tq)  # (B, Tq, H, D), padded rows 0
