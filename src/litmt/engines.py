@@ -24,8 +24,10 @@ How the CTranslate2 engine keeps litmt's semantics (``litmt.search`` module docs
   beam ends, like litmt. Reported scores are litmt's: GNMT-normalised log-probabilities.
 - n-best: the `n_best` best of those, best first.
 
-Documented difference: a hypothesis cut by its budget has no eos in CTranslate2, so its
-log-probability lacks the forced eos term that litmt adds (its text is the same).
+- A hypothesis cut by its budget ends without eos in CTranslate2, where litmt forces eos:
+  the engine adds that eos log-probability (`score_batch`) before ranking. What remains
+  different is the candidate set at the budget's last step: CTranslate2 finishes its K best
+  candidates there, litmt its K best non-eos ones (plus eos) and those that chose eos.
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ class CT2Translator(Translator):
         self.tokenizer = Tokenizer.load(self.model_dir)
         self.src_lang, self.tgt_lang = self.meta["src_lang"], self.meta["tgt_lang"]
         self._src_pieces = ct2_vocabulary(self.tokenizer, "src")
-        self._tgt_ids = {p: i for i, p in enumerate(ct2_vocabulary(self.tokenizer, "tgt"))}
+        self._tgt_pieces = ct2_vocabulary(self.tokenizer, "tgt")
+        self._tgt_ids = {p: i for i, p in enumerate(self._tgt_pieces)}
 
     @classmethod
     def from_pretrained(
@@ -196,27 +199,62 @@ class CT2Translator(Translator):
                     max_decoding_length=budget,
                     min_decoding_length=min(min_len, budget),
                 )
-                for i, res in zip(idx, found, strict=True):
-                    results[i] = self._hypotheses(res, length_penalty, rescore, n_best, budget)
+                hyps = [self._log_probs(res, length_penalty, rescore, budget) for res in found]
+                self._add_forced_eos(idx, sources, hyps, budget)
+                for i, sentence in zip(idx, hyps, strict=True):
+                    ranked = [
+                        Hypothesis(
+                            t, lp / float(length_penalty_factor(len(t) + 1.0, length_penalty)), lp
+                        )
+                        for t, lp in sentence
+                    ]  # GNMT, n = tokens + eos
+                    ranked.sort(key=lambda h: h.score, reverse=True)
+                    results[i] = ranked[:n_best]
                 bar.update(len(idx))
         return results
 
-    def _hypotheses(
-        self, result: Any, alpha: float, rescore: bool, n_best: int, budget: int
-    ) -> list[Hypothesis]:
-        hyps = []
+    def _log_probs(
+        self, result: Any, alpha: float, rescore: bool, budget: int
+    ) -> list[tuple[list[int], float]]:
+        """(tokens, log P) of each hypothesis of one CTranslate2 result."""
+        out = []
         for pieces, score in zip(result.hypotheses, result.scores, strict=True):
             tokens = [self._tgt_ids[p] for p in pieces]
             n = len(tokens)
             if rescore:  # CTranslate2's score is log P / len ** alpha, len counting eos
                 steps = n if n == budget else n + 1  # n == budget: cut by the budget, no eos
-                log_prob = float(score) * steps**alpha
+                out.append((tokens, float(score) * steps**alpha))
             else:
-                log_prob = float(score)
-            norm = log_prob / float(length_penalty_factor(float(n + 1), alpha))  # n + eos
-            hyps.append(Hypothesis(tokens, norm, log_prob))
-        hyps.sort(key=lambda h: h.score, reverse=True)
-        return hyps[:n_best]
+                out.append((tokens, float(score)))
+        return out
+
+    def _add_forced_eos(
+        self,
+        idx: list[int],
+        sources: Sequence[Sequence[int]],
+        hyps: list[list[tuple[list[int], float]]],
+        budget: int,
+    ) -> None:
+        """In place: add log P(eos) to hypotheses cut by the budget, as litmt forces eos there.
+
+        CTranslate2 ends such a hypothesis without eos; `score_batch` gives the eos term
+        (its last log-prob), so their scores and ranking are litmt's.
+        """
+        where = [
+            (r, h)
+            for r, sent in enumerate(hyps)
+            for h, (t, _) in enumerate(sent)
+            if len(t) == budget
+        ]
+        if not where:
+            return
+        scored = self.ct2.score_batch(
+            [[self._src_pieces[t] for t in sources[idx[r]]] for r, _ in where],
+            [[self._tgt_pieces[t] for t in hyps[r][h][0]] for r, h in where],
+        )
+        for (r, h), res in zip(where, scored, strict=True):
+            tokens, log_prob = hyps[r][h]
+            hyps[r][h] = (tokens, log_prob + float(res.log_probs[-1]))
 
 
 def load_translator(

@@ -1,0 +1,593 @@
+"""HTTP server: the LibreTranslate API, dynamic batching, and the attention-explorer page.
+
+Routes (request and answer shapes follow LibreTranslate's ``libretranslate/app.py``):
+
+- ``POST /translate``: ``q`` (a string or a list of strings), ``source``, ``target``,
+  ``format`` (``text``; default text) as JSON, ``application/x-www-form-urlencoded`` or
+  ``multipart/form-data`` → ``{"translatedText": str | list[str]}`` (a list in, a list
+  out). Errors are ``{"error": message}``: malformed JSON, missing ``q``/``source``/
+  ``target`` or an unsupported pair or format → 400; a request over the configured size
+  (bytes, texts or characters) → 413 (LibreTranslate answers 400 there).
+- ``GET /languages``: ``[{"code", "name", "targets"}]``.
+- ``GET /health``: ``{"status": "ok", ...}`` with batching counters.
+- ``GET /``: the attention explorer (``litmt/static/``); ``POST /attention`` with
+  ``{"q": sentence}`` (optionally ``layer`` and ``head``: an int or ``"mean"``) → the greedy
+  translation, the source/target pieces and the cross-attention weights of the torch
+  model (`litmt.visualize.collect_attention`).
+
+Concurrent ``/translate`` requests are batched: the first request of a batch waits at most
+``max_wait_ms`` for others, up to ``max_batch_texts`` sentences; one worker thread runs
+the model, so decoding never runs twice at once. A failing batch fails its requests (500
+JSON), not the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from litmt.errors import ConfigError, LitmtError
+
+log = logging.getLogger("litmt.serve")
+
+STATIC_DIR = Path(__file__).parent / "static"
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
+    "fr": "French", "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pl": "Polish",
+    "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian",
+    "vi": "Vietnamese", "zh": "Chinese",
+}  # fmt: skip
+
+
+class ApiError(Exception):
+    """An HTTP error answered as ``{"error": message}`` with `status`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@dataclass
+class ServeSettings:
+    """Server and decoding settings (``conf/serve.yaml``)."""
+
+    max_batch_texts: int = 64  # sentences decoded together at most
+    max_wait_ms: float = 10.0  # how long a batch's first request waits for company
+    max_texts: int = 64  # sentences per request, else 413
+    max_chars: int = 5000  # characters per request (all of q), else 413
+    max_body_bytes: int = 1_000_000  # request body, else 413
+    decoding: dict[str, Any] = field(default_factory=dict)  # Translator.translate options
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_texts", "max_texts", "max_chars", "max_body_bytes"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if float(self.max_wait_ms) < 0:
+            raise ConfigError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+
+
+@dataclass
+class _Pending:
+    texts: list[str]
+    future: asyncio.Future
+
+
+class DynamicBatcher:
+    """Collect concurrent requests into batches for one worker thread.
+
+    Args:
+        fn: translates a list of sentences (runs in `executor`, one batch at a time).
+        executor: a one-thread executor (shared with anything else that uses the model).
+        max_batch: most sentences per batch (a larger single request is one batch).
+        max_wait_ms: how long the first request of a batch waits for others.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[list[str]], list[str]],
+        executor: ThreadPoolExecutor,
+        *,
+        max_batch: int,
+        max_wait_ms: float,
+    ) -> None:
+        self.fn, self.executor = fn, executor
+        self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000.0
+        self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self.batches = 0  # batches run so far
+        self.largest_batch = 0  # most requests merged into one batch
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with _suppress_cancel():
+                await self._task
+
+    async def submit(self, texts: list[str]) -> list[str]:
+        """Translate `texts` as part of the next batch."""
+        future = asyncio.get_running_loop().create_future()
+        await self.queue.put(_Pending(texts, future))
+        return await future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self.queue.get()]
+            size = len(batch[0].texts)
+            deadline = loop.time() + self.max_wait
+            while size < self.max_batch:
+                timeout = deadline - loop.time()
+                if not self.queue.empty():
+                    item = self.queue.get_nowait()
+                elif timeout <= 0:
+                    break
+                else:
+                    try:
+                        item = await asyncio.wait_for(self.queue.get(), timeout)
+                    except asyncio.TimeoutError:
+                        break
+                if size + len(item.texts) > self.max_batch:
+                    await self._process(loop, batch)  # the newcomer starts the next batch
+                    batch, size, deadline = [], 0, loop.time() + self.max_wait
+                batch.append(item)
+                size += len(item.texts)
+            await self._process(loop, batch)
+
+    async def _process(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
+        live = [p for p in batch if not p.future.done()]  # a client may have gone
+        if not live:
+            return
+        texts = [t for p in live for t in p.texts]
+        self.batches += 1
+        self.largest_batch = max(self.largest_batch, len(live))
+        try:
+            out = await loop.run_in_executor(self.executor, self.fn, texts)
+        except Exception as exc:  # handed to each waiting request (logged there), not swallowed
+            for p in live:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+            return
+        start = 0
+        for p in live:
+            if not p.future.done():
+                p.future.set_result(out[start : start + len(p.texts)])
+            start += len(p.texts)
+
+
+@contextmanager
+def _suppress_cancel() -> Iterator[None]:
+    try:
+        yield
+    except asyncio.CancelledError:
+        pass
+
+
+def language_name(code: str) -> str:
+    """English name of a language code (the code itself when unknown)."""
+    return LANGUAGE_NAMES.get(code, code)
+
+
+def _replay(body: bytes) -> Callable[[], Any]:
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def read_params(request: Request, max_body_bytes: int) -> dict[str, Any]:
+    """The request's parameters: a JSON object, or form fields (urlencoded or multipart).
+
+    Like LibreTranslate's ``request.values``, query-string parameters count for forms.
+    A form field given several times (``q=a&q=b``) becomes a list.
+
+    Raises:
+        ApiError: 413 over `max_body_bytes`; 400 malformed JSON or not a JSON object.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+        raise ApiError(
+            413, f"Request body of {declared} bytes exceeds the limit ({max_body_bytes})"
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise ApiError(413, f"Request body exceeds the limit ({max_body_bytes} bytes)")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == "application/json" or ctype.endswith("+json"):
+        try:
+            data = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ApiError(400, f"Invalid JSON format: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ApiError(400, "Invalid JSON format: expected an object")
+        return data
+    params: dict[str, Any] = {}
+    for key, value in urllib.parse.parse_qsl(request.url.query, keep_blank_values=True):
+        params[key] = value
+    if ctype in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        form = await Request(request.scope, receive=_replay(body)).form()
+        for key in form:
+            values = [v for v in form.getlist(key) if isinstance(v, str)]
+            if values:
+                params[key] = values[0] if len(values) == 1 else values
+    return params
+
+
+def _texts(
+    params: dict[str, Any], settings: ServeSettings, is_json: bool
+) -> tuple[list[str], bool]:
+    """(sentences, was a list) from ``q``, checked against the limits."""
+    q = params.get("q")
+    if not q:
+        raise ApiError(400, "Invalid request: missing q parameter")
+    batch = isinstance(q, list)
+    texts = q if batch else [q]
+    if not all(isinstance(t, str) for t in texts):
+        raise ApiError(400, "Invalid request: q must be a string or a list of strings")
+    if not is_json:  # LibreTranslate normalises form line endings to LF
+        texts = ["\n".join(t.splitlines()) for t in texts]
+    if len(texts) > settings.max_texts:
+        raise ApiError(
+            413,
+            f"Invalid request: request ({len(texts)} texts) exceeds text limit ({settings.max_texts})",
+        )
+    chars = sum(len(t) for t in texts)
+    if chars > settings.max_chars:
+        raise ApiError(
+            413, f"Invalid request: request ({chars}) exceeds text limit ({settings.max_chars})"
+        )
+    return texts, batch
+
+
+def _translate_lines(translator: Any, texts: list[str], options: dict[str, Any]) -> list[str]:
+    """Translate each text; a text with line breaks is translated line by line."""
+    lines, spans = [], []
+    for text in texts:
+        parts = text.split("\n")
+        spans.append(len(parts))
+        lines.extend(parts)
+    out = translator.translate(lines, **options)
+    result, start = [], 0
+    for n in spans:
+        result.append("\n".join(out[start : start + n]))
+        start += n
+    return result
+
+
+def create_app(
+    translator: Any,
+    settings: ServeSettings | None = None,
+    *,
+    attention_model: Any | None = None,
+    engine: str = "torch",
+) -> Any:
+    """The FastAPI application.
+
+    Args:
+        translator: a `Translator` (torch or ct2 engine) answering ``/translate``.
+        settings: limits, batching and decoding options.
+        attention_model: a torch `Translator` for ``/attention`` (None: the route answers 501).
+        engine: the engine's name, reported by ``/health``.
+    """
+    settings = settings or ServeSettings()
+    options = dict(settings.decoding)
+    options.pop("n_best", None)  # one translation per text
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="litmt-model")
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> Any:
+        batcher = DynamicBatcher(
+            lambda texts: _translate_lines(translator, texts, options),
+            executor,
+            max_batch=settings.max_batch_texts,
+            max_wait_ms=settings.max_wait_ms,
+        )
+        batcher.start()
+        state["batcher"] = batcher
+        yield
+        await batcher.stop()
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="litmt", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    src, tgt = translator.src_lang, translator.tgt_lang
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"error": f"Invalid request: {exc.errors()}"}, status_code=400)
+
+    @app.exception_handler(LitmtError)
+    async def _user_error(request: Request, exc: LitmtError) -> JSONResponse:
+        return JSONResponse({"error": str(exc).splitlines()[0]}, status_code=400)
+
+    @app.post("/translate")
+    async def translate(request: Request) -> JSONResponse:
+        params = await read_params(request, settings.max_body_bytes)
+        is_json = request.headers.get("content-type", "").split(";")[0].strip().endswith("json")
+        texts, batch = _texts(params, settings, is_json)
+        for name in ("source", "target"):
+            if not params.get(name):
+                raise ApiError(400, f"Invalid request: missing {name} parameter")
+        source, target = str(params["source"]), str(params["target"])
+        if source != src:
+            raise ApiError(400, f"{source} is not supported (this model translates {src} to {tgt})")
+        if target != tgt:
+            raise ApiError(400, f"{target} is not supported (this model translates {src} to {tgt})")
+        fmt = params.get("format") or "text"
+        if fmt != "text":
+            raise ApiError(400, f"{fmt} format is not supported (only text)")
+        try:
+            out = await state["batcher"].submit(texts)
+        except LitmtError:
+            raise  # the user's mistake: 400 via its handler
+        except Exception as exc:  # a failed batch: this request gets a 500, the server lives on
+            log.exception("translation failed")
+            raise ApiError(500, f"Cannot translate text: {exc}") from exc
+        return JSONResponse({"translatedText": out if batch else out[0]})
+
+    @app.get("/languages")
+    async def languages() -> JSONResponse:
+        return JSONResponse(
+            [
+                {"code": src, "name": language_name(src), "targets": [tgt]},
+                {"code": tgt, "name": language_name(tgt), "targets": []},
+            ]
+        )
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        batcher = state.get("batcher")
+        return JSONResponse(
+            {
+                "status": "ok",
+                "engine": engine,
+                "source": src,
+                "target": tgt,
+                "attention": attention_model is not None,
+                "batches": batcher.batches if batcher else 0,
+                "largest_batch": batcher.largest_batch if batcher else 0,
+            }
+        )
+
+    @app.post("/attention")
+    async def attention(request: Request) -> JSONResponse:
+        if attention_model is None:
+            raise ApiError(501, "attention needs the torch model: serve a .ckpt, not an export")
+        params = await read_params(request, settings.max_body_bytes)
+        q = params.get("q")
+        if not isinstance(q, str) or not q.strip():
+            raise ApiError(400, "Invalid request: q must be a non-empty string")
+        if len(q) > settings.max_chars:
+            raise ApiError(
+                413,
+                f"Invalid request: request ({len(q)}) exceeds text limit ({settings.max_chars})",
+            )
+        loop = asyncio.get_running_loop()
+        try:
+            maps = await loop.run_in_executor(
+                executor, _attention_maps, attention_model, q, options
+            )
+        except LitmtError:
+            raise
+        except Exception as exc:  # this request gets a 500, the server lives on
+            log.exception("attention failed")
+            raise ApiError(500, f"Cannot compute attention: {exc}") from exc
+        return JSONResponse(_attention_payload(maps, params.get("layer"), params.get("head")))
+
+    @app.get("/")
+    async def index() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app
+
+
+def _attention_maps(translator: Any, sentence: str, options: dict[str, Any]) -> Any:
+    from litmt.visualize import collect_attention
+
+    cleaned = " ".join(sentence.split())  # one line: the page sends one sentence
+    return collect_attention(
+        translator.model,
+        translator.tokenizer,
+        cleaned,
+        max_len_a=float(options.get("max_len_a", 1.2)),
+        max_len_b=int(options.get("max_len_b", 10)),
+    )
+
+
+def _index(value: Any, n: int, what: str) -> int | None:
+    if value is None or value == "mean":
+        return None
+    try:
+        i = int(value)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, f"Invalid request: {what} must be an integer or 'mean'") from exc
+    if not -n <= i < n:
+        raise ApiError(400, f"Invalid request: {what} {i} does not exist (the model has {n})")
+    return i % n
+
+
+def _attention_payload(maps: Any, layer: Any, head: Any) -> dict[str, Any]:
+    """JSON of `AttentionMaps` cross-attention: all weights [L][H][T][S], or one (T, S) map."""
+    cross = maps.weights["cross"]  # L x (H, T, S)
+    n_layers, n_heads = len(cross), int(cross[0].size(0))
+    payload: dict[str, Any] = {
+        "translation": maps.translation,
+        "source_pieces": maps.src_pieces,
+        "target_pieces": maps.tgt_out_pieces,
+        "layers": n_layers,
+        "heads": n_heads,
+    }
+    if layer is None and head is None:
+        payload["weights"] = [[_rounded(h) for h in w] for w in cross]  # (L, H, T, S)
+        return payload
+    li = _index(layer, n_layers, "layer")
+    chosen = cross[li if li is not None else n_layers - 1]  # (H, T, S)
+    hi = _index(head, n_heads, "head")
+    payload.update(
+        layer=li if li is not None else n_layers - 1,
+        head=hi if hi is not None else "mean",
+        weights=_rounded(chosen.mean(0) if hi is None else chosen[hi]),  # (T, S)
+    )
+    return payload
+
+
+def _rounded(matrix: Any) -> list[list[float]]:
+    return [[round(float(x), 4) for x in row] for row in matrix.tolist()]
+
+
+# -- running ---------------------------------------------------------------------------
+class ServerThread:
+    """Run an app with uvicorn in a background thread (tests, benchmarks).
+
+    >>> with ServerThread(app) as server:
+    ...     httpx.get(server.url + "/health")
+    """
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True, name="litmt-serve")
+        self.host = host
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def build_server_app(
+    model: str | Path,
+    *,
+    engine: str = "torch",
+    device: str | None = None,
+    threads: int = 0,
+    attention: bool = True,
+    settings: ServeSettings | None = None,
+    cache_dir: str | Path | None = None,
+    quantization: str = "none",
+) -> Any:
+    """Load `model` (a ``.ckpt`` or a CTranslate2 export) and build the app.
+
+    An export directory always runs on ct2 and has no ``/attention``; a checkpoint runs on
+    `engine`, and ``/attention`` uses its torch model when `attention` is true.
+    """
+    from litmt.engines import load_translator
+    from litmt.export import is_export_dir
+
+    path = Path(model)
+    if is_export_dir(path) and engine != "ct2":
+        log.info("%s is a CTranslate2 export: serving it with engine=ct2", path)
+        engine = "ct2"
+    translator = load_translator(
+        path,
+        engine=engine,
+        device=device,
+        threads=threads,
+        cache_dir=cache_dir,
+        quantization=quantization,
+    )
+    attention_model = None
+    if attention and not is_export_dir(path):
+        attention_model = (
+            translator
+            if engine == "torch"
+            else load_translator(path, engine="torch", device=device)
+        )
+    return create_app(translator, settings, attention_model=attention_model, engine=engine)
+
+
+def serve(cfg: Any) -> None:
+    """The `scripts/serve.py` job: load ``cfg.model_path``, serve on ``cfg.host``:``cfg.port``.
+
+    (``model_path``, not ``model``: ``model=`` would select a file of the ``conf/model/`` group.)
+    """
+    import uvicorn
+
+    if not cfg.get("model_path"):
+        raise ConfigError(
+            "no model given: pass model_path=<a .ckpt file or a CTranslate2 export directory>"
+        )
+    settings = ServeSettings(
+        max_batch_texts=int(cfg.max_batch_texts),
+        max_wait_ms=float(cfg.max_wait_ms),
+        max_texts=int(cfg.max_texts),
+        max_chars=int(cfg.max_chars),
+        max_body_bytes=int(cfg.max_body_bytes),
+        decoding=dict(cfg.decoding),
+    )
+    app = build_server_app(
+        str(cfg.model_path),
+        engine=str(cfg.engine),
+        device=cfg.get("device"),
+        threads=int(cfg.threads),
+        attention=bool(cfg.attention),
+        settings=settings,
+        cache_dir=cfg.get("ct2_cache"),
+        quantization=str(cfg.get("quantization") or "none"),
+    )
+    log.info("serving %s on http://%s:%d", cfg.model_path, cfg.host, int(cfg.port))
+    uvicorn.run(app, host=str(cfg.host), port=int(cfg.port), log_level=str(cfg.log_level))
+
+
+__all__ = [
+    "ApiError",
+    "DynamicBatcher",
+    "ServeSettings",
+    "ServerThread",
+    "build_server_app",
+    "create_app",
+    "serve",
+]

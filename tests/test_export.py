@@ -1,0 +1,245 @@
+"""CTranslate2 export and the ct2 engine: round trip against litmt's own search, variants,
+quantization, refusals, metadata, the conversion cache and the export script."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
+
+from tiny_checkpoint import corpus, tiny_checkpoint_path  # noqa: E402
+
+from litmt.checkpoint import load_model, save_model_checkpoint  # noqa: E402
+from litmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, TokenizerSettings  # noqa: E402
+from litmt.engines import CT2Translator, load_translator  # noqa: E402
+from litmt.errors import ConfigError  # noqa: E402
+from litmt.export import ExportError, export_model, read_metadata  # noqa: E402
+from litmt.models import Seq2SeqTransformer, TransformerConfig  # noqa: E402
+from litmt.translate import Translator  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return tiny_checkpoint_path(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def export_dir(ckpt, tmp_path_factory) -> Path:
+    return export_model(ckpt, tmp_path_factory.mktemp("ct2") / "float32")
+
+
+@pytest.fixture(scope="module")
+def engines(ckpt, export_dir) -> tuple[Translator, CT2Translator]:
+    return Translator.from_checkpoint(ckpt, device="cpu"), CT2Translator(export_dir, threads=1)
+
+
+def held_sentences() -> list[str]:
+    """200 sentences: template ones in another order plus variants the model never saw."""
+    en, _ = corpus(seed=1)
+    seen = en[:100]
+    unseen = [s.replace("A ", "The ", 1).rstrip(".") for s in en[100:150]]
+    unseen += [f"{s} {t.lower()}" for s, t in zip(en[150:200], en[200:250], strict=True)]
+    return seen + unseen
+
+
+def test_ct2_float32_greedy_equals_litmt_greedy_token_for_token(engines):
+    torch_engine, ct2_engine = engines
+    ids = [torch_engine.prepare(s) for s in held_sentences()]
+    ref = torch_engine.search_ids(ids, beam_size=1)
+    got = ct2_engine.search_ids(ids, beam_size=1)
+    same = sum(a[0].tokens == b[0].tokens for a, b in zip(ref, got, strict=True))
+    assert same >= 0.99 * len(ids), f"{same}/{len(ids)} identical"
+    # and the scores are litmt's (GNMT-normalised log-probs of the same tokens)
+    for a, b in zip(ref, got, strict=True):
+        if a[0].tokens == b[0].tokens:
+            assert b[0].log_prob == pytest.approx(a[0].log_prob, abs=1e-3)
+            assert b[0].score == pytest.approx(a[0].score, abs=1e-3)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_beam_length_penalty_and_nbest_mean_the_same_on_both_engines(engines, alpha):
+    """CTranslate2 divides by len**alpha, litmt by GNMT ((5+n)/6)**alpha: the engine rescores."""
+    torch_engine, ct2_engine = engines
+    sentences = held_sentences()[::4]
+    options = dict(beam_size=4, n_best=3, length_penalty=alpha, return_scores=True)
+    ref = torch_engine.translate(sentences, **options)
+    got = ct2_engine.translate(sentences, **options)
+    same = 0
+    for a, b in zip(ref, got, strict=True):
+        if [t for t, _ in a] == [t for t, _ in b]:
+            same += 1
+            assert [s for _, s in b] == pytest.approx([s for _, s in a], abs=1e-3)
+    assert same >= 0.99 * len(sentences), f"{same}/{len(sentences)} n-best lists identical"
+
+
+def test_budget_and_min_len_mean_the_same(engines):
+    torch_engine, ct2_engine = engines
+    ids = [torch_engine.prepare(s) for s in held_sentences()[:40]]
+    for options in (dict(max_len_a=0.0, max_len_b=3), dict(max_len_a=0.5, max_len_b=0)):
+        ref = torch_engine.search_ids(ids, beam_size=3, **options)
+        got = ct2_engine.search_ids(ids, beam_size=3, **options)
+        assert [h[0].tokens for h in got] == [h[0].tokens for h in ref]
+        assert all(len(h[0].tokens) <= 3 for h in got) or options["max_len_b"] == 0
+    ref = torch_engine.search_ids(ids, beam_size=1, min_len=12)
+    got = ct2_engine.search_ids(ids, beam_size=1, min_len=12)
+    assert [h[0].tokens for h in got] == [h[0].tokens for h in ref]
+    assert all(len(h[0].tokens) >= 12 for h in got)
+
+
+def test_ct2_translate_keeps_input_hygiene_and_order(engines):
+    torch_engine, ct2_engine = engines
+    lines = ["A red dog runs.", "", "  ", "A big\x07 man sleeps here.", "A young bird sings today."]
+    assert ct2_engine.translate(lines, beam_size=2) == torch_engine.translate(lines, beam_size=2)
+    assert ct2_engine.translate(lines, beam_size=2)[1:3] == ["", ""]
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int8_float32", "float16"])
+def test_quantized_exports_load_and_translate(ckpt, export_dir, tmp_path, quantization):
+    out = export_model(ckpt, tmp_path / quantization, quantization=quantization)
+    assert read_metadata(out)["quantization"] == quantization
+    assert (out / "model.bin").stat().st_size < 0.7 * (export_dir / "model.bin").stat().st_size
+    sentences = held_sentences()[:30]
+    got = CT2Translator(out, threads=1).translate(sentences, beam_size=2)
+    ref = CT2Translator(export_dir, threads=1).translate(sentences, beam_size=2)
+    assert all(got), "every sentence gets a translation"
+    assert sum(a == b for a, b in zip(got, ref, strict=True)) >= 0.8 * len(sentences)
+
+
+def _random_variant(tmp_path: Path, tokenizer: Tokenizer, **overrides) -> Path:
+    torch.manual_seed(0)
+    config = TransformerConfig(
+        src_vocab_size=tokenizer.src_vocab_size,
+        tgt_vocab_size=tokenizer.tgt_vocab_size,
+        d_model=32,
+        n_heads=4,
+        d_ff=48,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        dropout=0.0,
+        max_positions=40,
+        **overrides,
+    )
+    model = Seq2SeqTransformer(config).eval()
+    with torch.no_grad():  # non-trivial norms and biases too
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return save_model_checkpoint(tmp_path / "variant.ckpt", model, tokenizer, "en", "de")
+
+
+VARIANTS = {
+    "pre-norm sinusoidal": {},
+    "post-norm": {"norm_first": False, "layer_norm_eps": 1e-6},
+    "learned positions": {"positional": "learned"},
+    "rope": {"positional": "rope"},
+    "separate vocab, untied output": {"share_embeddings": False, "tie_output": False},
+    "separate vocab, tied output": {"share_embeddings": False},
+    "no embedding scaling": {"scale_embeddings": False},
+    "gelu": {"activation": "gelu"},
+    "swiglu": {"activation": "swiglu"},
+    "no biases": {"bias": False},
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_architecture_variant_scores_like_litmt(ckpt, tmp_path, name):
+    """Teacher-forced log-probs of CTranslate2 (`score_batch`) equal the torch model's."""
+    overrides = VARIANTS[name]
+    en, de = corpus()
+    if overrides.get("share_embeddings") is False:
+        tokenizer = Tokenizer.train(en, de, TokenizerSettings(vocab_size=60, joint=False))
+    else:
+        tokenizer = load_model(ckpt).tokenizer
+    path = _random_variant(tmp_path, tokenizer, **overrides)
+    model = load_model(path).model
+    out = export_model(path, tmp_path / "ct2")
+    scorer = ctranslate2.Translator(str(out), intra_threads=1)
+    src, tgt = tokenizer.encode_src(en[:6]), tokenizer.encode_tgt(de[:6])
+    results = scorer.score_batch(
+        [tokenizer.src_pieces(s) for s in src], [tokenizer.tgt_pieces(t) for t in tgt]
+    )
+    for s, t, result in zip(src, tgt, results, strict=True):
+        logits = model(torch.tensor([s]), torch.tensor([[BOS_ID, *t]]))  # (1, T, V)
+        ref = F.log_softmax(logits[0], -1).gather(1, torch.tensor([*t, EOS_ID])[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(result.log_probs), ref, atol=1e-4, rtol=0)
+
+
+def test_unrepresentable_models_are_refused_with_one_line(ckpt, tmp_path):
+    tokenizer = load_model(ckpt).tokenizer
+    path = _random_variant(
+        tmp_path,
+        tokenizer,
+        attention={"encoder_self": "local", "encoder_self_options": {"window": 4}},
+    )
+    with pytest.raises(ExportError, match=r"encoder_self=local is an approximate attention") as err:
+        export_model(path, tmp_path / "out")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_user_errors(ckpt, export_dir, tmp_path):
+    with pytest.raises(ConfigError, match="unknown quantization 'int4'"):
+        export_model(ckpt, tmp_path / "q", quantization="int4")
+    with pytest.raises(ConfigError, match="already exists; pass force=true"):
+        export_model(ckpt, export_dir)
+    with pytest.raises(ExportError, match="is not a litmt CTranslate2 export"):
+        CT2Translator(tmp_path)
+    with pytest.raises(ConfigError, match="unknown engine 'onnx'"):
+        load_translator(ckpt, engine="onnx")
+
+
+def test_export_directory_contents_and_special_tokens(ckpt, export_dir):
+    meta = read_metadata(export_dir)
+    assert (meta["src_lang"], meta["tgt_lang"]) == ("en", "de")
+    assert meta["checkpoint_sha256"] == hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    assert meta["decoding"] == {
+        "beam_size": 5,
+        "length_penalty": 1.0,
+        "max_len_a": 1.2,
+        "max_len_b": 10,
+    }
+    assert meta["quantization"] == "none"
+    vocab = json.loads((export_dir / "shared_vocabulary.json").read_text())
+    assert vocab[:4] == ["<blank>", "<unk>", "<s>", "</s>"]  # litmt pad, unk, bos, eos ids
+    config = json.loads((export_dir / "config.json").read_text())
+    assert config["decoder_start_token"] == "<s>" and not config["add_source_eos"]
+    assert Tokenizer.load(export_dir).to_dict() == load_model(ckpt).tokenizer.to_dict()
+
+
+def test_ct2_engine_converts_a_checkpoint_into_the_cache_once(ckpt, tmp_path):
+    first = load_translator(ckpt, engine="ct2", cache_dir=tmp_path, threads=1)
+    entries = list(tmp_path.iterdir())
+    assert len(entries) == 1 and (entries[0] / "model.bin").is_file()
+    stamp = (entries[0] / "model.bin").stat().st_mtime_ns
+    second = load_translator(ckpt, engine="ct2", cache_dir=tmp_path, threads=1)
+    assert (entries[0] / "model.bin").stat().st_mtime_ns == stamp  # reused, not rewritten
+    assert first.translate(["A red dog runs."]) == second.translate(["A red dog runs."])
+
+
+def test_export_script(ckpt, tmp_path):
+    out = tmp_path / "int8"
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "export.py"), f"ckpt_path={ckpt}", f"out={out}",
+         "quantization=int8", "decoding.beam_size=4"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(out)
+    assert read_metadata(out)["decoding"]["beam_size"] == 4
+    again = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "export.py"), f"ckpt_path={ckpt}", f"out={out}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines() == [
+        f"error: export directory {out} already exists; pass force=true to replace it"
+    ]

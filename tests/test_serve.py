@@ -1,0 +1,306 @@
+"""The HTTP server on 127.0.0.1 with a real client: LibreTranslate requests in every encoding,
+16 concurrent requests (dynamically batched), each bad input, /attention, the ct2 engine,
+a failing batch, and scripts/serve.py in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
+pytest.importorskip("fastapi", reason="the serve extra is not installed")
+pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+
+from tiny_checkpoint import tiny_checkpoint_path  # noqa: E402
+
+from litmt.errors import ConfigError  # noqa: E402
+from litmt.serve import ServerThread, ServeSettings, build_server_app, create_app  # noqa: E402
+from litmt.translate import Translator  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DECODING = {"beam_size": 2, "max_len_a": 1.2, "max_len_b": 10}
+SENTENCES = [
+    "A red dog runs.",
+    "A big man sleeps here.",
+    "A small cat eats today.",
+    "A young bird sings outside.",
+]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return tiny_checkpoint_path(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt) -> Translator:
+    return Translator.from_checkpoint(ckpt, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def server(ckpt):
+    settings = ServeSettings(
+        max_batch_texts=64,
+        max_wait_ms=200,  # wide window: the concurrent requests below must meet in a batch
+        max_texts=8,
+        max_chars=300,
+        max_body_bytes=4000,
+        decoding=DECODING,
+    )
+    app = build_server_app(ckpt, device="cpu", settings=settings)
+    with ServerThread(app) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+def _translate(client, **request):
+    return client.post("/translate", **request)
+
+
+def test_single_and_list_q_in_json(client, reference):
+    expected = reference.translate(SENTENCES, **DECODING)
+    r = _translate(client, json={"q": SENTENCES[0], "source": "en", "target": "de"})
+    assert r.status_code == 200 and r.json() == {"translatedText": expected[0]}
+    r = _translate(client, json={"q": SENTENCES, "source": "en", "target": "de", "format": "text"})
+    assert r.status_code == 200 and r.json() == {"translatedText": expected}
+
+
+def test_form_and_multipart_encodings_like_libretranslate(client, reference):
+    expected = reference.translate(SENTENCES[:1], **DECODING)[0]
+    fields = {"q": SENTENCES[0], "source": "en", "target": "de"}
+    r = _translate(client, data=fields)  # application/x-www-form-urlencoded
+    assert r.status_code == 200 and r.json() == {"translatedText": expected}
+    r = _translate(client, files={k: (None, v) for k, v in fields.items()})  # multipart
+    assert r.status_code == 200 and r.json() == {"translatedText": expected}
+    # a multi-line text is translated line by line, line breaks kept (CRLF normalised)
+    r = _translate(client, data={**fields, "q": f"{SENTENCES[0]}\r\n{SENTENCES[1]}"})
+    both = reference.translate(SENTENCES[:2], **DECODING)
+    assert r.json() == {"translatedText": "\n".join(both)}
+
+
+def test_sixteen_concurrent_requests_are_answered_and_batched(server, reference):
+    texts = [SENTENCES[i % len(SENTENCES)] for i in range(16)]
+    expected = reference.translate(texts, **DECODING)
+    before = httpx.get(server.url + "/health").json()
+
+    def ask(text: str) -> httpx.Response:
+        return httpx.post(
+            server.url + "/translate",
+            json={"q": text, "source": "en", "target": "de"},
+            timeout=60,
+        )
+
+    with ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(ask, texts))
+    assert [r.status_code for r in responses] == [200] * 16
+    assert [r.json()["translatedText"] for r in responses] == expected
+    after = httpx.get(server.url + "/health").json()
+    assert after["largest_batch"] > 1, "concurrent requests were never batched together"
+    assert after["batches"] - before["batches"] < 16
+
+
+BAD = {
+    "malformed json": (
+        dict(content=b'{"q": "A dog', headers={"content-type": "application/json"}),
+        400,
+        "Invalid JSON format",
+    ),
+    "json array": (dict(json=["A dog."]), 400, "Invalid JSON format: expected an object"),
+    "missing q": (dict(json={"source": "en", "target": "de"}), 400, "missing q parameter"),
+    "empty q": (dict(json={"q": "", "source": "en", "target": "de"}), 400, "missing q parameter"),
+    "q not text": (
+        dict(json={"q": ["A dog.", 3], "source": "en", "target": "de"}),
+        400,
+        "q must be a string or a list of strings",
+    ),
+    "missing source": (dict(json={"q": "A dog.", "target": "de"}), 400, "missing source parameter"),
+    "unsupported source": (
+        dict(json={"q": "A dog.", "source": "fr", "target": "de"}),
+        400,
+        "fr is not supported (this model translates en to de)",
+    ),
+    "unsupported target": (
+        dict(data={"q": "A dog.", "source": "en", "target": "es"}),
+        400,
+        "es is not supported",
+    ),
+    "html format": (
+        dict(json={"q": "A dog.", "source": "en", "target": "de", "format": "html"}),
+        400,
+        "html format is not supported",
+    ),
+    "too many characters": (
+        dict(json={"q": "A dog runs. " * 30, "source": "en", "target": "de"}),
+        413,
+        "exceeds text limit (300)",
+    ),
+    "too many texts": (
+        dict(json={"q": ["A dog."] * 9, "source": "en", "target": "de"}),
+        413,
+        "request (9 texts) exceeds text limit (8)",
+    ),
+    "body too large": (
+        dict(json={"q": "A dog.", "source": "en", "target": "de", "pad": "x" * 5000}),
+        413,
+        "exceeds the limit (4000)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_requests_get_a_json_error_and_the_server_stays_healthy(client, name):
+    request, status, message = BAD[name]
+    r = _translate(client, **request)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    body = r.json()
+    assert set(body) == {"error"} and message in body["error"]
+    health = client.get("/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def test_unknown_route_and_method_are_json_errors(client):
+    r = client.get("/nope")
+    assert r.status_code == 404 and r.json() == {"error": "Not Found"}
+    r = client.get("/translate")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_languages_in_libretranslate_shape(client):
+    assert client.get("/languages").json() == [
+        {"code": "en", "name": "English", "targets": ["de"]},
+        {"code": "de", "name": "German", "targets": []},
+    ]
+
+
+def test_attention_route_returns_pieces_and_cross_attention(client, reference):
+    r = client.post("/attention", json={"q": SENTENCES[0]})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["translation"] == reference.translate(SENTENCES[:1], beam_size=1)[0]
+    src = reference.tokenizer.src_pieces(reference.prepare(SENTENCES[0]))
+    assert body["source_pieces"] == src and body["target_pieces"][-1] == "</s>"
+    weights = body["weights"]  # (L, H, T, S)
+    assert (len(weights), len(weights[0])) == (body["layers"], body["heads"]) == (2, 4)
+    for row in weights[1][2]:  # each target step's attention over the source sums to 1
+        assert len(row) == len(src) and sum(row) == pytest.approx(1.0, abs=2e-3)
+    assert len(weights[0][0]) == len(body["target_pieces"])
+    mean = client.post("/attention", json={"q": SENTENCES[0], "layer": 1, "head": "mean"}).json()
+    expected = [
+        [sum(weights[1][h][t][s] for h in range(4)) / 4 for s in range(len(src))]
+        for t in range(len(body["target_pieces"]))
+    ]
+    got = [w for row in mean["weights"] for w in row]
+    assert got == pytest.approx([w for row in expected for w in row], abs=1e-3)
+    one = client.post("/attention", json={"q": SENTENCES[0], "layer": 0, "head": 3}).json()
+    assert one["weights"] == weights[0][3]
+    bad = client.post("/attention", json={"q": SENTENCES[0], "layer": 5})
+    assert bad.status_code == 400 and "layer 5 does not exist" in bad.json()["error"]
+    assert client.post("/attention", json={"q": " "}).status_code == 400
+
+
+def test_page_is_served(client):
+    r = client.get("/")
+    assert r.status_code == 200 and 'id="heatmap"' in r.text
+    assert client.get("/static/app.js").status_code == 200
+
+
+def test_ct2_export_is_served_without_attention(ckpt, tmp_path, reference):
+    pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
+    from litmt.export import export_model
+
+    out = export_model(ckpt, tmp_path / "ct2")
+    app = build_server_app(out, settings=ServeSettings(decoding=DECODING), threads=1)
+    with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=60) as c:
+        assert c.get("/health").json()["engine"] == "ct2"
+        r = c.post("/translate", json={"q": SENTENCES, "source": "en", "target": "de"})
+        assert r.json() == {"translatedText": reference.translate(SENTENCES, **DECODING)}
+        r = c.post("/attention", json={"q": SENTENCES[0]})
+        assert r.status_code == 501 and "serve a .ckpt" in r.json()["error"]
+
+
+class _Flaky:
+    """A translator whose batches fail when they contain the word "boom"."""
+
+    src_lang, tgt_lang = "en", "de"
+
+    def translate(self, texts: list[str], **options) -> list[str]:
+        if any("boom" in t for t in texts):
+            raise RuntimeError("kernel exploded")
+        return [t.upper() for t in texts]
+
+
+def test_a_failing_batch_fails_its_request_not_the_server():
+    app = create_app(_Flaky(), ServeSettings(max_wait_ms=0))
+    with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=30) as c:
+        r = c.post("/translate", json={"q": "boom", "source": "en", "target": "de"})
+        assert r.status_code == 500 and r.json() == {
+            "error": "Cannot translate text: kernel exploded"
+        }
+        r = c.post("/translate", json={"q": "fine", "source": "en", "target": "de"})
+        assert r.json() == {"translatedText": "FINE"}
+        assert c.get("/health").json()["status"] == "ok"
+
+
+def test_settings_are_validated():
+    with pytest.raises(ConfigError, match="max_texts must be positive"):
+        ServeSettings(max_texts=0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_script_starts_and_answers(ckpt):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "serve.py"), f"model_path={ckpt}", f"port={port}",
+         "log_level=warning", "decoding.beam_size=1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.3)
+        assert health.json()["status"] == "ok"
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/translate",
+            content=json.dumps({"q": "A red dog runs.", "source": "en", "target": "de"}),
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
+        assert r.status_code == 200 and r.json()["translatedText"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_serve_script_without_model_is_one_line_exit_2():
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "serve.py")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "error: no model given: pass model_path=<a .ckpt file or a CTranslate2 export directory>"
+    ]
