@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import string
 import subprocess
 import sys
 import textwrap
@@ -21,13 +22,16 @@ from litmt.checkpoint import (
     META_KEY,
     atomic_save,
     check_compatible,
+    checkpoint_paths,
     load_checkpoint,
     load_model,
     model_state_dict,
+    resolve_device,
     save_model_checkpoint,
+    tokenizer_difference,
 )
 from litmt.data.tokenizer import Tokenizer, TokenizerSettings
-from litmt.errors import CheckpointError
+from litmt.errors import BackendError, CheckpointError, ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -378,11 +382,107 @@ def test_averaging_checkpoints_of_different_runs_is_refused(tmp_path, tokenizer)
         f"{b} has another model config (model.d_ff=128 vs 64) than {a}; "
         "only checkpoints of one run can be averaged"
     )
+    # Same vocabulary size (so the same model config), other pieces: trained on the corpus
+    # with every lower-case ASCII letter shifted by one (a->b, ..., z->a), a one-to-one
+    # relabelling that keeps the statistics, so the vocabulary has the same size but its
+    # pieces spell other strings.
+    shift = str.maketrans(string.ascii_lowercase, string.ascii_lowercase[1:] + "a")
     en, de = corpus()
-    c = tmp_path / "c.ckpt"
-    model = Seq2SeqTransformer(tiny_config(tokenizer))
-    other_tok = Tokenizer.train(en[::-1], de[::-1], TokenizerSettings(vocab_size=80, seed=1))
-    if other_tok.to_dict() != tokenizer.to_dict():
-        save_model_checkpoint(c, model, other_tok, "en", "de")
-        with pytest.raises(CheckpointError, match=r"has another tokenizer than .*a\.ckpt"):
-            load_model([a, c])
+    other_tok = Tokenizer.train(
+        [s.translate(shift) for s in en],
+        [s.translate(shift) for s in de],
+        TokenizerSettings(vocab_size=80),
+    )
+    assert other_tok.src_vocab_size == tokenizer.src_vocab_size
+    assert tokenizer_difference(tokenizer, other_tok) is not None
+    c = save_model_checkpoint(
+        tmp_path / "c.ckpt", Seq2SeqTransformer(tiny_config(tokenizer)), other_tok, "en", "de"
+    )
+    with pytest.raises(CheckpointError) as exc:
+        load_model([a, c])
+    assert one_line(exc) == (
+        f"{c} has another tokenizer than {a}; only checkpoints of one run can be averaged"
+    )
+
+
+# -- the one checkpoint-path parser and model loader (translate, evaluate, visualize) ---------
+
+
+def test_checkpoint_paths_parses_every_form_the_jobs_accept(tmp_path):
+    from omegaconf import OmegaConf
+
+    assert checkpoint_paths("a.ckpt") == ["a.ckpt"]
+    assert checkpoint_paths(tmp_path / "a.ckpt") == [str(tmp_path / "a.ckpt")]
+    listed = OmegaConf.create({"p": ["a.ckpt", "b.ckpt"]}).p  # a ListConfig, as Hydra gives
+    assert checkpoint_paths(listed) == checkpoint_paths(["a.ckpt", "b.ckpt"]) == listed
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in (5, 15, 10):
+        (run / f"epoch=0-step={step}.ckpt").write_bytes(b"x")
+    assert checkpoint_paths(None, run_dir=run, average_last=2) == [
+        str(run / "epoch=0-step=10.ckpt"),
+        str(run / "epoch=0-step=15.ckpt"),
+    ]
+    for args, kw, message in [
+        ((None,), {}, "no checkpoint given: pass ckpt_path=<.ckpt> (or a list), or run_dir="),
+        (([],), {}, "no checkpoint given"),
+        (("a.ckpt",), {"run_dir": run, "average_last": 2}, "give either ckpt_path=... or run_dir"),
+        ((None,), {"average_last": 2}, "average_last=N needs run_dir=<the run's directory>"),
+        ((None,), {"run_dir": tmp_path / "nope", "average_last": 1}, "is not a directory"),
+    ]:
+        with pytest.raises(ConfigError) as exc:
+            checkpoint_paths(*args, **kw)
+        assert message in one_line(exc)
+
+
+@pytest.mark.parametrize(
+    ("job", "config", "extra"),
+    [
+        ("litmt.translate:translate", "translate", []),
+        ("litmt.evaluate:evaluate", "evaluate", []),
+        ("litmt.visualize:visualize", "visualize_attention", ['sentence="A dog."']),
+    ],
+)
+def test_the_jobs_share_the_checkpoint_parser(tmp_path, tokenizer, job, config, extra):
+    """translate, evaluate and the heatmaps take their checkpoints from `checkpoint_paths`:
+    each refuses a bad combination with the same message, and each reaches a run directory."""
+    import importlib
+
+    from hydra import compose, initialize_config_dir
+
+    module, name = job.split(":")
+    run_job = getattr(importlib.import_module(module), name)
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        for overrides, message in [
+            ([], "no checkpoint given: pass ckpt_path=<.ckpt> (or a list), or run_dir=DIR"),
+            (["average_last=2"], "average_last=N needs run_dir=<the run's directory>"),
+            (["ckpt_path=a.ckpt", "average_last=2"], "give either ckpt_path=... or run_dir"),
+            ([f"run_dir={tmp_path}", "average_last=1"], f"average_last=1 but {tmp_path} holds 0"),
+        ]:
+            with pytest.raises(ConfigError) as exc:
+                run_job(compose(config, overrides=[*overrides, *extra]))
+            assert one_line(exc).startswith(message)
+
+
+def test_load_model_resolves_the_device_and_checks_backends(tmp_path, tokenizer):
+    path = save_tiny(tmp_path / "a.ckpt", tokenizer)
+    assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("auto") == resolve_device(None)
+    assert next(load_model(path, "cpu").model.parameters()).device.type == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(
+            ConfigError, match="device=cuda was asked for but CUDA is not available"
+        ):
+            load_model(path, "cuda")
+    # a checkpoint trained with flash (a CUDA-only kernel): on CPU it is refused at load time,
+    # for a missing package or for the device, with the kernel to pass instead
+    raw = torch.load(path, weights_only=True)
+    raw[META_KEY]["model_config"]["attention"]["encoder_self"] = "flash"
+    flash = tmp_path / "flash.ckpt"
+    torch.save(raw, flash)
+    with pytest.raises(BackendError) as exc:
+        load_model(flash, "cpu", check_backends=True)
+    assert "'flash'" in one_line(exc)
+    assert one_line(exc).endswith("; decode with an exact kernel: attention=sdpa")
+    loaded = load_model(flash, "cpu", attention="math", check_backends=True)
+    assert loaded.model.config.attention.encoder_self == "math"

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
-import torch
 from hydra import compose, initialize_config_dir
 from PIL import Image
-from tiny_checkpoint import corpus, tiny_checkpoint_path
+from tiny_checkpoint import assert_weights_are_the_mean, corpus, other_weights, tiny_checkpoint_path
 
 from litmt import Translator
 from litmt.checkpoint import load_checkpoint, model_state_dict
@@ -164,11 +163,11 @@ def test_evaluate_cli_contract_prints_the_bleu_sacrebleu_computes(ckpt, tmp_path
     assert "20/20 [" in proc.stderr.decode()  # the progress bar
 
 
-def test_average_job_of_two_identical_checkpoints_changes_nothing(ckpt, tmp_path):
+def test_average_job_writes_the_mean_of_two_different_checkpoints(ckpt, tmp_path):
+    other = other_weights(ckpt, tmp_path / "other.ckpt", seed=1)
     out = tmp_path / "avg.ckpt"
-    average(compose_cfg("average_checkpoints", [f"inputs=[{ckpt},{ckpt}]", f"output={out}"]))
-    before, after = model_state_dict(load_checkpoint(ckpt)), model_state_dict(load_checkpoint(out))
-    assert all(torch.equal(before[k], after[k]) for k in before) and before.keys() == after.keys()
+    average(compose_cfg("average_checkpoints", [f"inputs=[{ckpt},{other}]", f"output={out}"]))
+    assert_weights_are_the_mean(model_state_dict(load_checkpoint(out)), [ckpt, other])
     with pytest.raises(ConfigError, match="nothing to average"):
         average(compose_cfg("average_checkpoints", [f"output={out}"]))
 
@@ -211,11 +210,11 @@ def test_heatmap_and_average_scripts_in_a_subprocess(ckpt, tmp_path):
     assert proc.returncode == 0, proc.stderr.decode()
     with Image.open(tmp_path / "a.png") as img:
         assert img.size == (250, 200)
-    proc = run_script(
-        "average_checkpoints.py", f"inputs=[{ckpt},{ckpt}]", f"output={tmp_path / 'avg.ckpt'}"
-    )
+    other = other_weights(ckpt, tmp_path / "other.ckpt", seed=1)
+    out = tmp_path / "avg.ckpt"
+    proc = run_script("average_checkpoints.py", f"inputs=[{ckpt},{other}]", f"output={out}")
     assert proc.returncode == 0, proc.stderr.decode()
-    assert (tmp_path / "avg.ckpt").stat().st_size > 0
+    assert_weights_are_the_mean(model_state_dict(load_checkpoint(out)), [ckpt, other])
 
 
 def test_cli_errors_print_one_line_and_exit_2(capsys):

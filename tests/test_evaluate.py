@@ -11,11 +11,18 @@ import pytest
 import sacrebleu
 import torch
 from hydra import compose, initialize_config_dir
-from tiny_checkpoint import corpus, tiny_checkpoint_path
+from tiny_checkpoint import (
+    assert_weights_are_the_mean,
+    corpus,
+    mean_weights,
+    other_weights,
+    save_weights,
+    tiny_checkpoint_path,
+)
 
-from litmt.checkpoint import load_checkpoint, model_state_dict
+from litmt.checkpoint import load_checkpoint, model_state_dict, select_last_checkpoints
 from litmt.errors import CheckpointError, ConfigError, DataError
-from litmt.evaluate import average_checkpoints, evaluate, select_last_checkpoints
+from litmt.evaluate import average_checkpoints, evaluate
 from litmt.metrics import corpus_bleu, corpus_scores
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -124,24 +131,32 @@ def test_evaluate_reads_any_data_config_and_split(ckpt, tmp_path):
     assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [de[30:40]]).score)
 
 
-def test_evaluate_with_a_list_of_checkpoints_averages_them(ckpt, test_files, tmp_path, capsys):
+def test_evaluate_with_a_list_of_checkpoints_decodes_with_their_mean(ckpt, test_files, tmp_path):
+    """`ckpt_path=[A,B]` scores exactly like a checkpoint holding the hand-computed mean of A
+    and B, and unlike A alone or A + B (the two plausible averaging bugs)."""
     src, ref = test_files
-    copy = shutil.copy(ckpt, tmp_path / "copy.ckpt")
+    other = other_weights(ckpt, tmp_path / "other.ckpt", seed=1)
+    mean = mean_weights([ckpt, other])
+    by_hand = save_weights(ckpt, mean, tmp_path / "mean.ckpt")
+    summed = save_weights(ckpt, {k: 2 * v for k, v in mean.items()}, tmp_path / "sum.ckpt")
     base = [f"src_file={src}", f"ref_file={ref}", "beam_size=2", "progress=false"]
-    single = evaluate(compose_cfg("evaluate", [f"ckpt_path={ckpt}", *base]))
-    averaged = evaluate(compose_cfg("evaluate", [f"ckpt_path=[{ckpt},{copy}]", *base]))
-    assert averaged == single
+
+    def run(ckpt_path: str, name: str) -> tuple[dict[str, float], list[str]]:
+        hyp = tmp_path / f"{name}.hyp"
+        scores = evaluate(compose_cfg("evaluate", [ckpt_path, f"hyp_file={hyp}", *base]))
+        return scores, hyp.read_text(encoding="utf-8").splitlines()
+
+    averaged = run(f"ckpt_path=[{ckpt},{other}]", "averaged")
+    assert averaged == run(f"ckpt_path={by_hand}", "by_hand")
+    assert averaged[1] != run(f"ckpt_path={ckpt}", "first")[1]
+    assert averaged[1] != run(f"ckpt_path={summed}", "sum")[1]
 
 
-def test_averaging_two_identical_checkpoints_changes_nothing(ckpt, tmp_path):
-    copy = shutil.copy(ckpt, tmp_path / "copy.ckpt")
-    out = average_checkpoints([ckpt, copy], tmp_path / "avg.ckpt")
-    before = model_state_dict(load_checkpoint(ckpt))
-    after = model_state_dict(load_checkpoint(out))
-    assert before.keys() == after.keys()
-    for k in before:
-        assert torch.equal(before[k], after[k]), k
-    assert load_checkpoint(out)["averaged_from"] == [str(ckpt), str(copy)]
+def test_averaging_three_different_checkpoints_gives_their_mean(ckpt, tmp_path):
+    paths = [ckpt, *(other_weights(ckpt, tmp_path / f"o{i}.ckpt", seed=i) for i in (1, 2))]
+    out = average_checkpoints(paths, tmp_path / "avg.ckpt")
+    assert_weights_are_the_mean(model_state_dict(load_checkpoint(out)), paths)
+    assert load_checkpoint(out)["averaged_from"] == [str(p) for p in paths]
 
 
 def test_averaging_two_different_checkpoints_gives_the_mean(ckpt, tmp_path):
@@ -176,9 +191,11 @@ def test_select_last_checkpoints_by_step_and_by_mtime(tmp_path):
 def test_average_last_reaches_the_run_directory(ckpt, test_files, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    for step in (10, 20):
+    other_weights(ckpt, run / "epoch=0-step=10.ckpt", seed=1)  # the oldest: untrained weights
+    for step in (20, 30):
         shutil.copy(ckpt, run / f"epoch=0-step={step}.ckpt")
     src, ref = test_files
+    scores = tmp_path / "scores.json"
     cfg = compose_cfg(
         "evaluate",
         [
@@ -186,10 +203,14 @@ def test_average_last_reaches_the_run_directory(ckpt, test_files, tmp_path):
             "average_last=2",
             f"src_file={src}",
             f"ref_file={ref}",
+            f"scores_file={scores}",
             "progress=false",
         ],
     )
-    assert evaluate(cfg)["bleu"] > 20
+    assert evaluate(cfg)["bleu"] > 20  # the untrained oldest checkpoint is not in the average
+    assert json.loads(scores.read_text())["checkpoints"] == [
+        str(run / f"epoch=0-step={step}.ckpt") for step in (20, 30)
+    ]
 
 
 @pytest.mark.parametrize(

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import io
 import logging
-import shutil
 
 import pytest
-import torch
-from tiny_checkpoint import corpus, tiny_checkpoint_path
+from tiny_checkpoint import (
+    assert_weights_are_the_mean,
+    corpus,
+    mean_weights,
+    other_weights,
+    save_weights,
+    tiny_checkpoint_path,
+)
 
 from litmt import Translator
-from litmt.errors import CheckpointError, ConfigError
+from litmt.errors import CheckpointError, ConfigError, DataError
 from litmt.search import greedy_search
-from litmt.translate import format_result, token_batches
+from litmt.translate import (
+    format_result,
+    read_lines,
+    read_text_file,
+    strip_line_end,
+    token_batches,
+)
 
 
 @pytest.fixture(scope="session")
@@ -116,15 +128,14 @@ def test_streaming_gives_the_same_results_in_chunks(translator):
     assert streamed == expected
 
 
-def test_averaging_a_checkpoint_with_itself_gives_the_same_translations(ckpt, tmp_path, translator):
-    copy = shutil.copy(ckpt, tmp_path / "copy.ckpt")
-    avg = Translator.from_checkpoint([ckpt, copy], device="cpu")
-    for a, b in zip(
-        avg.model.state_dict().values(), translator.model.state_dict().values(), strict=True
-    ):
-        assert torch.equal(a, b)
+def test_a_list_of_checkpoints_translates_with_their_mean(ckpt, tmp_path, translator):
+    other = other_weights(ckpt, tmp_path / "other.ckpt", seed=1)
+    avg = Translator.from_checkpoint([ckpt, other], device="cpu")
+    assert_weights_are_the_mean(avg.model.state_dict(), [ckpt, other])
+    by_hand = save_weights(ckpt, mean_weights([ckpt, other]), tmp_path / "mean.ckpt")
     en, _ = corpus(seed=4)
-    assert avg.translate(en[:5]) == translator.translate(en[:5])
+    expected = Translator.from_checkpoint(by_hand, device="cpu").translate(en[:5], beam_size=2)
+    assert avg.translate(en[:5], beam_size=2) == expected
 
 
 def test_missing_and_corrupt_checkpoints_raise_one_line_errors(tmp_path):
@@ -142,3 +153,70 @@ def test_format_result():
     assert format_result([("Ein Hund.", -0.51234)], 0, 1, True) == ["-0.5123\tEin Hund."]
     lines = format_result([("a", -0.1), ("b", -0.2)], 7, 3, True)
     assert lines == ["7\t-0.1000\ta", "7\t-0.2000\tb", "7\t-inf\t"]
+
+
+# -- the one policy for reading text lines (read_lines) --------------------------------------
+
+
+def read(data: bytes, name: str = "in.txt") -> list[str]:
+    return list(read_lines(io.BytesIO(data), name))
+
+
+def test_read_lines_policy_newlines_and_empty_lines():
+    assert read(b"a\nb\n") == ["a", "b"]  # a final newline adds no empty line
+    assert read(b"a\nb") == ["a", "b"]  # the last line needs no newline
+    assert read(b"a\n\n\nb\n\n") == ["a", "", "", "b", ""]  # empty lines stay (alignment)
+    assert read(b"") == [] and read(b"\n") == [""]
+    assert read(b"a\r\nb\r\n") == ["a", "b"]  # CRLF
+    # only \n ends a line: a lone CR, form feed, NEL, U+2028 stay inside it (str.splitlines
+    # would split all of them and shift every later line)
+    odd = "x\ry\x0cz\x85w\u2028v"
+    assert read(f"{odd}\nnext\n".encode()) == [odd, "next"]
+    assert read(b"a \t\n") == ["a \t"]  # other trailing whitespace is text
+
+
+def test_read_lines_policy_bom_and_invalid_bytes(caplog):
+    bom = b"\xef\xbb\xbf"
+    assert read(bom + b"Hallo\n" + bom + b"x\n") == ["Hallo", "\ufeffx"]  # only the first
+    with caplog.at_level(logging.WARNING, logger="litmt"):
+        lines = read(b"ok\nA \xff\xfe bird.\nok\n", name="src_file")
+    assert lines == ["ok", "A \ufffd\ufffd bird.", "ok"]
+    assert "src_file line 2: bytes that are not UTF-8 replaced by U+FFFD" in caplog.text
+    assert "line 1" not in caplog.text and "line 3" not in caplog.text
+
+
+def test_read_lines_yields_each_line_as_soon_as_it_is_read():
+    class OneLineAtATime(io.RawIOBase):  # like a terminal: read() returns one line, then waits
+        def __init__(self) -> None:
+            self.lines = [b"first\n", b"second\n"]
+            self.reads = 0
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer) -> int:
+            self.reads += 1
+            if not self.lines:
+                return 0
+            line = self.lines.pop(0)
+            buffer[: len(line)] = line
+            return len(line)
+
+    raw = OneLineAtATime()
+    lines = read_lines(io.BufferedReader(raw), "stdin")
+    assert next(lines) == "first" and raw.reads == 1  # did not wait for the second line
+    assert list(lines) == ["second"]
+
+
+def test_translate_stream_strips_line_ends_by_the_same_policy(translator):
+    assert strip_line_end("a\r\n") == "a" and strip_line_end("a\r") == "a"
+    assert strip_line_end("a\n\n") == "a\n" and strip_line_end("\ra") == "\ra"
+    streamed = list(translator.translate_stream(["A dog runs.\r\n", "A cat eats."], beam_size=1))
+    assert streamed == translator.translate(["A dog runs.", "A cat eats."], beam_size=1)
+
+
+def test_read_text_file_names_a_missing_file(tmp_path):
+    with pytest.raises(DataError, match=r"ref_file not found: .*nope\.de"):
+        read_text_file(tmp_path / "nope.de", "ref_file")
+    (tmp_path / "bom.de").write_bytes(b"\xef\xbb\xbfEin Hund.\r\n\r\nZwei.")
+    assert read_text_file(tmp_path / "bom.de", "ref_file") == ["Ein Hund.", "", "Zwei."]

@@ -78,6 +78,48 @@ def build_tiny_checkpoint(directory: Path, steps: int = 60) -> Path:
     return save_model_checkpoint(directory / "tiny.ckpt", model, tok, "en", "de")
 
 
+def other_weights(path: Path, out: Path, seed: int) -> Path:
+    """A copy of checkpoint `path` (same config, tokenizer, languages: the same run) whose
+    weights are a fresh random initialisation, so that averaging it with `path` matters."""
+    raw = torch.load(path, weights_only=True)
+    torch.manual_seed(seed)
+    model = Seq2SeqTransformer(TransformerConfig.from_dict(raw["litmt"]["model_config"]))
+    weights = {f"model.{k}": v for k, v in model.state_dict().items()}
+    assert weights.keys() == raw["state_dict"].keys()
+    torch.save({**raw, "state_dict": weights}, out)
+    return out
+
+
+def mean_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
+    """The parameter-by-parameter mean of the checkpoints' model weights, in float64, computed
+    with plain torch (keys without the ``model.`` prefix, as in ``model.state_dict()``)."""
+    states = [torch.load(p, weights_only=True)["state_dict"] for p in paths]
+    return {
+        k.removeprefix("model."): sum(s[k].double() for s in states) / len(states)
+        for k in states[0]
+    }
+
+
+def save_weights(path: Path, weights: dict[str, torch.Tensor], out: Path) -> Path:
+    """Checkpoint `path` with its model weights replaced by `weights` (e.g. `mean_weights`)."""
+    raw = torch.load(path, weights_only=True)
+    state = {f"model.{k}": v.to(raw["state_dict"][f"model.{k}"].dtype) for k, v in weights.items()}
+    torch.save({**raw, "state_dict": state}, out)
+    return out
+
+
+def assert_weights_are_the_mean(state: dict[str, torch.Tensor], paths: list[Path]) -> None:
+    """`state` (a model state dict) is the mean of the checkpoints at `paths`, parameter by
+    parameter, and is not any single one of them (so the check can fail)."""
+    expected = mean_weights(paths)
+    assert state.keys() == expected.keys()
+    for k, v in expected.items():
+        torch.testing.assert_close(state[k].double(), v, rtol=1e-6, atol=1e-6, msg=k)
+    for p in paths:
+        single = mean_weights([p])
+        assert any(not torch.allclose(state[k].double(), single[k]) for k in single), p
+
+
 def tiny_checkpoint_path(tmp_path_factory) -> Path:
     """The session's tiny checkpoint, built on first use."""
     directory = tmp_path_factory.getbasetemp() / "tiny_checkpoint"

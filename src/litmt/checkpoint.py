@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import tempfile
 import zipfile
 from collections.abc import Sequence
@@ -24,8 +25,9 @@ from typing import Any
 import torch
 
 from litmt.data.tokenizer import Tokenizer
-from litmt.errors import CheckpointError, LitmtError
+from litmt.errors import BackendError, CheckpointError, ConfigError, LitmtError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
+from litmt.precision import drop_fp8_extra_state
 
 FORMAT_VERSION = 1
 META_KEY = "litmt"
@@ -128,9 +130,12 @@ def load_checkpoint(
 
 
 def model_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The `Seq2SeqTransformer` weights of a Lightning checkpoint (prefix stripped)."""
+    """The `Seq2SeqTransformer` weights of a Lightning checkpoint (prefix stripped), without
+    the `*._extra_state` entries of an FP8 run's Transformer Engine layers."""
     sd = ckpt["state_dict"]
-    return {k[len(MODEL_PREFIX) :]: v for k, v in sd.items() if k.startswith(MODEL_PREFIX)}
+    return drop_fp8_extra_state(
+        {k[len(MODEL_PREFIX) :]: v for k, v in sd.items() if k.startswith(MODEL_PREFIX)}
+    )
 
 
 def average_state_dicts(state_dicts: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -263,9 +268,90 @@ def check_compatible(
         )
 
 
+# -- which checkpoints, on which device -----------------------------------------------------
+_STEP = re.compile(r"step=(\d+)")
+
+
+def select_last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
+    """The `n` most recent checkpoints under `run_dir` (searched recursively), oldest first.
+
+    ``last*.ckpt`` (a copy of the newest) and ``avg*``/``average*`` files (earlier averages)
+    are skipped. "Recent" is the training step in a ``step=N`` file name (Lightning's
+    default ``epoch=E-step=N.ckpt``) when every file has one, else the modification time.
+    """
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise ConfigError(f"run_dir={root} is not a directory")
+    if n < 1:
+        raise ConfigError(f"average_last must be at least 1, got {n}")
+    files = [
+        p
+        for p in root.rglob("*.ckpt")
+        if not p.name.startswith(("last", "avg", "average")) and p.is_file()
+    ]
+    if len(files) < n:
+        raise ConfigError(
+            f"average_last={n} but {root} holds {len(files)} checkpoint(s) "
+            "(excluding last*.ckpt and avg*.ckpt)"
+        )
+    steps = [_STEP.search(p.name) for p in files]
+    if all(steps):
+        files = [p for _, p in sorted(zip((int(m[1]) for m in steps), files, strict=True))]
+    else:
+        files.sort(key=lambda p: (p.stat().st_mtime, p.name))
+    return files[-n:]
+
+
+def checkpoint_paths(
+    ckpt_path: str | Path | Sequence[str | Path] | None,
+    *,
+    run_dir: str | Path | None = None,
+    average_last: int | None = None,
+) -> list[str]:
+    """The checkpoints a job names: ``ckpt_path`` (one path or a list, e.g. an OmegaConf
+    ListConfig) or ``run_dir`` + ``average_last`` (see `select_last_checkpoints`).
+
+    The one parser of checkpoint arguments behind translate, evaluate, visualize and
+    checkpoint averaging. Several paths mean: average their weights (`load_model`).
+
+    Raises:
+        ConfigError: nothing given, both forms given, or ``average_last`` without ``run_dir``.
+    """
+    if ckpt_path and average_last:
+        raise ConfigError("give either ckpt_path=... or run_dir=DIR average_last=N, not both")
+    if average_last:
+        if not run_dir:
+            raise ConfigError("average_last=N needs run_dir=<the run's directory>")
+        return [str(p) for p in select_last_checkpoints(run_dir, int(average_last))]
+    if not ckpt_path:
+        raise ConfigError(
+            "no checkpoint given: pass ckpt_path=<.ckpt> (or a list), or run_dir=DIR average_last=N"
+        )
+    if isinstance(ckpt_path, str | Path):
+        return [str(ckpt_path)]
+    return [str(p) for p in ckpt_path]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """`device`, or CUDA when available else CPU when None/"auto".
+
+    Raises:
+        ConfigError: CUDA was asked for but is not available.
+    """
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={device} was asked for but CUDA is not available; use device=cpu"
+        )
+    return dev
+
+
+# -- the model loader ------------------------------------------------------------------------
 @dataclass
 class LoadedModel:
-    """A model ready for decoding, with its tokenizer and checkpoint metadata."""
+    """A model ready for decoding (eval mode, on its device), with its tokenizer and metadata."""
 
     model: Seq2SeqTransformer
     tokenizer: Tokenizer
@@ -276,22 +362,36 @@ class LoadedModel:
 
 def load_model(
     paths: str | Path | Sequence[str | Path],
-    map_location: str | torch.device = "cpu",
+    map_location: str | torch.device | None = "cpu",
     *,
     attention: str | None = None,
+    check_backends: bool = False,
 ) -> LoadedModel:
     """Rebuild the model (weights averaged over several checkpoints) and tokenizer.
 
+    The one model loader behind `Translator` (translate, evaluate, the server), the heatmaps
+    and checkpoint averaging.
+
     Args:
         paths: one checkpoint path or a list (weights are averaged; metadata of the first).
-        map_location: device to load tensors to.
+        map_location: the device to load to and run on; None or "auto" picks CUDA when
+            available (`resolve_device`).
         attention: override every attention site with this backend (e.g. "math"); None keeps
             the backends the checkpoint was trained with.
+        check_backends: refuse, now, a kernel that cannot decode on this device (instead of
+            failing on the first batch); averaging and export only move weights and skip it.
+
+    Raises:
+        CheckpointError: a missing/corrupt file, or checkpoints of different runs.
+        ConfigError: CUDA asked for but absent. BackendError: the checkpoint's kernel needs a
+        package that is missing or (with `check_backends`) cannot run on this device; the
+        message names an exact kernel to pass as `attention`.
     """
+    device = resolve_device(map_location)
     path_list = [paths] if isinstance(paths, str | Path) else list(paths)
     if not path_list:
         raise CheckpointError("no checkpoint given (pass ckpt_path=<path to a .ckpt file>)")
-    ckpts = [load_checkpoint(p, map_location) for p in path_list]
+    ckpts = [load_checkpoint(p, device) for p in path_list]
     meta = ckpts[0][META_KEY]
     for p, c in zip(path_list[1:], ckpts[1:], strict=True):
         other = c[META_KEY]
@@ -314,7 +414,15 @@ def load_model(
         for site in ("encoder_self", "decoder_self", "cross"):
             setattr(config.attention, site, attention)
             setattr(config.attention, f"{site}_options", {})
-    model = Seq2SeqTransformer(config)
+    try:  # a kernel checks its packages when built, and the device on request
+        model = Seq2SeqTransformer(config)
+        if check_backends:
+            model.validate_backends(device, training=False)
+    except BackendError as err:
+        if attention is not None:
+            raise
+        msg = str(err).splitlines()[0]
+        raise BackendError(f"{msg}; decode with an exact kernel: attention=sdpa") from err
     states = [model_state_dict(c) for c in ckpts]
     state = states[0] if len(states) == 1 else average_state_dicts(states)
     try:
@@ -323,7 +431,7 @@ def load_model(
         raise CheckpointError(
             f"weights in {path_list[0]} do not match its model config: {str(exc).splitlines()[0]}"
         ) from exc
-    model.to(map_location).eval()
+    model.to(device).eval()
     tokenizer = Tokenizer.from_dict(meta["tokenizer"])
     if (
         tokenizer.src_vocab_size != config.src_vocab_size

@@ -4,6 +4,12 @@
 >>> Translator.from_checkpoint("model.ckpt").translate(["A man is walking."])
 ['Ein Mann geht.']
 
+Reading text lines (`read_lines`, the one policy for ``input=FILE``, stdin, and evaluate's
+``src_file``/``ref_file``): UTF-8; a byte-order mark at the start is dropped; invalid bytes
+become U+FFFD with a warning; only "\\n" ends a line, and a "\\r" right before it (CRLF) goes
+with it; a final newline does not add an empty line; empty lines are kept (one output line
+per input line, sources and references stay aligned).
+
 Input hygiene (never crashes, never shifts lines): control characters other than tab are
 removed with a warning; empty or whitespace-only inputs give "" without running the model;
 sources longer than the model's `max_positions` are truncated with a warning. Warnings go to
@@ -12,6 +18,7 @@ the ``litmt`` logger (the scripts print them on stderr as ``warning: ...``).
 
 from __future__ import annotations
 
+import codecs
 import io
 import logging
 import sys
@@ -24,10 +31,11 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from tqdm import tqdm
 
-from litmt.checkpoint import load_model
+from litmt.checkpoint import checkpoint_paths, load_model, resolve_device
 from litmt.data.tokenizer import Tokenizer
-from litmt.errors import BackendError, ConfigError, DataError
+from litmt.errors import ConfigError, DataError
 from litmt.models import Seq2SeqTransformer
+from litmt.precision import autocast_context, plan_model_inference
 from litmt.search import Hypothesis, beam_search, greedy_search
 
 log = logging.getLogger("litmt.translate")
@@ -36,18 +44,6 @@ log = logging.getLogger("litmt.translate")
 _CONTROL = {c: None for c in [*range(0x20), *range(0x7F, 0xA0)] if c != 0x09}
 
 NBest = list[tuple[str, float]]
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """`device`, or CUDA when available else CPU when None/"auto"."""
-    if device is None or str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(
-            f"device={device} was asked for but CUDA is not available; use device=cpu"
-        )
-    return dev
 
 
 def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -97,6 +93,7 @@ class Translator:
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer, self.src_lang, self.tgt_lang = tokenizer, src_lang, tgt_lang
+        self.autocast: torch.dtype | None = None  # decode under this autocast (None = fp32)
 
     @classmethod
     def from_checkpoint(
@@ -119,21 +116,24 @@ class Translator:
             kernel cannot run here (pass `attention`).
         """
         dev = resolve_device(device)
-        try:
-            loaded = load_model(path, map_location=dev, attention=attention)
-            loaded.model.validate_backends(dev, training=False)
-        except BackendError as err:
-            if attention is not None:
-                raise
-            msg = str(err).splitlines()[0]
-            raise BackendError(f"{msg}; decode with an exact kernel: attention=sdpa") from err
-        return cls(
+        loaded = load_model(path, dev, attention=attention)
+        # half-only kernels (flash, te): the training precision's autocast, else sdpa in fp32
+        plan = plan_model_inference(loaded.model, dev, loaded.meta.get("precision"))
+        if plan.attention is not None:
+            loaded = load_model(
+                path, dev, attention=attention or plan.attention, check_backends=True
+            )
+        if plan.message is not None:
+            log.info(plan.message)
+        translator = cls(
             loaded.model,
             loaded.tokenizer,
             src_lang=loaded.src_lang,
             tgt_lang=loaded.tgt_lang,
             device=dev,
         )
+        translator.autocast = plan.autocast
+        return translator
 
     # -- preprocessing ------------------------------------------------------------------
     @property
@@ -188,7 +188,10 @@ class Translator:
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
         todo = [i for i, ids in enumerate(sources) if len(ids) > 0]
         pad = self.model.pad_id
-        with tqdm(total=len(sources), disable=not progress, file=sys.stderr, unit="sent") as bar:
+        with (
+            tqdm(total=len(sources), disable=not progress, file=sys.stderr, unit="sent") as bar,
+            autocast_context(self.device, self.autocast),
+        ):
             bar.update(len(sources) - len(todo))
             for batch in token_batches([len(sources[i]) for i in todo], max_tokens):
                 idx = [todo[j] for j in batch]
@@ -307,7 +310,7 @@ class Translator:
         chunk: list[str] = []
         tokens, first = 0, 1
         for line in lines:
-            line = line.removesuffix("\n").removesuffix("\r")
+            line = strip_line_end(line)
             chunk.append(line)
             tokens += len(line.split()) + 1  # cheap estimate; exact batching comes later
             if len(chunk) >= chunk_lines or tokens >= max_tokens:
@@ -318,10 +321,47 @@ class Translator:
             yield from self.translate(chunk, max_tokens=max_tokens, first_line=first, **options)
 
 
+# -- reading text lines ------------------------------------------------------------------
+def strip_line_end(line: str) -> str:
+    """`line` without its "\\n" and a "\\r" right before it (CRLF); other characters stay."""
+    return line.removesuffix("\n").removesuffix("\r")
+
+
+def read_lines(stream: IO[bytes], name: str) -> Iterator[str]:
+    """The lines of a UTF-8 byte stream (a file opened "rb", ``sys.stdin.buffer``), lazily.
+
+    The policy (module docstring): a UTF-8 byte-order mark at the very start is dropped;
+    only "\\n" ends a line (a lone "\\r", U+2028 or form feed stay inside the line, so line
+    numbers match ``wc -l``); "\\r\\n" ends a line too; the last line needs no newline and a
+    final newline adds no empty line; empty lines are kept; bytes that are not UTF-8 become
+    U+FFFD with a warning naming `name` and the line. A line is yielded as soon as it is
+    read (interactive stdin answers line by line).
+    """
+    for number, raw in enumerate(stream, start=1):
+        if number == 1:
+            raw = raw.removeprefix(codecs.BOM_UTF8)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = raw.decode("utf-8", errors="replace")
+            log.warning("%s line %d: bytes that are not UTF-8 replaced by U+FFFD", name, number)
+        yield strip_line_end(text)
+
+
+def read_text_file(path: str | Path, what: str) -> list[str]:
+    """All lines of a text file under the `read_lines` policy.
+
+    Raises:
+        DataError: the file does not exist (the message names `what`, e.g. "src_file").
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{what} not found: {p}")
+    with p.open("rb") as f:
+        return list(read_lines(f, what))
+
+
 # -- the `scripts/translate.py` job ------------------------------------------------------
-def open_text_input(stream: IO[bytes]) -> io.TextIOWrapper:
-    """UTF-8 text over a byte stream: invalid bytes become U+FFFD, only "\\n" ends a line."""
-    return io.TextIOWrapper(stream, encoding="utf-8-sig", errors="replace", newline="\n")
 
 
 def format_result(result: str | NBest, index: int, n_best: int, scores: bool) -> list[str]:
@@ -359,10 +399,9 @@ def translate(cfg: DictConfig) -> int:
     Returns:
         Number of input lines translated.
     """
-    if not cfg.get("ckpt_path"):
-        raise ConfigError("no checkpoint given: pass ckpt_path=<path to a .ckpt file>")
-    ckpt = cfg.ckpt_path
-    ckpt = [str(p) for p in ckpt] if isinstance(ckpt, ListConfig) else str(ckpt)
+    ckpt = checkpoint_paths(
+        cfg.get("ckpt_path"), run_dir=cfg.get("run_dir"), average_last=cfg.get("average_last")
+    )
     n_best, scores = int(cfg.n_best), bool(cfg.scores) or int(cfg.n_best) > 1
     options = dict(
         beam_size=int(cfg.beam_size),
@@ -390,11 +429,9 @@ def translate(cfg: DictConfig) -> int:
             lines = _sentences_from_cfg(text)
         elif input_path is not None:
             raw = stack.enter_context(Path(str(input_path)).open("rb"))
-            lines = open_text_input(raw)
+            lines = read_lines(raw, str(input_path))
         else:
-            stdin = open_text_input(sys.stdin.buffer)
-            stack.callback(stdin.detach)  # do not close the process's stdin
-            lines = stdin
+            lines = read_lines(sys.stdin.buffer, "stdin")
             chunk_lines = 1 if sys.stdin.isatty() else chunk_lines
         out: IO[str]
         if output_path is not None:
@@ -418,4 +455,12 @@ def translate(cfg: DictConfig) -> int:
     return count
 
 
-__all__ = ["Translator", "format_result", "token_batches", "translate"]
+__all__ = [
+    "Translator",
+    "format_result",
+    "read_lines",
+    "read_text_file",
+    "strip_line_end",
+    "token_batches",
+    "translate",
+]
