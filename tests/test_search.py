@@ -16,7 +16,6 @@ from litmt.search import (
     greedy_search,
     length_penalty_factor,
     max_lengths,
-    stay_in_place,
     topk_rows,
 )
 
@@ -123,9 +122,19 @@ def test_beam_size_one_equals_greedy(seed):
     assert generate(model, src, beam_size=1) == [h.tokens for h in greedy]
 
 
+# Decoder self-attention kernels with their own decode state: local keeps a window of 2
+# keys (shorter than the outputs), linear keeps running sums; sdpa keeps every K/V.
+DECODER_SELF = {
+    "sdpa": {},
+    "local": {"decoder_self": "local", "decoder_self_options": {"window": 2}},
+    "linear": {"decoder_self": "linear"},
+}
+
+
+@pytest.mark.parametrize("decoder_self", sorted(DECODER_SELF))
 @pytest.mark.parametrize("positional", ["sinusoidal", "rope"])
-def test_cached_greedy_equals_full_recomputation(positional):
-    model = tiny_model(3, positional=positional)
+def test_cached_greedy_equals_full_recomputation(positional, decoder_self):
+    model = tiny_model(3, positional=positional, attention=DECODER_SELF[decoder_self])
     src = sources(5)
     hyps = greedy_search(model, src, max_len_a=1.0, max_len_b=4)
     for i, budget in enumerate(budgets(model, src, 1.0, 4)):
@@ -133,9 +142,10 @@ def test_cached_greedy_equals_full_recomputation(positional):
         assert hyps[i].tokens == naive_greedy(model, row, budget)
 
 
+@pytest.mark.parametrize("decoder_self", sorted(DECODER_SELF))
 @pytest.mark.parametrize(("k", "alpha", "n_best"), [(3, 1.0, 3), (4, 0.0, 2), (2, 0.6, 1)])
-def test_cached_beam_equals_naive_full_recomputation(k, alpha, n_best):
-    model = tiny_model(4)
+def test_cached_beam_equals_naive_full_recomputation(k, alpha, n_best, decoder_self):
+    model = tiny_model(4, attention=DECODER_SELF[decoder_self])
     src = sources(4)
     got = beam_search(model, src, beam_size=k, length_penalty=alpha, n_best=n_best, max_len_b=3)
     for i, budget in enumerate(budgets(model, src, 1.2, 3)):
@@ -214,20 +224,6 @@ def test_topk_rows_matches_torch_topk(n, k):
     assert torch.equal(x.gather(1, idx), values)  # the indices point at them
     for row in idx.tolist():
         assert len(set(row)) == k  # distinct positions
-
-
-def test_stay_in_place_keeps_one_beam_per_surviving_row():
-    g = torch.Generator().manual_seed(0)
-    origin = torch.randint(0, 5, (200, 5), generator=g)  # (b, K): the row each beam extends
-    origin[0] = torch.tensor([3, 3, 3, 3, 3])  # all from one row
-    origin[1] = torch.tensor([4, 3, 2, 1, 0])  # a permutation: nothing needs to move
-    perm = stay_in_place(origin)
-    assert torch.equal(perm.sort(1).values, torch.arange(5).expand(200, 5))  # a permutation
-    placed = origin.gather(1, perm)  # (b, K) origin of the beam now in row r
-    kept = placed.eq(torch.arange(5)).sum(1)  # rows whose cache is already right
-    distinct = torch.tensor([len(set(r)) for r in origin.tolist()])
-    assert torch.equal(kept, distinct)  # the most possible: one per distinct origin
-    assert kept[0] == 1 and kept[1] == 5
 
 
 def test_min_len_suppresses_eos_like_the_naive_search():

@@ -9,13 +9,16 @@ from PIL import Image
 from tiny_checkpoint import tiny_checkpoint_path
 
 from litmt.checkpoint import load_model
+from litmt.data.tokenizer import BOS_ID
 from litmt.errors import ConfigError
+from litmt.models import Seq2SeqTransformer
 from litmt.visualize import (
     attention_figure,
     collect_attention,
     cross_attention_figure,
     figure_to_array,
     plot_attention,
+    restore_weight_kernels,
 )
 
 SENTENCE = "A big dog sleeps outside."
@@ -126,3 +129,79 @@ def test_bad_selections_raise_clear_errors(maps, kwargs, message):
     with pytest.raises(ConfigError) as err:
         plot_attention(maps, kind, **kwargs)
     assert message in str(err.value)
+
+
+def approximate_model(loaded, **attention) -> Seq2SeqTransformer:
+    """The tiny checkpoint's weights, run with other self-attention kernels."""
+    model = Seq2SeqTransformer(loaded.model.config)
+    model.load_state_dict(loaded.model.state_dict())
+    for site, (name, options) in attention.items():
+        model.set_attention_backend(name, site, **options)
+    return model.eval()
+
+
+def maps_of(loaded):
+    return collect_attention(loaded.model, loaded.tokenizer, SENTENCE, target="Ein großer Hund.")
+
+
+def test_local_window_heatmap_is_zero_outside_the_window(loaded):
+    window = 1
+    model = approximate_model(
+        loaded,
+        encoder_self=("local", {"window": window}),
+        decoder_self=("local", {"window": window}),
+    )
+    maps = collect_attention(model, loaded.tokenizer, SENTENCE, target="Ein großer Hund.")
+    for kind in ("encoder", "decoder"):
+        for w in maps.weights[kind]:  # (H, Tq, Tk)
+            i = torch.arange(w.size(1))[:, None]
+            j = torch.arange(w.size(2))[None, :]
+            far = (j - i).abs() > window if kind == "encoder" else (j > i) | (j < i - window)
+            assert w[:, far].abs().max() == 0, f"{kind}: weight outside the window"
+            assert w[:, ~far].min() > 0  # inside the window: softmax over real keys
+            torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:2]))
+    # the window is narrower than the sentence: softmax attention would look different
+    assert not torch.allclose(maps.weights["encoder"][0], maps_of(loaded).weights["encoder"][0])
+
+
+def test_linear_heatmap_rows_sum_to_one_and_are_what_the_model_computes(loaded):
+    model = approximate_model(
+        loaded, encoder_self=("linear", {}), decoder_self=("linear", {}), cross=("linear", {})
+    )
+    maps = collect_attention(model, loaded.tokenizer, SENTENCE, target="Ein großer Hund.")
+    for kind in ("encoder", "decoder", "cross"):
+        for w in maps.weights[kind]:
+            torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:2]), atol=1e-5, rtol=0)
+            assert (w >= 0).all()
+    for w in maps.weights["decoder"]:
+        assert torch.all(w.triu(diagonal=1) == 0)
+    # recording the weights changes nothing the model outputs: they are the ones it applies
+    src = torch.tensor([loaded.tokenizer.encode_src([SENTENCE])[0]])
+    tgt = torch.tensor([[BOS_ID, *loaded.tokenizer.encode_tgt(["Ein großer Hund."])[0]]])
+    with torch.no_grad():
+        plain = model(src, tgt)
+        for m in model.attention_modules():
+            m.record_weights = True
+        recorded = model(src, tgt)
+    torch.testing.assert_close(plain, recorded, atol=1e-5, rtol=1e-5)
+
+
+def test_heatmaps_of_a_checkpoint_use_its_own_approximate_kernels(loaded):
+    trained = {
+        **loaded.model.config.to_dict(),
+        "attention": {
+            "encoder_self": "sparse",
+            "decoder_self": "local",
+            "cross": "flash",  # fused: math stands in, so it builds without a GPU
+            "encoder_self_options": {"block_size": 2},
+            "decoder_self_options": {"window": 3},
+            "cross_options": {},
+        },
+    }
+    model = approximate_model(loaded)
+    model.set_attention_backend("math")
+    restore_weight_kernels(model, trained)
+    kernels = {m.site: m.kernel for m in model.attention_modules()}
+    assert kernels["encoder_self"].name == "sparse" and kernels["encoder_self"].block_size == 2
+    assert kernels["decoder_self"].name == "local" and kernels["decoder_self"].window == 3
+    assert kernels["cross"].name == "math"

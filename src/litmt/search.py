@@ -85,31 +85,6 @@ def topk_rows(x: Tensor, k: int, chunk: int = 64) -> tuple[Tensor, Tensor]:
     return values, pos.gather(1, sub)
 
 
-def stay_in_place(origin: Tensor) -> Tensor:
-    """Order each sentence's K new beams so that as many as possible keep their row.
-
-    The K beams of a sentence may sit in its K rows in any order. If each beam that is the
-    first (best) extension of row r is put in row r, that row's KV cache is already right
-    and only the other rows need a copy (`KVCache.reorder` with `moved_rows`).
-
-    Args:
-        origin: (b, K) the row (0..K-1 within its sentence) each new beam extends.
-
-    Returns:
-        perm (b, K): row r takes new beam perm[:, r].
-    """
-    b, k = origin.shape
-    same = origin[:, :, None] == origin[:, None, :]  # (b, K, K)
-    earlier = torch.ones(k, k, dtype=torch.bool, device=origin.device).tril(-1)
-    first = ~(same & earlier).any(-1)  # (b, K) the first beam extending its origin row
-    taken = (F.one_hot(origin, k).bool() & first[:, :, None]).any(1)  # (b, K) rows kept
-    free = torch.sort(taken.long(), dim=1, stable=True).indices  # free rows first, ascending
-    rank = ((~first).long().cumsum(1) - 1).clamp(min=0)  # (b, K) among the other beams
-    slot = torch.where(first, origin, free.gather(1, rank))  # (b, K) row of each new beam
-    ids = torch.arange(k, device=origin.device).expand(b, k)
-    return torch.empty_like(slot).scatter_(1, slot, ids)  # (b, K) beam of each row
-
-
 def _check(model: Seq2SeqTransformer, src: Tensor) -> None:
     if src.dim() != 2:
         raise ValueError(f"src must be (B, S) token ids, got shape {tuple(src.shape)}")
@@ -217,9 +192,9 @@ def beam_search(
     or (c) it reached its length budget (eos forced). Done sentences are dropped from the
     batch (cache rows included); the search ends when every sentence is done.
 
-    The beams of a sentence share its encoder output and cross-attention K/V
-    (``init_state(..., group=K)``): nothing is copied per beam. The first step runs one row
-    per sentence (all K beams would be identical) and then fans the cache out to K rows.
+    The first step runs one row per sentence (all K beams would be identical) and then fans
+    the decoder state out to K rows per sentence. After that, beams move only within their
+    sentence, so the source side of the state (cross-attention K/V) is not reordered.
 
     Args:
         model: the model, in eval mode.
@@ -308,15 +283,12 @@ def beam_search(
         # -- continue: the K best non-eos candidates (there are at least K among 2K).
         order = arange_2k + is_eos.long() * 2 * k  # eos candidates sort last
         live = order.topk(k, dim=1, largest=False).indices  # (b, K)
-        if kk == k:  # place the new beams so that most stay in the row they extend
-            live = live.gather(1, stay_in_place(top_beam.gather(1, live)))
         scores = top_val.gather(1, live)  # (b, K)
         beam = top_beam.gather(1, live)  # (b, K)
         last = top_tok.gather(1, live).view(-1)  # (b*K,)
         reorder = (torch.arange(b, device=device)[:, None] * kk + beam).view(-1)  # (b*K,)
         history = torch.cat([history.index_select(0, reorder), last[:, None]], dim=1)
-        state.reorder(reorder, cross=False)  # beams stay within their sentence
-        state.group = k  # from the first step on: K rows per sentence share its memory
+        state.reorder(reorder, cross=step == 0)  # then beams stay in their sentence
 
         # -- stop test: one host sync per step.
         n_done_fin = torch.isfinite(keep_score).sum(dim=1)  # (b,)

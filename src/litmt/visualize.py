@@ -1,8 +1,11 @@
 """Attention heatmaps: cross-attention and encoder/decoder self-attention of one sentence.
 
-Works whatever kernel the model was trained or runs with: every `MultiHeadAttention` is
-switched to ``record_weights`` for one forward pass, which runs the `math` kernel and keeps
-its weights (B, H, Tq, Tk). The decoder is teacher-forced with the model's own greedy
+The maps show what the model computes: every `MultiHeadAttention` is switched to
+``record_weights`` for one forward pass, in which its kernel returns the weights (B, H, Tq,
+Tk) it applies (`forward_with_weights`): a band for `local`, the block layout for `sparse`,
+the normalised φ(q)φ(k)ᵀ for `linear`, softmax attention for `math`. Fused exact kernels
+(`sdpa`, `flash`, ...) compute softmax attention without exposing it, so `math` stands in
+for them under the same mask. The decoder is teacher-forced with the model's own greedy
 translation (or a given target).
 
 Axis labels are subword pieces. Decoder positions are labelled by the token each one
@@ -27,9 +30,10 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, ListConfig
 from torch import Tensor
 
+from litmt.attention import backend_support
 from litmt.data.tokenizer import BOS_ID, Tokenizer
 from litmt.errors import ConfigError
-from litmt.models import Seq2SeqTransformer
+from litmt.models import ATTENTION_SITES, Seq2SeqTransformer, TransformerConfig
 from litmt.search import greedy_search
 
 log = logging.getLogger("litmt.visualize")
@@ -237,6 +241,25 @@ def figure_to_array(fig: Figure) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
+def restore_weight_kernels(model: Seq2SeqTransformer, trained: dict[str, Any]) -> None:
+    """Give back the trained kernel of every site whose kernel returns its own weights.
+
+    A model loaded with `math` everywhere builds on any machine; the sites trained with a
+    fused exact kernel keep `math` (the same weights), the others (`local`, `sparse`,
+    `linear`) get their own kernel back, since their weights differ from softmax attention.
+
+    Args:
+        model: the model, loaded with ``attention="math"``.
+        trained: the checkpoint's model config dict.
+    """
+    attention = TransformerConfig.from_dict(trained).attention
+    for site in ATTENTION_SITES:
+        name, options = attention.backend(site)
+        if backend_support(name).weights and name != "math":
+            log.info("heatmaps at %s: the model's own '%s' weights", site, name)
+            model.set_attention_backend(name, site, **options)
+
+
 def visualize(cfg: DictConfig) -> list[Path]:
     """The `scripts/visualize_attention.py` job: save PNG heatmap(s) of one sentence.
 
@@ -244,21 +267,19 @@ def visualize(cfg: DictConfig) -> list[Path]:
         The PNG paths written (one per kind; with several kinds, ``out`` gets a ``_<kind>``
         suffix).
     """
-    from litmt.checkpoint import load_model
+    from litmt.checkpoint import checkpoint_paths, load_model
 
-    if not cfg.get("ckpt_path"):
-        raise ConfigError("no checkpoint given: pass ckpt_path=<path to a .ckpt file>")
+    ckpt = checkpoint_paths(
+        cfg.get("ckpt_path"), run_dir=cfg.get("run_dir"), average_last=cfg.get("average_last")
+    )
     if not cfg.get("sentence") or not str(cfg.sentence).strip():
         raise ConfigError('no sentence given: pass sentence="A man is walking."')
     kinds = [str(k) for k in cfg.kind] if isinstance(cfg.kind, ListConfig) else [str(cfg.kind)]
     for kind in kinds:
         if kind not in KINDS:
             raise ConfigError(f"unknown attention kind '{kind}'; valid kinds: {', '.join(KINDS)}")
-    ckpt = cfg.ckpt_path
-    ckpt = [str(p) for p in ckpt] if isinstance(ckpt, ListConfig) else str(ckpt)
-    # math everywhere: builds on any machine whatever the training backend (weights come from
-    # math anyway, via record_weights)
     loaded = load_model(ckpt, map_location=cfg.get("device") or "cpu", attention="math")
+    restore_weight_kernels(loaded.model, loaded.meta["model_config"])
     maps = collect_attention(
         loaded.model, loaded.tokenizer, str(cfg.sentence), target=cfg.get("target")
     )

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from litmt.attention import build_backend, list_backends
 from litmt.attention.base import AttentionRequest
-from litmt.attention.linear import feature_map
+from litmt.attention.linear_attention import feature_map
 from litmt.attention.sparse import block_layout
 from litmt.attention.te import fp8_autocast
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -330,14 +330,6 @@ def test_cuda_only_backends_fail_at_build_time_on_cpu(backend, package, extra):
     model = Seq2SeqTransformer(tiny_config(**cfg))  # pragma: no cover - package installed
     with pytest.raises(BackendError, match=rf"'{backend}' \(at encoder_self\) runs only on cuda"):
         model.validate_backends("cpu")
-
-
-@pytest.mark.parametrize("backend", ["sdpa", "flex", "local", "sparse", "linear", "auto"])
-def test_fused_kernels_cannot_return_weights(backend):
-    model = Seq2SeqTransformer(tiny_config(encoder_self=backend))
-    model.validate_backends("cpu", torch.float32)
-    with pytest.raises(BackendError, match="cannot return attention weights; use 'math'"):
-        model.validate_backends("cpu", need_weights=True)
 
 
 @pytest.mark.parametrize("backend", ["linear", "flex"])

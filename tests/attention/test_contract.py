@@ -1,4 +1,5 @@
-"""math and sdpa against a hand-written reference softmax(QKᵀ/√D + mask)·V."""
+"""The kernel contract: math and sdpa against a hand-written reference softmax(QKᵀ/√D + mask)·V,
+weights (`forward_with_weights`) and support declarations."""
 
 from __future__ import annotations
 
@@ -72,34 +73,6 @@ def test_fully_padded_row_is_finite(backend):
         torch.testing.assert_close(out[:1], ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["cross_tq_ne_tk", "cross_padding", "padding", "self"])
-def test_sdpa_short_query_path_matches_reference(case):
-    """Decode-time cross-attention: head-major K/V, no autograd -> sdpa's matmul path."""
-    from litmt.attention import sdpa
-
-    c = CASES[case]
-    b, h, d = 3, 4, 16
-    q = torch.randn(b, c["tq"], h, d)
-    k, v = (torch.randn(b, h, c["tk"], d).transpose(1, 2) for _ in range(2))  # head-major
-    mask = lengths_mask(c["lengths"], c["tk"]) if c["lengths"] else None
-    if mask is not None:
-        mask[-1] = True  # plus a fully padded row
-    kernel = build_backend("sdpa")
-    with torch.no_grad():
-        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-        assert sdpa._short_query_block(qh, kh, vh, causal=False, dropout_p=0.0)
-        out = kernel(q, k, v, key_padding_mask=mask)
-    assert torch.isfinite(out).all()
-    ref = reference(q, k, v, mask)
-    if mask is not None:  # a fully padded row attends to all keys (safe_padding_mask)
-        ref[-1] = reference(q[-1:], k[-1:], v[-1:])[0]
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    # with autograd, or keys laid out (B, T, H, D), the fused kernel runs instead
-    assert not sdpa._short_query_block(qh.requires_grad_(), kh, vh, False, 0.0)
-    token_major = torch.randn(b, c["tk"], h, d).transpose(1, 2)  # (B, H, T, D) view
-    assert not sdpa._short_query_block(qh.detach(), token_major, token_major, False, 0.0)
-
-
 def test_math_returns_weights_that_sum_to_one():
     q, k, v = torch.randn(2, 5, 2, 8), torch.randn(2, 6, 2, 8), torch.randn(2, 6, 2, 8)
     mask = lengths_mask([6, 3], 6)
@@ -120,10 +93,70 @@ def test_registry_lists_every_backend_and_rejects_unknown_names():
         build_backend("nope")
 
 
+# Kernels that return their own weights, with options that make them differ from `math`.
+OWN_WEIGHTS = {
+    "math": {},
+    "local": {"window": 2},
+    "sparse": {"block_size": 2, "stride": 2},
+    "linear": {"chunk_size": 3},
+}
+WEIGHT_CASES = ["self", "padding", "causal", "causal_padding", "decode_chunk"]
+
+
+def weight_inputs(case: str):
+    c = {**CASES, "decode_chunk": dict(tq=3, tk=10, lengths=None, causal=True)}[case]
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, c["tq"], 2, 8, generator=g)
+    k, v = torch.randn(3, c["tk"], 2, 8, generator=g), torch.randn(3, c["tk"], 2, 8, generator=g)
+    mask = lengths_mask(c["lengths"], c["tk"]) if c["lengths"] else None
+    return q, k, v, mask, c["causal"]
+
+
+@pytest.mark.parametrize("case", WEIGHT_CASES)
+@pytest.mark.parametrize("backend", sorted(OWN_WEIGHTS))
+def test_own_weights_are_what_the_kernel_computes(backend, case):
+    """weights @ V == forward's output, so a heatmap shows the attention actually applied."""
+    q, k, v, mask, causal = weight_inputs(case)
+    kernel = build_backend(backend, **OWN_WEIGHTS[backend])
+    assert kernel.support.weights
+    out = kernel(q, k, v, key_padding_mask=mask, causal=causal)
+    out_w, w = kernel.forward_with_weights(q, k, v, key_padding_mask=mask, causal=causal)
+    assert w.shape == (3, 2, q.size(1), k.size(1))
+    by_weights = torch.einsum("bhqk,bkhd->bqhd", w, v)
+    real = torch.ones(3, q.size(1), dtype=torch.bool)  # (B, Tq) queries with a real key
+    if mask is not None:  # padded queries of local/sparse may have none: not compared
+        real = ~mask[:, : q.size(1)]
+    torch.testing.assert_close(out[real], out_w[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[real], by_weights[real], atol=1e-5, rtol=1e-5)
+    if mask is not None:  # real queries give padded keys nothing
+        on_padding = w.masked_fill(~mask[:, None, None, :], 0).sum(dim=(1, 3))  # (B, Tq)
+        assert on_padding[real].abs().max() == 0, "padding got weight"
+    if causal:
+        future = torch.ones(q.size(1), k.size(1), dtype=torch.bool).triu(k.size(1) - q.size(1) + 1)
+        assert w[..., future].abs().max() == 0, "a future key got weight"
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "auto"])
+def test_fused_kernels_fall_back_to_math_weights(backend):
+    q, k, v, mask, causal = weight_inputs("causal_padding")
+    kernel = build_backend(backend)
+    assert not kernel.support.weights
+    out, w = kernel.forward_with_weights(q, k, v, key_padding_mask=mask, causal=causal)
+    out_m, w_m = build_backend("math").forward_with_weights(
+        q, k, v, key_padding_mask=mask, causal=causal
+    )
+    torch.testing.assert_close(w, w_m, rtol=0, atol=0)
+    torch.testing.assert_close(out, out_m, rtol=0, atol=0)
+
+
 def test_support_declarations_and_build_time_validation():
     assert backend_support("math").weights and not backend_support("sdpa").weights
-    with pytest.raises(BackendError, match="cannot return attention weights; use 'math'"):
-        build_backend("sdpa").validate(AttentionRequest(need_weights=True, site="cross"))
+    for name in ("local", "sparse"):  # positions of two sequences: no window/layout
+        assert not backend_support(name).cross
+        with pytest.raises(BackendError, match=rf"'{name}' \(at cross\) needs query and key"):
+            build_backend(name).validate(AttentionRequest(site="cross"))
+        build_backend(name).validate(AttentionRequest(site="decoder_self", causal=True))
+    build_backend("linear").validate(AttentionRequest(site="cross"))
     with pytest.raises(BackendError, match="takes no options"):
         build_backend("sdpa", window=3)
 

@@ -23,7 +23,7 @@ from litmt.attention.base import (
 from litmt.errors import BackendError
 
 _REGISTRY: dict[str, str] = {
-    "math": "litmt.attention.math:MathAttention",
+    "math": "litmt.attention.math_attention:MathAttention",
     "sdpa": "litmt.attention.sdpa:SDPAAttention",
     "flash": "litmt.attention.flash:FlashAttention",
     "xformers": "litmt.attention.xformers_backend:XFormersAttention",
@@ -31,7 +31,7 @@ _REGISTRY: dict[str, str] = {
     "flex": "litmt.attention.flex:FlexAttention",
     "local": "litmt.attention.local:LocalAttention",
     "sparse": "litmt.attention.sparse:SparseAttention",
-    "linear": "litmt.attention.linear:LinearAttention",
+    "linear": "litmt.attention.linear_attention:LinearAttention",
     "auto": "litmt.attention.auto:AutoAttention",
 }
 

@@ -11,19 +11,34 @@ A kernel is a parameter-free ``nn.Module`` called as::
 
 Because kernels own no weights, a checkpoint trained with one exact backend runs with any
 other.
+
+Two more methods complete the contract (both have defaults here):
+
+- ``kernel.forward_with_weights(q, k, v, ...) -> (out, weights)``: the weights (B, H, Tq,
+  Tk) the kernel applies, for heatmaps. Kernels that declare ``support.weights`` return
+  their own (`math`, `local`, `sparse`, `linear`); fused kernels fall back to `math` under
+  the same mask (logged once).
+- ``kernel.new_cache(capacity) -> DecodeCache``: the state a decoder self-attention layer
+  keeps across incremental decode steps (see `litmt.attention.cache`). The default keeps
+  every position's K/V; `local` keeps its window and `linear` its running sums.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+import logging
+import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from litmt.attention.cache import DecodeCache, KVCache
 from litmt.errors import BackendError
+
+log = logging.getLogger(__name__)
 
 ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HALF_DTYPES = (torch.float16, torch.bfloat16)  # what flash-attn and TE kernels take
@@ -36,13 +51,14 @@ class BackendSupport:
     padding_mask: bool = True  # honours key_padding_mask
     causal: bool = True  # honours causal=True
     dropout: bool = True  # honours dropout_p > 0 in training
-    weights: bool = False  # can return attention weights (B, H, Tq, Tk)
+    weights: bool = False  # returns its own weights; False: heatmaps recompute them with math
+    cross: bool = True  # serves cross-attention (queries and keys from two sequences)
     devices: tuple[str, ...] = ("cpu", "cuda")  # torch device types it runs on
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES  # input dtypes it accepts
     exact: bool = True  # computes full softmax attention (parity with `math`)
     packages: tuple[str, ...] = ()  # optional import names it needs
     extra: str | None = None  # the pip extra that installs them
-    notes: str = ""  # one line shown in `litmt.attention.describe_backends()`
+    notes: str = ""  # one line describing the backend (docs, benchmark tables)
     min_cuda_capability: tuple[int, int] | None = None  # e.g. (8, 0) for sm80+
 
 
@@ -53,11 +69,9 @@ class AttentionRequest:
     causal: bool = False
     padding_mask: bool = False
     dropout: bool = False
-    need_weights: bool = False
     device: str | torch.device | None = None
     dtype: torch.dtype | None = None
     site: str = "attention"
-    extras: dict[str, Any] = field(default_factory=dict)
 
 
 class AttentionKernel(nn.Module):
@@ -132,9 +146,10 @@ class AttentionKernel(nn.Module):
             raise BackendError(f"{where} cannot apply a key padding mask")
         if request.dropout and not s.dropout:
             raise BackendError(f"{where} does not support attention dropout; set it to 0")
-        if request.need_weights and not s.weights:
+        if request.site == "cross" and not s.cross:
             raise BackendError(
-                f"{where} is a fused kernel and cannot return attention weights; use 'math'"
+                f"{where} needs query and key positions from the same sequence; "
+                "use model.attention.cross=sdpa"
             )
 
     def check_inputs(self, q: Tensor) -> None:
@@ -165,8 +180,75 @@ class AttentionKernel(nn.Module):
         """Attend `q` (B, Tq, H, D) over `k`, `v` (B, Tk, H, D); return (B, Tq, H, D)."""
         raise NotImplementedError
 
+    def forward_with_weights(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> tuple[Tensor, Tensor]:
+        """Like `forward`, but also return the attention weights (B, H, Tq, Tk).
+
+        This default is the `math` reference: softmax(q kᵀ / √D) under the padding and
+        causal masks. Kernels that compute something else (`local`, `sparse`, `linear`)
+        override it; for fused kernels (``support.weights`` False) it is the fallback.
+        """
+        if not self.support.weights and self.name not in _WEIGHTS_FALLBACK_LOGGED:
+            _WEIGHTS_FALLBACK_LOGGED.add(self.name)
+            log.info(
+                "attention backend '%s' is fused: its weights are recomputed with 'math' "
+                "under the same mask",
+                self.name,
+            )
+        allowed = None
+        kpm = safe_padding_mask(key_padding_mask)
+        if kpm is not None:
+            allowed = ~kpm[:, None, None, :]  # (B, 1, 1, Tk)
+        if causal:
+            cm = causal_mask(q.size(1), k.size(1), q.device)  # (Tq, Tk)
+            allowed = cm if allowed is None else allowed & cm
+        return softmax_attention(q, k, v, allowed, dropout_p)
+
+    def new_cache(self, capacity: int | None = None) -> DecodeCache:
+        """The decode-time state of a causal self-attention layer using this kernel.
+
+        Args:
+            capacity: positions the search will decode at most (None: unknown).
+        """
+        return KVCache(self, capacity)
+
     def extra_repr(self) -> str:
         return f"name={self.name}"
+
+
+_WEIGHTS_FALLBACK_LOGGED: set[str] = set()
+
+
+def softmax_attention(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """softmax(q kᵀ / √D) v with a boolean mask, written out; output and weights.
+
+    Args:
+        q: (B, Tq, H, D); k, v: (B, Tk, H, D).
+        allowed: True where query i may see key j, broadcastable to (B, H, Tq, Tk); every
+            row needs at least one True. None = everything.
+        dropout_p: dropout on the weights (the returned weights are before dropout).
+
+    Returns:
+        out (B, Tq, H, D) and weights (B, H, Tq, Tk).
+    """
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    out = torch.matmul(attn, v)  # (B, H, Tq, D)
+    return out.transpose(1, 2), weights  # (B, Tq, H, D), (B, H, Tq, Tk)
 
 
 def safe_padding_mask(key_padding_mask: Tensor | None) -> Tensor | None:

@@ -8,8 +8,10 @@ The queries are cut into chunks of C positions. Chunk n only needs the keys from
 over a fixed window of W = C + 2·window (or C + window) keys with one fused ``sdpa`` call
 over all chunks. Cost and memory are O(T · W) instead of O(T²); no (T, T) mask is built.
 
-Positions are absolute: with Tq != Tk (a decoder step against a KV cache) query i sits at
-position ``Tk - Tq + i``, so a one-token step still sees only the last ``window + 1`` keys.
+Positions are absolute: with Tq != Tk (a decoder step against a cache) query i sits at
+position ``Tk - Tq + i``, so a one-token step sees only the last ``window + 1`` keys. The
+decode cache (`WindowCache`) therefore keeps only the last ``window`` keys: O(window) per
+step, however long the output grows.
 """
 
 from __future__ import annotations
@@ -22,30 +24,15 @@ from torch import Tensor
 
 from litmt.attention.base import (
     AttentionKernel,
-    AttentionRequest,
     BackendSupport,
+    int_option,
+    reject_unknown_options,
     safe_padding_mask,
+    softmax_attention,
 )
-from litmt.errors import BackendError
+from litmt.attention.cache import DecodeCache
 
 _MIN_CHUNK = 64  # chunks shorter than this waste time on per-chunk overhead
-
-
-def _no_unknown(backend: str, unknown: dict[str, Any], valid: tuple[str, ...]) -> None:
-    if unknown:
-        raise BackendError(
-            f"attention backend '{backend}' has no option(s) {sorted(unknown)}; "
-            f"valid options: {', '.join(valid)}"
-        )
-
-
-def _positive_int(name: str, value: Any, backend: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise BackendError(
-            f"attention backend '{backend}': option {name} must be an integer >= {minimum}, "
-            f"got {value!r}"
-        )
-    return value
 
 
 class LocalAttention(AttentionKernel):
@@ -60,25 +47,18 @@ class LocalAttention(AttentionKernel):
     name = "local"
     support = BackendSupport(
         exact=False,
+        weights=True,
+        cross=False,  # a window over positions of another sequence means nothing
         notes="sliding window |i-j| <= window; O(T*window) time and memory via query chunks",
     )
 
     def __init__(self, window: int = 128, chunk_size: int | None = None, **unknown: Any) -> None:
         super().__init__()
-        _no_unknown(self.name, unknown, ("window", "chunk_size"))
-        self.window = _positive_int("window", window, self.name, 0)
+        reject_unknown_options(self.name, unknown, ("window", "chunk_size"))
+        self.window = int_option("window", window, self.name, 0)
         self.chunk_size = (
-            None if chunk_size is None else _positive_int("chunk_size", chunk_size, self.name, 1)
+            None if chunk_size is None else int_option("chunk_size", chunk_size, self.name, 1)
         )
-
-    def validate(self, request: AttentionRequest) -> None:
-        """Refuse cross-attention: a window over positions of another sequence means nothing."""
-        super().validate(request)
-        if request.site == "cross":
-            raise BackendError(
-                f"attention backend '{self.name}' (at cross) needs query and key positions "
-                "from the same sequence; use model.attention.cross=sdpa"
-            )
 
     def forward(
         self,
@@ -139,5 +119,65 @@ class LocalAttention(AttentionKernel):
         out = out.view(b, n, h, c, d).transpose(2, 3).reshape(b, n * c, h, d)  # (B, N*C, H, D)
         return out[:, :tq]
 
+    def forward_with_weights(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> tuple[Tensor, Tensor]:
+        """`forward` as one dense masked softmax, with its weights (B, H, Tq, Tk).
+
+        O(Tq · Tk) memory: for heatmaps, not for training. Weights outside the window are 0.
+        A query with no real key in its window (a padded position) attends its window
+        ignoring padding here; `forward` gives such rows other, equally unused, values.
+        """
+        tq, tk = q.size(1), k.size(1)
+        pos = torch.arange(tq, device=q.device)[:, None] + (tk - tq)  # (Tq, 1) absolute
+        j = torch.arange(tk, device=q.device)[None, :]  # (1, Tk)
+        band = (j >= pos - self.window) & (j <= (pos if causal else pos + self.window))
+        allowed = band[None, None]  # (1, 1, Tq, Tk)
+        kpm = safe_padding_mask(key_padding_mask)
+        if kpm is not None:
+            allowed = allowed & ~kpm[:, None, None, :]  # (B, 1, Tq, Tk)
+            allowed = torch.where(allowed.any(dim=-1, keepdim=True), allowed, band)
+        return softmax_attention(q, k, v, allowed, dropout_p)
+
+    def new_cache(self, capacity: int | None = None) -> DecodeCache:
+        """A `WindowCache`: only the last `window` keys are kept (`capacity` is not needed)."""
+        return WindowCache(self)
+
     def extra_repr(self) -> str:
         return f"name={self.name}, window={self.window}, chunk_size={self.chunk_size}"
+
+
+class WindowCache(DecodeCache):
+    """Decode state of causal `local` attention: the last `window` keys and values.
+
+    A new query at position t sees keys t - window ... t, so nothing older is needed. Each
+    step concatenates the new positions to at most `window` kept ones and trims the rest:
+    O(window) time and memory per step, whatever the decoded length.
+    """
+
+    def __init__(self, kernel: LocalAttention) -> None:
+        self.kernel = kernel
+        self.k: Tensor | None = None  # (B, <= window, H, D)
+        self.v: Tensor | None = None
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """See `DecodeCache.attend`."""
+        if self.k is not None and self.v is not None:
+            k = torch.cat([self.k, k], dim=1)  # (B, kept + Tq, H, D)
+            v = torch.cat([self.v, v], dim=1)
+        out = self.kernel(q, k, v, causal=True)  # query i sits at position kept + i
+        start = max(0, k.size(1) - self.kernel.window)
+        self.k, self.v = k[:, start:], v[:, start:]
+        return out
+
+    def reorder(self, index: Tensor) -> None:
+        """See `DecodeCache.reorder`."""
+        if self.k is not None and self.v is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)

@@ -27,11 +27,12 @@ from torch import Tensor
 
 from litmt.attention.base import (
     AttentionKernel,
-    AttentionRequest,
     BackendSupport,
+    int_option,
+    reject_unknown_options,
     safe_padding_mask,
+    softmax_attention,
 )
-from litmt.attention.local import _no_unknown, _positive_int
 from litmt.errors import BackendError
 
 SPARSE_MODES = ("fixed", "strided")
@@ -85,6 +86,8 @@ class SparseAttention(AttentionKernel):
     name = "sparse"
     support = BackendSupport(
         exact=False,
+        weights=True,
+        cross=False,  # a layout over positions of another sequence means nothing
         notes="Child et al. 2019 fixed/strided block-sparse layouts; gathers attended blocks",
     )
 
@@ -97,40 +100,20 @@ class SparseAttention(AttentionKernel):
         **unknown: Any,
     ) -> None:
         super().__init__()
-        _no_unknown(self.name, unknown, ("mode", "block_size", "stride", "summary"))
+        reject_unknown_options(self.name, unknown, ("mode", "block_size", "stride", "summary"))
         if mode not in SPARSE_MODES:
             raise BackendError(
                 f"attention backend 'sparse': unknown mode '{mode}'; valid modes: "
                 f"{', '.join(SPARSE_MODES)}"
             )
         self.mode = mode
-        self.block_size = _positive_int("block_size", block_size, self.name, 1)
-        self.stride = _positive_int("stride", stride, self.name, 1)
-        self.summary = _positive_int("summary", summary, self.name, 1)
+        self.block_size = int_option("block_size", block_size, self.name, 1)
+        self.stride = int_option("stride", stride, self.name, 1)
+        self.summary = int_option("summary", summary, self.name, 1)
         if self.summary > self.stride:
             raise BackendError(
                 f"attention backend 'sparse': summary={summary} must not exceed stride={stride}"
             )
-
-    def validate(self, request: AttentionRequest) -> None:
-        """Refuse cross-attention: a layout over positions of another sequence means nothing."""
-        super().validate(request)
-        if request.site == "cross":
-            raise BackendError(
-                f"attention backend '{self.name}' (at cross) needs query and key positions "
-                "from the same sequence; use model.attention.cross=sdpa"
-            )
-
-    def layout(self, n_query_blocks: int, n_key_blocks: int, causal: bool = False) -> Tensor:
-        """(R, K) bool block layout for queries starting at block 0 (e.g. to plot it)."""
-        return block_layout(
-            torch.arange(n_query_blocks),
-            n_key_blocks,
-            mode=self.mode,
-            stride=self.stride,
-            summary=self.summary,
-            causal=causal,
-        )
 
     def forward(
         self,
@@ -198,6 +181,45 @@ class SparseAttention(AttentionKernel):
         )  # (B*R, H, P, D)
         out = out.view(b, r, h, p, d).transpose(2, 3).reshape(b, r * p, h, d)  # (B, R*P, H, D)
         return out[:, lead : lead + tq]
+
+    def forward_with_weights(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> tuple[Tensor, Tensor]:
+        """`forward` as one dense masked softmax, with its weights (B, H, Tq, Tk).
+
+        O(Tq · Tk) memory: for heatmaps. Keys outside the layout get weight 0. A query with
+        no real key in its layout (a padded position) ignores padding here; `forward` gives
+        such rows other, equally unused, values.
+        """
+        tq, tk, p = q.size(1), k.size(1), self.block_size
+        if tk < tq:
+            raise ValueError(f"sparse attention needs Tq <= Tk, got {tq} > {tk}")
+        pos = torch.arange(tq, device=q.device) + (tk - tq)  # (Tq,) absolute positions
+        j = torch.arange(tk, device=q.device)  # (Tk,)
+        layout = block_layout(
+            pos // p,
+            -(-tk // p),
+            mode=self.mode,
+            stride=self.stride,
+            summary=self.summary,
+            causal=causal,
+        )  # (Tq, K): key blocks of each query's block
+        allowed = layout[:, j // p]  # (Tq, Tk)
+        if causal:
+            allowed = allowed & (j[None, :] <= pos[:, None])
+        allowed = allowed[None, None]  # (1, 1, Tq, Tk)
+        kpm = safe_padding_mask(key_padding_mask)
+        if kpm is not None:
+            real = allowed & ~kpm[:, None, None, :]  # (B, 1, Tq, Tk)
+            allowed = torch.where(real.any(dim=-1, keepdim=True), real, allowed)
+        return softmax_attention(q, k, v, allowed, dropout_p)
 
     def extra_repr(self) -> str:
         return (

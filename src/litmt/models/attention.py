@@ -10,8 +10,8 @@ from typing import Any
 from torch import Tensor, nn
 
 from litmt.attention import AttentionKernel, AttentionRequest, build_backend
-from litmt.attention.math import MathAttention
-from litmt.models.cache import KVCache
+from litmt.attention.cache import DecodeCache
+from litmt.models.cache import CrossKV
 from litmt.models.positional import RotaryEmbedding
 
 
@@ -55,23 +55,20 @@ class MultiHeadAttention(nn.Module):
             self.q_proj = nn.Linear(d_model, d_model, bias=bias)
             self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        # A child module without parameters: swapping it leaves the state dict unchanged.
-        self.kernel: AttentionKernel = build_backend(backend, **(backend_options or {}))
-        self.backend_name = backend
+        self.kernel: AttentionKernel
+        self.set_backend(backend, **(backend_options or {}))
         self.rotary = [rotary] if rotary is not None else []  # list: keep it out of children
-        self.record_weights = False  # when True, run `math` and keep `last_weights`
+        self.record_weights = False  # when True, keep the kernel's weights in `last_weights`
         self.last_weights: Tensor | None = None  # (B, H, Tq, Tk)
 
     def set_backend(self, name: str, **options: Any) -> None:
-        """Swap the kernel (weights are untouched)."""
+        """Use kernel `name` (weights are untouched: kernels own none)."""
         self.kernel, self.backend_name = build_backend(name, **options), name
+        self.kernel.set_site(self.site, self_attention=self.self_attention)
 
     def validate(self, request: AttentionRequest) -> None:
         """Check the kernel can serve this site's request (raises `BackendError`)."""
         self.kernel.validate(request)
-
-    def _split(self, x: Tensor) -> Tensor:
-        return x.unflatten(-1, (self.n_heads, self.head_dim))  # (B, T, C) -> (B, T, H, D)
 
     def forward(
         self,
@@ -80,9 +77,8 @@ class MultiHeadAttention(nn.Module):
         *,
         key_padding_mask: Tensor | None = None,
         causal: bool = False,
-        cache: KVCache | None = None,
+        cache: DecodeCache | CrossKV | None = None,
         offset: int = 0,
-        group: int = 1,
     ) -> Tensor:
         """Attend.
 
@@ -90,68 +86,43 @@ class MultiHeadAttention(nn.Module):
             x: queries' input (B, Tq, C).
             memory: keys'/values' input (B, Tk, C) for cross-attention; None for self.
             key_padding_mask: (B, Tk) bool, True = padding.
-            causal: causal self-attention (ignored when decoding one step with a cache).
-            cache: where this layer keeps its K/V across decode steps; self-attention
-                appends the new positions, cross-attention computes K/V once and reuses them.
+            causal: causal self-attention.
+            cache: incremental decoding. Self-attention: the kernel's `DecodeCache` (from
+                `kernel.new_cache()`), which stores x's positions and attends causally over
+                all positions so far. Cross-attention: a `CrossKV`, filled with memory's K/V
+                on the first step and reused after.
             offset: position of x's first token (for rotary encodings when decoding).
-            group: cross-attention only: x has `group` consecutive rows per memory row
-                (the beams of one sentence), so memory and its K/V are (B/group, Tk, ...).
-                Those rows' queries attend to the same keys as one longer query block.
 
         Returns:
             (B, Tq, C)
         """
         if self.self_attention:
-            q, k, v = self._qkv(x)
+            qkv = self.qkv_proj(x).unflatten(-1, (3, self.n_heads, self.head_dim))  # (B,T,3,H,D)
+            q, k, v = qkv.unbind(dim=2)  # 3 x (B, T, H, D)
             if self.rotary:
                 q, k = self.rotary[0](q, offset), self.rotary[0](k, offset)
-            if cache is not None:
-                k, v = cache.append(k, v)  # (B, t+Tq, H, D)
-                causal = causal and q.size(1) > 1
+            if isinstance(cache, DecodeCache):
+                return self._merge(cache.attend(q, k, v))
         else:
-            assert memory is not None or cache
-            q = self._split(self.q_proj(x))  # (B, Tq, H, D)
-            if cache:
+            q = self.q_proj(x).unflatten(-1, (self.n_heads, self.head_dim))  # (B, Tq, H, D)
+            if isinstance(cache, CrossKV) and cache.k is not None and cache.v is not None:
                 k, v = cache.k, cache.v
             else:
-                k, v = self._kv(memory)
-                if cache is not None:  # decoding: kept for every step
-                    if k.device.type == "cpu":  # head-major: `sdpa`'s short-query CPU path
-                        k, v = _head_major(k), _head_major(v)
-                    cache.set(k, v)
-        tq = q.size(1)
-        if group > 1:  # non-causal cross-attention: a sentence's beams are one query block
-            q = q.reshape(-1, group * tq, self.n_heads, self.head_dim)  # (B/G, G*Tq, H, D)
+                assert memory is not None, "cross-attention needs memory"
+                kv = self.kv_proj(memory).unflatten(-1, (2, self.n_heads, self.head_dim))
+                k, v = kv.unbind(dim=2)  # 2 x (B, Tk, H, D)
+                if isinstance(cache, CrossKV):
+                    cache.k, cache.v = k, v
         p = self.dropout if self.training else 0.0
         if self.record_weights:
-            out, weights = _MATH.forward_with_weights(
+            out, self.last_weights = self.kernel.forward_with_weights(
                 q, k, v, key_padding_mask=key_padding_mask, causal=causal, dropout_p=p
             )
-            if group > 1:  # (B/G, H, G*Tq, Tk) -> (B, H, Tq, Tk)
-                weights = weights.unflatten(2, (group, tq)).transpose(1, 2).flatten(0, 1)
-            self.last_weights = weights
         else:
             out = self.kernel(
                 q, k, v, key_padding_mask=key_padding_mask, causal=causal, dropout_p=p
             )
-        if group > 1:
-            out = out.reshape(-1, tq, self.n_heads, self.head_dim)  # (B, Tq, H, D)
+        return self._merge(out)
+
+    def _merge(self, out: Tensor) -> Tensor:
         return self.out_proj(out.flatten(-2))  # (B, Tq, H, D) -> (B, Tq, C)
-
-    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        qkv = self.qkv_proj(x).unflatten(-1, (3, self.n_heads, self.head_dim))  # (B, T, 3, H, D)
-        return qkv.unbind(dim=2)  # 3 x (B, T, H, D)
-
-    def _kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        kv = self.kv_proj(memory).unflatten(
-            -1, (2, self.n_heads, self.head_dim)
-        )  # (B, Tk, 2, H, D)
-        return kv.unbind(dim=2)  # 2 x (B, Tk, H, D)
-
-
-def _head_major(x: Tensor) -> Tensor:
-    """(B, T, H, D) with (B, H, T, D) memory layout: each head's keys contiguous."""
-    return x.transpose(1, 2).contiguous().transpose(1, 2)
-
-
-_MATH = MathAttention()

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from litmt.models.attention import MultiHeadAttention
-from litmt.models.cache import KVCache
+from litmt.models.cache import LayerCache
 from litmt.models.config import TransformerConfig
 from litmt.models.positional import RotaryEmbedding
 
@@ -95,31 +95,20 @@ class DecoderLayer(nn.Module):
         x: Tensor,
         memory: Tensor,
         src_padding_mask: Tensor | None,
-        cache: dict[str, KVCache] | None = None,
+        cache: LayerCache | None = None,
         offset: int = 0,
-        group: int = 1,
     ) -> Tensor:
         """x (B, T, C), memory (B, S, C), src_padding_mask (B, S) -> (B, T, C).
 
-        With `cache` ({"self": KVCache(), "cross": KVCache()}), K/V are kept across decode steps.
-        With `group` > 1, memory has one row per `group` rows of x (see MultiHeadAttention).
+        With `cache`, x holds the next positions from `offset` on (incremental decoding).
         """
-        sc = cache["self"] if cache is not None else None
-        cc = cache["cross"] if cache is not None else None
-        d = self.dropout
+        sc = cache.self_attn if cache is not None else None
+        cc = cache.cross if cache is not None else None
+        mask, d = src_padding_mask, self.dropout
         if self.norm_first:
             x = x + d(self.self_attn(self.norm1(x), causal=True, cache=sc, offset=offset))
-            x = x + d(
-                self.cross_attn(
-                    self.norm2(x), memory, key_padding_mask=src_padding_mask, cache=cc, group=group
-                )
-            )
+            x = x + d(self.cross_attn(self.norm2(x), memory, key_padding_mask=mask, cache=cc))
             return x + d(self.ffn(self.norm3(x)))
         x = self.norm1(x + d(self.self_attn(x, causal=True, cache=sc, offset=offset)))
-        x = self.norm2(
-            x
-            + d(
-                self.cross_attn(x, memory, key_padding_mask=src_padding_mask, cache=cc, group=group)
-            )
-        )
+        x = self.norm2(x + d(self.cross_attn(x, memory, key_padding_mask=mask, cache=cc)))
         return self.norm3(x + d(self.ffn(x)))

@@ -1,4 +1,4 @@
-"""`Seq2SeqTransformer`: encoder, decoder, and incremental decoding with a KV cache.
+"""`Seq2SeqTransformer`: encoder, decoder, and incremental decoding with per-layer caches.
 
 Shapes: B batch, S source length, T target length, C d_model, V target vocabulary.
 """
@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from litmt.attention import AttentionRequest
 from litmt.models.attention import MultiHeadAttention
-from litmt.models.cache import KVCache, moved_rows
+from litmt.models.cache import LayerCache
 from litmt.models.config import ATTENTION_SITES, TransformerConfig
 from litmt.models.layers import DecoderLayer, EncoderLayer
 from litmt.models.positional import (
@@ -26,45 +26,38 @@ from litmt.models.positional import (
 
 @dataclass
 class DecoderState:
-    """Everything an incremental decode step needs: the encoder output and the KV cache.
+    """Everything an incremental decode step needs: the encoder output and the caches.
 
     Attributes:
-        memory: encoder output (B/G, S, C).
-        src_padding_mask: (B/G, S) bool, True = pad.
-        layers: one {"self": KVCache, "cross": KVCache} dict per decoder layer;
-            self K/V (B rows) grow by one position per step, cross K/V (B/G rows) are
-            computed once.
+        memory: encoder output (B, S, C), one row per decoder row.
+        src_padding_mask: (B, S) bool, True = pad.
+        layers: one `LayerCache` per decoder layer: the self-attention kernel's own
+            `DecodeCache` and the cross-attention K/V (projected at the first step).
         step: number of target positions decoded so far.
-        group: G, the number of consecutive decoder rows that share one source row (the
-            beams of a sentence); 1 when every row has its own.
     """
 
     memory: Tensor
     src_padding_mask: Tensor | None
-    layers: list[dict[str, KVCache]] = field(default_factory=list)
+    layers: list[LayerCache] = field(default_factory=list)
     step: int = 0
-    group: int = 1
 
     def reorder(self, index: Tensor, *, cross: bool = True) -> None:
-        """Select decoder rows `index` (B',) of every cached tensor, e.g. to follow beams.
+        """Keep decoder rows `index` (B',) in that order, e.g. to follow beams.
 
-        Pass ``cross=False`` when each new row keeps the same source as before (beams of one
-        sentence), so the cross-attention K/V need not be copied. With ``group`` > 1 and
-        ``cross=True``, every block of G new rows must come from one source (e.g. keeping
-        the beams of whole sentences); the source rows follow the blocks.
+        Pass ``cross=False`` when every new row has the same source as the row it comes
+        from (the beams of one sentence): the source side (memory, mask, cross K/V) is then
+        left as it is. Fanning one row out to K beams, or dropping finished sentences,
+        needs ``cross=True``.
         """
-        first = self.layers[0]["self"] if self.layers else None
-        moved = moved_rows(index, first.k.size(0)) if first else None
         for layer in self.layers:
-            layer["self"].reorder(index, moved)
+            layer.self_attn.reorder(index)
         if not cross:
             return
-        src_index = index if self.group == 1 else index.view(-1, self.group)[:, 0] // self.group
-        self.memory = self.memory.index_select(0, src_index)
+        self.memory = self.memory.index_select(0, index)
         if self.src_padding_mask is not None:
-            self.src_padding_mask = self.src_padding_mask.index_select(0, src_index)
+            self.src_padding_mask = self.src_padding_mask.index_select(0, index)
         for layer in self.layers:
-            layer["cross"].reorder(src_index)
+            layer.cross.reorder(index)
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -179,19 +172,18 @@ class Seq2SeqTransformer(nn.Module):
         self,
         memory: Tensor,
         src_padding_mask: Tensor | None,
-        group: int = 1,
         capacity: int | None = None,
     ) -> DecoderState:
-        """An empty KV cache for decoding against `memory` (B, S, C).
+        """Empty caches for decoding against `memory` (B, S, C), one row per decoder row.
 
-        With `group` G > 1 the decoder runs G consecutive rows per source row (beam search
-        without copying the encoder output G times): rows g*G ... g*G+G-1 attend to
-        memory[g], and their cross-attention runs as one block of G queries.
-        `capacity`: target positions to reserve in each self-attention cache (the search's
-        longest output, eos included); None grows the caches by doubling.
+        Each decoder self-attention kernel makes its own cache (`kernel.new_cache`).
+        `capacity`: target positions the search decodes at most (its longest output, eos
+        included), so a cache can reserve them up front; None: unknown.
         """
-        layers = [{"self": KVCache(capacity), "cross": KVCache()} for _ in self.decoder_layers]
-        return DecoderState(memory, src_padding_mask, layers, group=group)
+        layers = [
+            LayerCache(layer.self_attn.kernel.new_cache(capacity)) for layer in self.decoder_layers
+        ]
+        return DecoderState(memory, src_padding_mask, layers)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """Feed one new target token per row and return next-token logits.
@@ -206,14 +198,7 @@ class Seq2SeqTransformer(nn.Module):
         tokens = tokens.view(-1, 1)  # (B, 1)
         x = self._embed(tokens, self.tgt_embed, "tgt_pos", offset=state.step)
         for layer, cache in zip(self.decoder_layers, state.layers, strict=True):
-            x = layer(
-                x,
-                state.memory,
-                state.src_padding_mask,
-                cache=cache,
-                offset=state.step,
-                group=state.group,
-            )
+            x = layer(x, state.memory, state.src_padding_mask, cache=cache, offset=state.step)
         state.step += 1
         return self.output_proj(self.decoder_norm(x))[:, 0]  # (B, V)
 
@@ -237,7 +222,6 @@ class Seq2SeqTransformer(nn.Module):
         dtype: torch.dtype | None = None,
         *,
         training: bool = True,
-        need_weights: bool = False,
     ) -> None:
         """Raise `BackendError` now if any site's kernel cannot serve this model on `device`/`dtype`."""
         for m in self.attention_modules():
@@ -246,7 +230,6 @@ class Seq2SeqTransformer(nn.Module):
                     causal=m.site == "decoder_self",
                     padding_mask=m.site != "decoder_self",
                     dropout=training and self.config.attention_dropout > 0,
-                    need_weights=need_weights,
                     device=device,
                     dtype=dtype,
                     site=m.site,

@@ -12,6 +12,11 @@ softmax(q·k) is replaced by the positive feature map φ, so
   masked (C x C) product is formed directly; across chunks a running (D x E) state is
   carried by an exclusive cumulative sum. Memory O(T · D) (one D x E state per chunk).
 - padding: padded keys get φ(k) = 0, so they add nothing to either sum.
+- decoding: the causal sums are all a new position needs of the past, so the decode cache
+  (`LinearState`) keeps S = Σ φ(k) vᵀ (D x E) and z = Σ φ(k) (D): O(1) per step in the
+  decoded length.
+- weights: the effective attention matrix is φ(q_i)ᵀφ(k_j) / (Σ_j' φ(q_i)ᵀφ(k_j') + eps)
+  (`forward_with_weights`); its rows sum to 1 (up to eps) and it times V is the output.
 
 It is not softmax attention (`exact=False`); it is compared with its own naive O(T²) formula.
 Attention dropout does not exist here (no attention matrix), so it is declared unsupported.
@@ -25,8 +30,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from litmt.attention.base import AttentionKernel, BackendSupport, safe_padding_mask
-from litmt.attention.local import _no_unknown, _positive_int
+from litmt.attention.base import (
+    AttentionKernel,
+    BackendSupport,
+    causal_mask,
+    int_option,
+    reject_unknown_options,
+    safe_padding_mask,
+)
+from litmt.attention.cache import DecodeCache
 
 
 def feature_map(x: Tensor) -> Tensor:
@@ -46,13 +58,14 @@ class LinearAttention(AttentionKernel):
     support = BackendSupport(
         dropout=False,
         exact=False,
+        weights=True,
         notes="phi(x)=elu(x)+1 kernel attention; O(T) time and memory, causal via chunked prefix sums",
     )
 
     def __init__(self, chunk_size: int = 64, eps: float = 1e-6, **unknown: Any) -> None:
         super().__init__()
-        _no_unknown(self.name, unknown, ("chunk_size", "eps"))
-        self.chunk_size = _positive_int("chunk_size", chunk_size, self.name, 1)
+        reject_unknown_options(self.name, unknown, ("chunk_size", "eps"))
+        self.chunk_size = int_option("chunk_size", chunk_size, self.name, 1)
         self.eps = float(eps)
 
     def forward(
@@ -70,13 +83,7 @@ class LinearAttention(AttentionKernel):
         With causal=True and Tq < Tk (a chunk decoded against a cache), query i sits at
         position Tk - Tq + i and sees every earlier key.
         """
-        dtype = q.dtype
-        qf = feature_map(q.float())  # (B, Tq, H, D)
-        kf = feature_map(k.float())  # (B, Tk, H, D)
-        vf = v.float()
-        kpm = safe_padding_mask(key_padding_mask)
-        if kpm is not None:
-            kf = kf.masked_fill(kpm[:, :, None, None], 0.0)
+        qf, kf, vf = _features(q, k, v, key_padding_mask)
         tq, tk = q.size(1), k.size(1)
         if not causal:
             kv = torch.einsum("bkhd,bkhe->bhde", kf, vf)  # (B, H, D, E)
@@ -92,7 +99,34 @@ class LinearAttention(AttentionKernel):
             z0 = kf[:, :offset].sum(dim=1)  # (B, H, D)
             num, den = self._causal(qf, kf[:, offset:], vf[:, offset:], s0, z0)
         out = num / (den[..., None] + self.eps)  # (B, Tq, H, E)
-        return out.to(dtype)
+        return out.to(q.dtype)
+
+    def forward_with_weights(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> tuple[Tensor, Tensor]:
+        """`forward` through its explicit (B, H, Tq, Tk) weights, returned too (O(Tq · Tk)).
+
+        weights_ij = φ(q_i)ᵀφ(k_j) / (Σ_j' φ(q_i)ᵀφ(k_j') + eps), over j <= i + Tk - Tq when
+        causal; padded keys get 0. out = weights · V.
+        """
+        qf, kf, vf = _features(q, k, v, key_padding_mask)
+        scores = torch.einsum("bqhd,bkhd->bhqk", qf, kf)  # (B, H, Tq, Tk)
+        if causal:
+            scores = scores * causal_mask(q.size(1), k.size(1), q.device)
+        weights = scores / (scores.sum(dim=-1, keepdim=True) + self.eps)
+        out = torch.einsum("bhqk,bkhe->bqhe", weights, vf)  # (B, Tq, H, E)
+        return out.to(q.dtype), weights.to(q.dtype)
+
+    def new_cache(self, capacity: int | None = None) -> DecodeCache:
+        """A `LinearState` of running sums (`capacity` is not needed)."""
+        return LinearState(self)
 
     def _causal(
         self, qf: Tensor, kf: Tensor, vf: Tensor, s0: Tensor, z0: Tensor
@@ -123,6 +157,48 @@ class LinearAttention(AttentionKernel):
 
     def extra_repr(self) -> str:
         return f"name={self.name}, chunk_size={self.chunk_size}, eps={self.eps}"
+
+
+def _features(
+    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """φ(q), φ(k) with padded keys zeroed, and v, all in fp32, each (B, T, H, D)."""
+    qf, kf = feature_map(q.float()), feature_map(k.float())
+    kpm = safe_padding_mask(key_padding_mask)
+    if kpm is not None:
+        kf = kf.masked_fill(kpm[:, :, None, None], 0.0)
+    return qf, kf, v.float()
+
+
+class LinearState(DecodeCache):
+    """Decode state of causal `linear` attention: S = Σ φ(k) vᵀ and z = Σ φ(k) so far.
+
+    A step adds the new positions to the sums after attending with them (the causal
+    formula of `LinearAttention._causal` with S, z as the initial state): O(1) time and
+    memory per step in the decoded length.
+    """
+
+    def __init__(self, kernel: LinearAttention) -> None:
+        self.kernel = kernel
+        self.s: Tensor | None = None  # (B, H, D, E) fp32
+        self.z: Tensor | None = None  # (B, H, D) fp32
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """See `DecodeCache.attend`."""
+        qf, kf, vf = _features(q, k, v, None)  # (B, Tq, H, D)
+        if self.s is None or self.z is None:
+            b, _, h, d = kf.shape
+            self.s = kf.new_zeros(b, h, d, vf.size(-1))
+            self.z = kf.new_zeros(b, h, d)
+        num, den = self.kernel._causal(qf, kf, vf, self.s, self.z)  # (B,Tq,H,E), (B,Tq,H)
+        self.s = self.s + torch.einsum("bkhd,bkhe->bhde", kf, vf)
+        self.z = self.z + kf.sum(dim=1)
+        return (num / (den[..., None] + self.kernel.eps)).to(q.dtype)
+
+    def reorder(self, index: Tensor) -> None:
+        """See `DecodeCache.reorder`."""
+        if self.s is not None and self.z is not None:
+            self.s, self.z = self.s.index_select(0, index), self.z.index_select(0, index)
 
 
 def _exclusive_cumsum(x: Tensor) -> Tensor:
