@@ -29,9 +29,9 @@ import logging
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,7 +119,7 @@ class DynamicBatcher:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with _suppress_cancel():
+            with suppress(asyncio.CancelledError):
                 await self._task
 
     async def submit(self, texts: list[str]) -> list[str]:
@@ -171,14 +171,6 @@ class DynamicBatcher:
             if not p.future.done():
                 p.future.set_result(out[start : start + len(p.texts)])
             start += len(p.texts)
-
-
-@contextmanager
-def _suppress_cancel() -> Iterator[None]:
-    try:
-        yield
-    except asyncio.CancelledError:
-        pass
 
 
 def language_name(code: str) -> str:
