@@ -1,0 +1,233 @@
+"""Score (source, target) pairs with a trained model: forced decoding, for reranking and
+corpus filtering.
+
+For a target y (subword ids, without bos/eos) of a source x, the numbers are the ones beam
+search gives a finished hypothesis (`litmt.search`, `Hypothesis.log_prob` / `.score`):
+
+    log_prob = sum over i = 1 .. |y| + 1 of log P(y_i | y_<i, x), with y_{|y|+1} = eos
+    score    = log_prob / length_penalty_factor(|y| + 1, alpha)
+
+eos counts, both in the sum and in the length. The log-softmax runs in float32, as in the
+searches. Sources are prepared as `Translator` prepares them (control characters removed,
+truncated to `max_positions`). Conventions at the edges:
+
+- an empty source (as `Translator` gives ``""`` without running the model): an empty target
+  scores 0.0 / 0.0, any other ``-inf``;
+- a target longer than ``max_positions - 1`` subwords, which no search can produce, scores
+  ``-inf`` (with a warning);
+- the search's length budget (`max_len_a`/`max_len_b`) and `min_len` are not applied.
+
+Shapes: B pairs in a batch, S source length, T target length + 1 (bos/eos), V vocabulary.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import Tensor
+
+from litmt.checkpoint import checkpoint_paths
+from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.errors import DataError
+from litmt.models import Seq2SeqTransformer
+from litmt.search import length_penalty_factor
+from litmt.translate import Translator, read_text_file, token_batches
+
+log = logging.getLogger("litmt.score")
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class PairScore:
+    """The model's scores of one (source, target) pair.
+
+    Attributes:
+        log_prob: total log-probability of the target's subwords and eos.
+        score: `log_prob` / ((5 + tokens) / 6) ** alpha, beam search's ranking score.
+        tokens: subwords scored, eos included (|y| + 1); 0 for an empty source.
+    """
+
+    log_prob: float
+    score: float
+    tokens: int
+
+
+def _padded(rows: Sequence[Sequence[int]], fill: int) -> Tensor:
+    """(B, max length) long tensor of right-padded rows."""
+    out = torch.full((len(rows), max(len(r) for r in rows)), fill, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+    return out
+
+
+@torch.no_grad()
+def force_decode(
+    model: Seq2SeqTransformer, src: Tensor, targets: Sequence[Sequence[int]]
+) -> Tensor:
+    """Total log-probability of each target (its subwords and eos) given its source.
+
+    Args:
+        model: the model, in eval mode.
+        src: (B, S) source ids, right-padded with `PAD_ID`, every row non-empty.
+        targets: B lists of target ids without bos/eos.
+
+    Returns:
+        (B,) float32 sums of log P(y_i | y_<i, x) over the |y| + 1 positions.
+    """
+    device = src.device
+    tgt_in = _padded([[BOS_ID, *t] for t in targets], PAD_ID).to(device)  # (B, T)
+    tgt_out = _padded([[*t, EOS_ID] for t in targets], PAD_ID).to(device)  # (B, T)
+    logp = F.log_softmax(model(src, tgt_in).float(), dim=-1)  # (B, T, V), as the searches
+    token_logp = logp.gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    return token_logp.masked_fill(tgt_out.eq(PAD_ID), 0.0).sum(dim=1)  # (B,)
+
+
+class Scorer:
+    """Scores pairs with a `Translator`'s model, tokenizer and source preparation.
+
+    Args:
+        translator: the loaded model (`Translator.from_checkpoint`).
+    """
+
+    def __init__(self, translator: Translator) -> None:
+        self.translator = translator
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path | Sequence[str | Path],
+        *,
+        device: str | torch.device | None = None,
+        attention: str | None = None,
+    ) -> Scorer:
+        """Load a checkpoint (several: weights averaged) as `Translator.from_checkpoint` does."""
+        return cls(Translator.from_checkpoint(path, device=device, attention=attention))
+
+    def score_ids(
+        self,
+        sources: Sequence[Sequence[int]],
+        targets: Sequence[Sequence[int]],
+        *,
+        length_penalty: float = 1.0,
+        max_tokens: int = 4096,
+    ) -> list[PairScore]:
+        """Score prepared id pairs in token-budget batches; results in input order.
+
+        A batch holds at most `max_tokens` of max(source, target + 1) lengths, padding
+        included (`litmt.translate.token_batches`).
+        """
+        if len(sources) != len(targets):
+            raise DataError(f"{len(sources)} sources but {len(targets)} targets")
+        model, device = self.translator.model, self.translator.device
+        limit = model.config.max_positions - 1  # the longest output a search can produce
+        results: list[PairScore] = [PairScore(NEG_INF, NEG_INF, 0) for _ in sources]
+        todo = []
+        for i, (s, t) in enumerate(zip(sources, targets, strict=True)):
+            if not s:
+                if not t:
+                    results[i] = PairScore(0.0, 0.0, 0)
+            elif len(t) > limit:
+                log.warning(
+                    "pair %d: the target has %d subwords, more than the model's maximum of "
+                    "%d; scored -inf",
+                    i + 1,
+                    len(t),
+                    limit,
+                )
+                results[i] = PairScore(NEG_INF, NEG_INF, len(t) + 1)
+            else:
+                todo.append(i)
+        lengths = [max(len(sources[i]), len(targets[i]) + 1) for i in todo]
+        for batch in token_batches(lengths, max_tokens):
+            idx = [todo[j] for j in batch]
+            src = _padded([sources[i] for i in idx], PAD_ID).to(device)  # (B, S)
+            totals = force_decode(model, src, [targets[i] for i in idx]).tolist()
+            for i, total in zip(idx, totals, strict=True):
+                n = len(targets[i]) + 1  # eos included, as in the searches
+                norm = total / float(length_penalty_factor(float(n), length_penalty))
+                results[i] = PairScore(total, norm, n)
+        return results
+
+    def score(
+        self,
+        sources: Sequence[str],
+        targets: Sequence[str],
+        *,
+        length_penalty: float = 1.0,
+        max_tokens: int = 4096,
+    ) -> list[PairScore]:
+        """Score text pairs (sources prepared as `Translator.prepare` does).
+
+        Raises:
+            DataError: the two lists differ in length.
+        """
+        if len(sources) != len(targets):
+            raise DataError(f"{len(sources)} sources but {len(targets)} targets")
+        tr = self.translator
+        src_ids = [tr.prepare(s, f"line {i + 1}") for i, s in enumerate(sources)]
+        tgt_ids = tr.tokenizer.encode_tgt(list(targets)) if targets else []
+        return self.score_ids(
+            src_ids, tgt_ids, length_penalty=length_penalty, max_tokens=max_tokens
+        )
+
+
+def format_score(result: PairScore) -> str:
+    """``log_prob<TAB>score`` (6 decimals; ``-inf`` for pairs that cannot be produced)."""
+    return f"{result.log_prob:.6f}\t{result.score:.6f}"
+
+
+def score(cfg: DictConfig) -> list[PairScore]:
+    """The `scripts/score.py` job: score `src_file` x `tgt_file` line by line.
+
+    Writes one line ``log_prob<TAB>score`` per pair, in input order, to `output` (or stdout).
+
+    Raises:
+        DataError: a missing file, or the files differ in line count.
+        ConfigError / CheckpointError: from the checkpoint arguments.
+    """
+    ckpt = checkpoint_paths(
+        cfg.get("ckpt_path"), run_dir=cfg.get("run_dir"), average_last=cfg.get("average_last")
+    )
+    if not cfg.get("src_file") or not cfg.get("tgt_file"):
+        raise DataError("pass src_file=FILE and tgt_file=FILE (one sentence per line, aligned)")
+    sources = read_text_file(str(cfg.src_file), "src_file")
+    targets = read_text_file(str(cfg.tgt_file), "tgt_file")
+    if len(sources) != len(targets):
+        raise DataError(
+            f"src_file {cfg.src_file} has {len(sources)} lines but tgt_file {cfg.tgt_file} has "
+            f"{len(targets)}; the files must align line by line"
+        )
+    scorer = Scorer.from_checkpoint(ckpt, device=cfg.get("device"), attention=cfg.get("attention"))
+    results = scorer.score(
+        sources,
+        targets,
+        length_penalty=float(cfg.length_penalty),
+        max_tokens=int(cfg.max_tokens),
+    )
+    with ExitStack() as stack:
+        out: IO[str]
+        output = cfg.get("output")
+        if output is not None:
+            Path(str(output)).parent.mkdir(parents=True, exist_ok=True)
+            out = stack.enter_context(Path(str(output)).open("w", encoding="utf-8", newline="\n"))
+        else:
+            out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
+            stack.callback(out.detach)  # leave sys.stdout usable afterwards
+            stack.callback(out.flush)
+        for r in results:
+            out.write(format_score(r) + "\n")
+    return results
+
+
+__all__ = ["PairScore", "Scorer", "force_decode", "format_score", "score"]
