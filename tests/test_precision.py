@@ -297,3 +297,89 @@ def test_kernels_that_serve_no_dtype_here_switch_to_sdpa() -> None:
         message="inference with attention=sdpa in float32 on cpu (the checkpoint's attention "
         "kernels cannot run here)",
     )
+
+
+# -- items 4 and 5 through the real loaders --------------------------------------------------
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tiny_checkpoint import corpus
+
+    from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+
+    en, de = corpus()
+    return Tokenizer.train(en, de, TokenizerSettings(vocab_size=80))
+
+
+def _save(path: Path, tokenizer, extra_state: bool = False, **attention: str) -> Path:
+    from litmt.checkpoint import save_model_checkpoint
+    from litmt.models import Seq2SeqTransformer, TransformerConfig
+
+    config = TransformerConfig(
+        src_vocab_size=tokenizer.src_vocab_size, d_model=32, n_heads=4, d_ff=64,
+        n_encoder_layers=1, n_decoder_layers=1, max_positions=32,
+        **({"attention": attention} if attention else {}),
+    )  # fmt: skip
+    save_model_checkpoint(path, Seq2SeqTransformer(config), tokenizer, "en", "de")
+    if extra_state:  # what a TE-converted model adds next to each te.Linear's weight
+        ckpt = torch.load(path, weights_only=True)
+        names = [k for k in ckpt["state_dict"] if k.endswith("proj.weight")]
+        assert names
+        for k in names:
+            ckpt["state_dict"][k.replace(".weight", "._extra_state")] = torch.zeros(4)
+        torch.save(ckpt, path)
+    return path
+
+
+def test_fp8_checkpoint_with_extra_state_loads_for_decoding_and_averaging(
+    tmp_path: Path, tokenizer
+) -> None:
+    from litmt.checkpoint import load_model
+
+    path = _save(tmp_path / "fp8.ckpt", tokenizer, extra_state=True)
+    loaded = load_model(path, "cpu")  # strict load_state_dict: no unexpected keys
+    assert not any(k.endswith("_extra_state") for k in loaded.model.state_dict())
+    other = _save(tmp_path / "fp8b.ckpt", tokenizer, extra_state=True)
+    load_model([path, other], "cpu")  # averaging reads the same weights
+
+
+def test_checkpoint_of_a_kernel_that_cannot_run_here_translates_with_sdpa_and_one_line(
+    tmp_path: Path, tokenizer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `flash` checkpoint where flash cannot serve float32 (here: the CPU, with flash-attn
+    installed as far as the kernel knows): decoding switches to sdpa with one log line
+    instead of raising."""
+    from litmt.translate import Translator
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU path; the GPU path is tests/test_gpu_precision.py")
+    fake = types.ModuleType("flash_attn")  # installed, as far as the kernel can tell
+    fake.flash_attn_func = fake.flash_attn_varlen_func = lambda *a, **k: None
+    monkeypatch.setitem(sys.modules, "flash_attn", fake)
+    path = _save(tmp_path / "flash.ckpt", tokenizer, encoder_self="flash", cross="flash")
+    with caplog.at_level(logging.INFO, logger="litmt.translate"):
+        translator = Translator.from_checkpoint(path, device="cpu")
+    assert translator.model.config.attention.encoder_self == "sdpa"
+    assert translator.autocast is None
+    assert len(translator.translate(["A red dog runs."], beam_size=2)) == 1
+    lines = [r.getMessage() for r in caplog.records if "inference with" in r.getMessage()]
+    assert lines == [
+        "inference with attention=sdpa in float32 on cpu (the checkpoint's attention kernels "
+        "cannot run here)"
+    ]
+
+
+def test_checkpoint_records_the_training_precision() -> None:
+    from litmt.checkpoint import META_KEY
+    from litmt.lit_module import TranslationModule
+    from litmt.precision import precision_name
+
+    cfg = {"src_vocab_size": 32, "tgt_vocab_size": 32, "d_model": 16, "n_heads": 2, "d_ff": 32,
+           "n_encoder_layers": 1, "n_decoder_layers": 1}  # fmt: skip
+    tok = SimpleNamespace(to_dict=lambda: {})
+    module = TranslationModule(cfg, tokenizer=tok, src_lang="en", tgt_lang="de")
+    plugin = SimpleNamespace(precision="transformer-engine", fallback_compute_dtype=torch.float16)
+    module._trainer = SimpleNamespace(precision_plugin=plugin, precision=plugin.precision)
+    ckpt: dict = {}
+    module.on_save_checkpoint(ckpt)
+    assert ckpt[META_KEY]["precision"] == "transformer-engine-float16"
+    assert precision_name(SimpleNamespace(precision="bf16-mixed")) == "bf16-mixed"

@@ -26,7 +26,7 @@ def test_every_trainer_config_composes(name: str, tmp_path: Path) -> None:
     cfg = compose_train([f"trainer={name}"], tmp_path)
     t = cfg.trainer
     assert t._target_ == "lightning.pytorch.trainer.Trainer"
-    assert t.precision in ("32-true", "16-mixed", "bf16-mixed")
+    assert t.precision in ("auto", "32-true", "16-mixed", "bf16-mixed")
     assert t.use_distributed_sampler is False  # the data module shards batches per rank
     if name in ("ddp", "fsdp"):
         assert t.num_nodes == 1 and t.devices > 1

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from litmt.errors import ConfigError
+from litmt.errors import BackendError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +86,17 @@ def compute_dtype(precision: Any) -> torch.dtype:
             f"unknown precision {precision!r}; use one of {', '.join(_COMPUTE_DTYPES)} or auto"
         )
     return _COMPUTE_DTYPES[name]
+
+
+def precision_name(precision: Any) -> str:
+    """The canonical precision string of a precision input or plugin, telling the two
+    Transformer Engine variants apart (recorded in checkpoints as the training precision)."""
+    if isinstance(getattr(precision, "fallback_compute_dtype", None), torch.dtype):
+        fp16 = precision.fallback_compute_dtype == torch.float16
+        return "transformer-engine-float16" if fp16 else "transformer-engine"
+    if hasattr(precision, "precision") and not isinstance(precision, str | int):
+        precision = precision.precision
+    return normalize_precision(precision)
 
 
 def resolve_precision(
@@ -316,6 +326,26 @@ def inference_plan(
     )
 
 
-def round_up(n: int, multiple: int) -> int:
-    """`n` rounded up to a multiple of `multiple` (>= 1)."""
-    return int(math.ceil(n / multiple) * multiple) if multiple > 1 else int(n)
+def plan_model_inference(
+    model: Any, device: torch.device, trained_precision: str | None
+) -> InferencePlan:
+    """`inference_plan` for a `Seq2SeqTransformer`: its kernels are asked through
+    `validate_backends(device, dtype, training=False)` (which raises `BackendError`)."""
+
+    def supports(dtype: torch.dtype) -> bool:
+        try:
+            model.validate_backends(device, dtype, training=False)
+        except BackendError:
+            return False
+        return True
+
+    return inference_plan(device, supports, trained_precision)
+
+
+def autocast_context(
+    device: torch.device, dtype: torch.dtype | None
+) -> contextlib.AbstractContextManager[Any]:
+    """`torch.autocast(device.type, dtype)`, or a no-op for None (float32 inference)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)

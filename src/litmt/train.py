@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import sys
 from pathlib import Path
@@ -20,6 +21,13 @@ from litmt.callbacks import PreemptionCheckpoint
 from litmt.checkpoint import atomic_save, check_compatible, load_checkpoint
 from litmt.config_check import check_devices, check_run_dir
 from litmt.errors import ConfigError, LitmtError
+from litmt.precision import (
+    FP8_ROW_MULTIPLE,
+    configure_precision,
+    fp8_precision_plugin,
+    is_fp8,
+    resolve_precision,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,17 +98,40 @@ def check_precision(precision: Any) -> None:
             )
 
 
+def pad_for_precision(datamodule: Any, precision: str | int | None) -> None:
+    """Under FP8, make the data module pad batch lengths to a multiple of 8.
+
+    Transformer Engine's FP8 GEMMs need the rows B*S / B*T of every projection divisible by 8
+    (transformer_engine/pytorch/utils.py `assert_dim_for_fp8_exec`; see
+    `litmt.data.collate.collate`). A configured `data.pad_to_multiple` is kept when it is
+    already a multiple of 8, else raised to the least common multiple.
+    """
+    current = int(getattr(datamodule, "pad_to_multiple", 1) or 1)
+    if is_fp8(precision) and current % FP8_ROW_MULTIPLE:
+        datamodule.pad_to_multiple = math.lcm(current, FP8_ROW_MULTIPLE)
+        log.info("FP8: batch lengths padded to multiples of %d", datamodule.pad_to_multiple)
+
+
 def build_trainer(cfg: DictConfig, callbacks: list[Any], loggers: list[Any]) -> L.Trainer:
     """Instantiate the Lightning Trainer; device/config mistakes become one-line `LitmtError`s."""
     accel, devices = cfg.trainer.get("accelerator", "auto"), cfg.trainer.get("devices", 1)
-    check_precision(cfg.trainer.get("precision"))
+    # `auto` → bf16-mixed / 16-mixed on CUDA, 32-true elsewhere; one log line (litmt.precision)
+    precision = configure_precision(cfg.trainer.get("precision"), accel)
+    check_precision(precision)
     check_devices(accel, devices)
+    plugins: list[Any] = [AtomicCheckpointIO()]
+    if is_fp8(precision):
+        # Lightning's plugin for the same string, except that tied weights stay tied; a
+        # plugin and a precision flag together are refused by Lightning, hence precision=None
+        plugins.append(fp8_precision_plugin(str(precision)))
+        precision = None
     try:
         return hydra.utils.instantiate(
             cfg.trainer,
             callbacks=callbacks,
             logger=loggers or False,
-            plugins=[AtomicCheckpointIO()],
+            plugins=plugins,
+            precision=precision,
         )
     except (MisconfigurationException, InstantiationException) as exc:
         cause = exc.__cause__ if isinstance(exc, InstantiationException) else exc
@@ -121,7 +152,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     )
 
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
-    datamodule.prepare_data()
+    pad_for_precision(
+        datamodule, resolve_precision(cfg.trainer.get("precision"), cfg.trainer.get("accelerator"))
+    )
+    # Launchers like torchrun/SLURM start every rank at once: one process per node (or per
+    # job, data.prepare_data_per_node=false) trains the tokenizer and tokenises; the others
+    # wait for it, then every rank reads the caches.
+    datamodule.prepare_once()
     datamodule.setup("fit")
     tokenizer = datamodule.tokenizer
     module = hydra.utils.instantiate(

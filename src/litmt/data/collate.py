@@ -1,6 +1,7 @@
 """Tokenised examples as a torch Dataset, and the collate function that pads them.
 
-Shapes: B sentences in a batch, S longest source, T longest target + 1 (bos/eos).
+Shapes: B sentences in a batch, S longest source, T longest target + 1 (bos/eos), each
+rounded up to `pad_to_multiple` when that is set.
 """
 
 from __future__ import annotations
@@ -84,8 +85,20 @@ class TokenizedPairs(Dataset):
         return int(self.indices[pos]), s, t
 
 
-def collate(examples: Sequence[Example]) -> dict[str, Tensor | int]:
+def padded_length(n: int, multiple: int) -> int:
+    """`n` rounded up to a multiple of `multiple` (1 = unchanged)."""
+    return -(-int(n) // multiple) * multiple if multiple > 1 else int(n)
+
+
+def collate(examples: Sequence[Example], pad_to_multiple: int = 1) -> dict[str, Tensor | int]:
     """Pad a list of examples into a batch.
+
+    Args:
+        examples: (index, source ids, target ids) triples.
+        pad_to_multiple: pad S and T up to a multiple of this (extra columns are PAD and
+            masked). FP8 GEMMs need the rows B*S and B*T of every projection to be divisible
+            by 8 (Transformer Engine, transformer_engine/pytorch/utils.py
+            `assert_dim_for_fp8_exec`); padding the lengths guarantees it for any B.
 
     Returns:
         dict with
@@ -102,8 +115,12 @@ def collate(examples: Sequence[Example]) -> dict[str, Tensor | int]:
     examples = [(i, s if len(s) else _EMPTY_SRC, t) for i, s, t in examples]
     src_len = np.array([len(e[1]) for e in examples], dtype=np.int64)
     tgt_len = np.array([len(e[2]) + 1 for e in examples], dtype=np.int64)
-    src = np.full((b, int(src_len.max())), PAD_ID, dtype=np.int64)  # (B, S)
-    tgt_in = np.full((b, int(tgt_len.max())), PAD_ID, dtype=np.int64)  # (B, T)
+    if pad_to_multiple < 1:
+        raise ValueError(f"pad_to_multiple must be >= 1, got {pad_to_multiple}")
+    s_max = padded_length(src_len.max(), pad_to_multiple)
+    t_max = padded_length(tgt_len.max(), pad_to_multiple)
+    src = np.full((b, s_max), PAD_ID, dtype=np.int64)  # (B, S)
+    tgt_in = np.full((b, t_max), PAD_ID, dtype=np.int64)  # (B, T)
     tgt_out = np.full_like(tgt_in, PAD_ID)  # (B, T)
     for i, (_, s, t) in enumerate(examples):
         n = len(t)

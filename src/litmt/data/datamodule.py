@@ -18,10 +18,17 @@ gather hypotheses by `index` and drop duplicates).
 
 Under DDP set `trainer.use_distributed_sampler=false`: the sampler reads rank and world
 size from `torch.distributed` when the dataloader is created.
+
+`prepare_once` (called by `litmt.train` before the Trainer exists, when launchers such as
+torchrun or SLURM have started every rank at once) lets one process per node prepare
+(`prepare_data_per_node=true`, Lightning's default) or one per job on a shared filesystem
+(`false`), while the others wait for its marker file and then read the caches.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
 import shutil
@@ -78,6 +85,33 @@ def _resolve_path(path: str | os.PathLike[str]) -> Path:
     return Path(path)
 
 
+def padded_length_array(lengths: np.ndarray, multiple: int) -> np.ndarray:
+    """(N,) lengths rounded up to a multiple of `multiple` (`collate.padded_length`, vectorised)."""
+    return -(-np.asarray(lengths) // multiple) * multiple
+
+
+def launch_ranks() -> tuple[int, int]:
+    """(local rank, node rank) of this process, from its launcher's environment.
+
+    The variables Lightning's cluster environments read (lightning/fabric/plugins/
+    environments): `LightningEnvironment` and torchrun's `TorchElasticEnvironment` LOCAL_RANK
+    and NODE_RANK / GROUP_RANK; `SLURMEnvironment` SLURM_LOCALID and SLURM_NODEID. Lightning's
+    own launcher sets LOCAL_RANK in the processes it starts. A plain run is (0, 0).
+    """
+    env = os.environ
+    local = env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
+    node = env.get("NODE_RANK", env.get("GROUP_RANK", env.get("SLURM_NODEID", "0")))
+    return int(local), int(node)
+
+
+def _read_marker(path: Path) -> tuple[dict[str, Any], float] | None:
+    """The preparer's marker and its mtime, or None while it is absent (or being replaced)."""
+    try:
+        return json.loads(path.read_text()), path.stat().st_mtime
+    except (OSError, ValueError):
+        return None
+
+
 class TranslationDataModule(L.LightningDataModule):
     """Loads a parallel corpus, tokenises it and serves padded batches.
 
@@ -100,6 +134,11 @@ class TranslationDataModule(L.LightningDataModule):
             (targets to max_positions - 1, leaving room for bos/eos).
         limit: keep only the first N training examples (debugging).
         num_workers, pin_memory (None = on when CUDA is available), num_proc, seed.
+        pad_to_multiple: pad every batch's S and T to a multiple of this (None = 1, or 8 set
+            by `litmt.train` under FP8 precision); token budgets count the padded lengths.
+        prepare_data_per_node: `prepare_once` prepares on local rank 0 of every node (true)
+            or only on global rank 0 (false: the cache is on a filesystem every node shares).
+        prepare_timeout: seconds a waiting rank waits for the preparing one.
     """
 
     def __init__(
@@ -129,8 +168,16 @@ class TranslationDataModule(L.LightningDataModule):
         num_proc: int | None = None,
         seed: int = 0,
         shuffle: bool = True,
+        pad_to_multiple: int | None = None,
+        prepare_data_per_node: bool = True,
+        prepare_timeout: float = 7200.0,
     ) -> None:
         super().__init__()
+        if pad_to_multiple is not None and int(pad_to_multiple) < 1:
+            raise ConfigError(f"data.pad_to_multiple must be >= 1 or null, got {pad_to_multiple}")
+        self.pad_to_multiple = int(pad_to_multiple or 1)
+        self.prepare_data_per_node = bool(prepare_data_per_node)  # Lightning's DataHooks flag
+        self.prepare_timeout = float(prepare_timeout)
         self.name, self.src_lang, self.tgt_lang = str(name), str(src_lang), str(tgt_lang)
         tok = _plain(tokenizer) or {}
         known = {f.name for f in fields(TokenizerSettings)}
@@ -187,6 +234,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.datasets: dict[str, TokenizedPairs] = {}
         self._text: dict[str, datasets.Dataset] = {}
         self.timings: dict[str, float] = {}  # seconds per stage of the last prepare/setup
+        self._prepared_paths: list[str] = []  # what the last prepare_data published
 
     # -- tokenizer ----------------------------------------------------------------------
     def tokenizer_dir(self) -> Path:
@@ -295,6 +343,7 @@ class TranslationDataModule(L.LightningDataModule):
         """Train/load the tokenizer and tokenise every split into the cache (one process)."""
         t0 = time.perf_counter()
         tok = self._get_tokenizer()
+        self._prepared_paths = [str(self.tokenizer_dir())]
         for split in SPLITS:
             try:
                 self._tokenized(split)
@@ -303,8 +352,74 @@ class TranslationDataModule(L.LightningDataModule):
                     raise
                 # training does not need a test split; `setup("test")` raises this again
                 log.warning("test split unavailable (%s)", exc)
+                continue
+            self._prepared_paths.append(str(self._cache_path(split, tok)))
         self.timings["prepare_s"] = time.perf_counter() - t0
         del tok
+
+    # -- prepare once per node (or per job), the other ranks wait --------------------------
+    def prepared_marker(self) -> Path:
+        """The file the preparing process writes when the caches are complete (or it failed)."""
+        return self.cache_dir / "prepared" / f"{self.tokenizer_dir().name}.json"
+
+    def is_preparer(self) -> bool:
+        """Whether this process prepares the data (Lightning's rule, `_DataConnector.
+        prepare_data`: local rank 0 when `prepare_data_per_node`, else global rank 0)."""
+        local, node = launch_ranks()
+        return local == 0 and (self.prepare_data_per_node or node == 0)
+
+    def prepare_once(self, poll_s: float = 0.5) -> None:
+        """Prepare the data in one process per node (or per job); other processes wait.
+
+        Works before any process group exists: the preparer writes a JSON marker under
+        `cache_dir/prepared/` once every cache is published (or, on failure, a failed
+        marker), and the others poll it. A process started after the preparer finished (the
+        ranks Lightning's own launcher starts inside `fit`) finds the marker at once.
+
+        Raises:
+            DataError: the preparing process failed, or did not finish in `prepare_timeout`.
+        """
+        marker = self.prepared_marker()
+        if self.is_preparer():
+            marker.unlink(missing_ok=True)
+            ok = False
+            try:
+                self.prepare_data()
+                ok = True
+            finally:  # on failure too, so that the waiting ranks stop and report it
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                state = {
+                    "status": "ok" if ok else "failed",
+                    "paths": self._prepared_paths if ok else [],
+                }
+                tmp = marker.with_name(marker.name + f".tmp{os.getpid()}")
+                tmp.write_text(json.dumps(state))
+                tmp.replace(marker)  # atomic publish
+            return
+        self._wait_for(marker, poll_s)
+
+    def _wait_for(self, marker: Path, poll_s: float) -> None:
+        who = "local rank 0 of this node" if self.prepare_data_per_node else "global rank 0"
+        started = time.time()
+        deadline = time.monotonic() + self.prepare_timeout
+        log.info("data: waiting for %s to prepare the tokenizer and caches (%s)", who, marker)
+        while True:
+            found = _read_marker(marker)
+            if found is not None:
+                state, mtime = found
+                if state.get("status") == "ok" and all(Path(p).exists() for p in state["paths"]):
+                    log.info("data: prepared by %s after %.0fs", who, time.time() - started)
+                    return
+                # a failed marker counts only when written by this job (not by an earlier run)
+                if state.get("status") == "failed" and mtime >= started - 1:
+                    raise DataError(f"data preparation failed in {who}; see that process's log")
+            if time.monotonic() > deadline:
+                raise DataError(
+                    f"waited {self.prepare_timeout:.0f}s for {who} to prepare the data ({marker}); "
+                    "raise data.prepare_timeout, or set data.prepare_data_per_node=false only when "
+                    "every node shares data.cache_dir"
+                )
+            time.sleep(poll_s)
 
     def setup(self, stage: str | None = None) -> None:
         """Load the tokenizer and the splits `stage` needs (fit: train+valid)."""
@@ -344,9 +459,13 @@ class TranslationDataModule(L.LightningDataModule):
     def _loader(self, split: str, train: bool) -> ResumableDataLoader:
         ds = self._dataset(split)
         self._check_distributed()
+        m = self.pad_to_multiple
+        src_lens, tgt_lens = ds.src_lengths(), ds.tgt_lengths()
+        if m > 1:  # budget the padded batch shapes the collate function will produce
+            src_lens, tgt_lens = padded_length_array(src_lens, m), padded_length_array(tgt_lens, m)
         sampler = TokenBudgetBatchSampler(
-            ds.src_lengths(),
-            ds.tgt_lengths(),
+            src_lens,
+            tgt_lens,
             max_tokens=self.max_tokens if train else self.eval_max_tokens,
             batch_size=self.batch_size if train else self.eval_batch_size,
             shuffle=train and self.shuffle,
@@ -359,7 +478,7 @@ class TranslationDataModule(L.LightningDataModule):
         return ResumableDataLoader(
             ds,
             batch_sampler=sampler,
-            collate_fn=collate,
+            collate_fn=functools.partial(collate, pad_to_multiple=m) if m > 1 else collate,
             num_workers=self.num_workers,
             pin_memory=self._pin(),
             persistent_workers=self.num_workers > 0,

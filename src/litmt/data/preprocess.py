@@ -8,8 +8,10 @@ being `values[offsets[i]:offsets[i + 1]]`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,12 @@ import numpy as np
 
 from litmt.data.corpus import short_hash
 from litmt.data.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# Splits at least this long show `datasets`' progress bar while they are tokenised (a WMT
+# training split takes minutes); smaller ones only log a line before and after.
+PROGRESS_BAR_MIN_PAIRS = 100_000
 
 
 @dataclass
@@ -85,15 +93,21 @@ def gather_rows(
 
 
 @contextlib.contextmanager
-def _quiet_datasets() -> Iterator[None]:
-    """Silence `datasets` progress bars (they flood training logs); restore afterwards."""
+def _quiet_datasets(show: bool = False) -> Iterator[None]:
+    """Silence `datasets` progress bars (they flood training logs) unless `show`; restore
+    the previous setting afterwards."""
     was_enabled = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
+    if show:
+        datasets.enable_progress_bars()
+    else:
+        datasets.disable_progress_bars()
     try:
         yield
     finally:
         if was_enabled:
             datasets.enable_progress_bars()
+        else:
+            datasets.disable_progress_bars()
 
 
 _TOKENIZERS: dict[str, Tokenizer] = {}  # per worker process, keyed by model digest
@@ -130,7 +144,10 @@ def tokenize_to_disk(
     features["tgt_ids"] = datasets.List(datasets.Value("int32"))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with _quiet_datasets():
+    show = len(raw) >= PROGRESS_BAR_MIN_PAIRS
+    log.info("%s: %d pairs → %s", desc or "tokenising", len(raw), path)
+    t0 = time.perf_counter()
+    with _quiet_datasets(show):
         ds = raw.map(
             _encode_batch,
             batched=True,
@@ -141,7 +158,15 @@ def tokenize_to_disk(
             new_fingerprint=path.name,
             desc=desc,
         )
+    with _quiet_datasets():
         ds.save_to_disk(str(tmp))
+    seconds = time.perf_counter() - t0
+    log.info(
+        "%s: done in %.1fs (%.0f pairs/s)",
+        desc or "tokenising",
+        seconds,
+        len(raw) / max(seconds, 1e-9),
+    )
     try:
         tmp.rename(path)  # atomic publish
     except OSError:  # another process published first: keep theirs
