@@ -102,18 +102,19 @@ def clip_gradients(
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     params = [p for p in parameters if p.grad is not None]
+    fsdp = isinstance(root, FullyShardedDataParallel)
     clip = max_value is not None and max_value > 0
-    by_value = clip and str(algorithm) == "value"
-    if by_value:
-        torch.nn.utils.clip_grad_value_(params, max_value)  # type: ignore[arg-type]
-    if isinstance(root, FullyShardedDataParallel):
-        # the only sharding-aware norm; with no norm clipping, max_norm=inf scales by 1
-        return root.clip_grad_norm_(max_value if clip and not by_value else math.inf)
-    if not params:
-        return torch.zeros(())
-    if clip and not by_value:
+    if clip and str(algorithm) != "value":
+        if fsdp:
+            return root.clip_grad_norm_(max_value)  # type: ignore[arg-type]
         return torch.nn.utils.clip_grad_norm_(params, max_value)  # type: ignore[arg-type]
-    return total_norm([p.grad for p in params])  # type: ignore[misc]
+    if fsdp:  # the only sharding-aware norm; max_norm=inf scales the gradients by 1
+        norm = root.clip_grad_norm_(math.inf)
+    else:
+        norm = total_norm([p.grad for p in params]) if params else torch.zeros(())  # type: ignore[misc]
+    if clip:
+        torch.nn.utils.clip_grad_value_(params, max_value)  # type: ignore[arg-type]
+    return norm
 
 
 def _plain(value: Any) -> Any:
@@ -324,7 +325,7 @@ class TranslationModule(L.LightningModule):
                 f"before updating the weights, {hint}: lower module.optimizer.lr, raise warmup, "
                 "use bf16-mixed instead of 16-mixed, or keep trainer.gradient_clip_val on"
             )
-        if str(self.trainer.precision).startswith("16"):
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
             return  # fp16 loss scaling: the scaler skips this step and lowers its scale
         raise LitmtError(
             f"the gradients became non-finite (norm {float(norm)}) at step {self.global_step}; "
