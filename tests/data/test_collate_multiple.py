@@ -69,7 +69,7 @@ def test_datamodule_batches_are_padded_and_stay_within_the_token_budget(dm_kwarg
 
 
 def test_bad_multiple_is_a_config_error(dm_kwargs: dict) -> None:
-    with pytest.raises(ConfigError, match="data.pad_to_multiple must be >= 1 or null, got 0"):
+    with pytest.raises(ConfigError, match=r"data\.pad_to_multiple must be >= 1 or null, got 0"):
         TranslationDataModule(**dm_kwargs, pad_to_multiple=0)
 
 
