@@ -234,13 +234,6 @@ def cross_attention_figure(
     return attention_figure(model, tokenizer, sentence, "cross", **options)
 
 
-def figure_to_array(fig: Figure) -> np.ndarray:
-    """Render a figure to an (height, width, 3) uint8 RGB array (for image loggers)."""
-    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
-
-
 def restore_weight_kernels(model: Seq2SeqTransformer, trained: dict[str, Any]) -> None:
     """Give back the trained kernel of every site whose kernel returns its own weights.
 
