@@ -2,14 +2,20 @@
 
 The serialized model bytes travel inside checkpoints, so decoding needs only the `.ckpt`.
 Special ids agree with the model: pad=0, unk=1, bos=2, eos=3.
+
+Tags: pieces declared as sentencepiece user-defined symbols (e.g. ``<BT>``, the tag of
+back-translated sources) are never split. A source that starts with such a piece followed
+by a space (``"<BT> a dog runs"``) encodes the tag as exactly one id, first, followed by the
+ids of the rest; sentencepiece alone would put a separate ``▁`` piece before it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import sentencepiece as spm
@@ -30,11 +36,18 @@ class TokenizerSettings:
     joint: bool = True  # one model for both languages (needed for shared embeddings)
     input_sentence_size: int = 2_000_000  # sample at most this many sentences for training
     seed: int = 0  # sampling seed
+    user_defined_symbols: list[str] = field(default_factory=list)  # pieces never split, e.g. <BT>
+    model: str | None = None  # an existing model (.model file or directory) instead of training
 
     def key(self) -> str:
         """A short string identifying these settings, used in cache paths."""
         kind = "joint" if self.joint else "sep"
-        return f"{self.model_type}{self.vocab_size}-{kind}-cc{self.character_coverage}-n{self.input_sentence_size}"
+        key = f"{self.model_type}{self.vocab_size}-{kind}-cc{self.character_coverage}-n{self.input_sentence_size}"
+        if self.user_defined_symbols:  # only then, so that older cache paths stay valid
+            key += (
+                "-u" + hashlib.sha256("\n".join(self.user_defined_symbols).encode()).hexdigest()[:8]
+            )
+        return key
 
 
 def _train_model(sentences: Iterable[str], settings: TokenizerSettings) -> bytes:
@@ -58,6 +71,7 @@ def _train_model(sentences: Iterable[str], settings: TokenizerSettings) -> bytes
             num_threads=2,
             minloglevel=2,
             hard_vocab_limit=False,
+            user_defined_symbols=list(settings.user_defined_symbols),
         )
     except RuntimeError as exc:
         raise DataError(f"sentencepiece training failed: {str(exc).splitlines()[-1]}") from exc
@@ -66,8 +80,21 @@ def _train_model(sentences: Iterable[str], settings: TokenizerSettings) -> bytes
 
 def _load(model: bytes) -> spm.SentencePieceProcessor:
     proc = spm.SentencePieceProcessor()
-    proc.LoadFromSerializedProto(model)
+    try:
+        proc.LoadFromSerializedProto(model)
+    except RuntimeError as exc:
+        raise DataError(f"not a sentencepiece model ({str(exc).splitlines()[0]})") from None
     return proc
+
+
+def user_defined_pieces(model: bytes) -> dict[str, int]:
+    """The user-defined symbols of a serialized sentencepiece model: piece -> id."""
+    from sentencepiece import sentencepiece_model_pb2  # needs protobuf (a wandb dependency)
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    user = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+    return {p.piece: i for i, p in enumerate(proto.pieces) if p.type == user}
 
 
 class Tokenizer:
@@ -82,6 +109,7 @@ class Tokenizer:
         self.src_model_bytes, self.tgt_model_bytes = src_model, tgt_model
         self.src = _load(src_model)
         self.tgt = _load(tgt_model) if tgt_model is not None else self.src
+        self.src_tags = user_defined_pieces(src_model)  # tag piece -> id (see module docstring)
         for proc in {id(self.src): self.src, id(self.tgt): self.tgt}.values():
             if (proc.pad_id(), proc.unk_id(), proc.bos_id(), proc.eos_id()) != (
                 PAD_ID,
@@ -100,6 +128,31 @@ class Tokenizer:
         if settings.joint:
             return cls(_train_model(list(src_sentences) + list(tgt_sentences), settings))
         return cls(_train_model(src_sentences, settings), _train_model(tgt_sentences, settings))
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> Tokenizer:
+        """An existing tokenizer: a sentencepiece `.model` file (joint vocabulary) or a
+        directory holding `src.model` (+ `tgt.model` for separate vocabularies).
+
+        Raises:
+            DataError: the path is missing or does not hold a sentencepiece model.
+        """
+        p = Path(path)
+        if p.is_dir():
+            if not (p / "src.model").is_file():
+                raise DataError(
+                    f"tokenizer directory {p} has no src.model; pass a sentencepiece .model "
+                    f"file or a directory with src.model (+ tgt.model)"
+                )
+            where, tok = p, None
+        elif p.is_file():
+            where, tok = p, p.read_bytes()
+        else:
+            raise DataError(f"tokenizer model {p} does not exist (data.tokenizer.model)")
+        try:
+            return cls.load(where) if tok is None else cls(tok)
+        except DataError as exc:
+            raise DataError(f"{where}: {exc}") from None
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer:
@@ -148,8 +201,20 @@ class Tokenizer:
 
     # -- encode / decode ----------------------------------------------------------------
     def encode_src(self, texts: Sequence[str]) -> list[list[int]]:
-        """Source ids, no bos/eos (the encoder does not need them)."""
-        return self.src.encode(list(texts))
+        """Source ids, no bos/eos (the encoder does not need them).
+
+        A leading tag (a user-defined piece, then a space or the end) becomes its one id.
+        """
+        texts = list(texts)
+        if not self.src_tags:
+            return self.src.encode(texts)
+        tags: list[int | None] = [None] * len(texts)
+        for i, text in enumerate(texts):
+            head, _, rest = text.partition(" ")
+            if head in self.src_tags:
+                tags[i], texts[i] = self.src_tags[head], rest
+        ids = self.src.encode(texts)
+        return [s if t is None else [t, *s] for t, s in zip(tags, ids, strict=True)]
 
     def encode_tgt(self, texts: Sequence[str]) -> list[list[int]]:
         """Target ids without bos/eos (collate adds them)."""
