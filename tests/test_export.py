@@ -243,3 +243,22 @@ def test_export_script(ckpt, tmp_path):
     assert again.stderr.strip().splitlines() == [
         f"error: export directory {out} already exists; pass force=true to replace it"
     ]
+
+
+def test_benchmark_engines_smoke(ckpt, tmp_path):
+    en, de = corpus(seed=1)
+    (tmp_path / "test.en").write_text("\n".join(en[:20]) + "\n", encoding="utf-8")
+    (tmp_path / "test.de").write_text("\n".join(de[:20]) + "\n", encoding="utf-8")
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "benchmark_engines.py"), "--smoke",
+         "--ckpt", str(ckpt), "--src", str(tmp_path / "test.en"), "--ref", str(tmp_path / "test.de"),
+         "--threads", "1", "--exports", str(tmp_path / "exports"), "--json", str(tmp_path / "r.json")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    table = [line for line in run.stdout.splitlines() if line.startswith("| ")]
+    assert [row.split("|")[1].strip() for row in table[1:]] == ["torch", "ct2 float32", "ct2 int8"]
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert all(r["sentences_per_s"] > 0 and 0 <= r["bleu"] <= 100 + 1e-6 for r in rows)
+    assert rows[1]["bleu"] == pytest.approx(rows[0]["bleu"], abs=0.1)  # float32 ct2 = torch
+    assert read_metadata(tmp_path / "exports" / "int8")["quantization"] == "int8"

@@ -304,3 +304,18 @@ def test_serve_script_without_model_is_one_line_exit_2():
     assert run.stderr.strip().splitlines() == [
         "error: no model given: pass model_path=<a .ckpt file or a CTranslate2 export directory>"
     ]
+
+
+def test_benchmark_server_smoke(ckpt, tmp_path):
+    (tmp_path / "test.en").write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "benchmark_server.py"), "--smoke",
+         "--model", str(ckpt), "--src", str(tmp_path / "test.en"), "--threads", "1",
+         "--json", str(tmp_path / "r.json")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert [(r["concurrency"], r["requests"], r["errors"]) for r in rows] == [(1, 8, 0), (4, 8, 0)]
+    assert all(0 < r["p50_ms"] <= r["p95_ms"] and r["requests_per_s"] > 0 for r in rows)
+    assert "| concurrency | requests | requests/s |" in run.stdout

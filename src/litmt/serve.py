@@ -520,6 +520,10 @@ def build_server_app(
     from litmt.export import is_export_dir
 
     path = Path(model)
+    if threads > 0 and engine == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
     if is_export_dir(path) and engine != "ct2":
         log.info("%s is a CTranslate2 export: serving it with engine=ct2", path)
         engine = "ct2"
@@ -565,7 +569,7 @@ def serve(cfg: Any) -> None:
         engine=str(cfg.engine),
         device=cfg.get("device"),
         threads=int(cfg.threads),
-        attention=bool(cfg.attention),
+        attention=bool(cfg.explorer),
         settings=settings,
         cache_dir=cfg.get("ct2_cache"),
         quantization=str(cfg.get("quantization") or "none"),

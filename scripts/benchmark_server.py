@@ -1,0 +1,185 @@
+"""Load test of scripts/serve.py on loopback: requests/s and p50/p95 latency per concurrency.
+
+The server runs in its own process (as deployed); `--concurrency` client threads each keep
+one request in flight (one sentence per request, cycling through --src) until the run's
+`--requests` are answered or `--max-seconds` pass (a bounded run). Prints a markdown table.
+
+    python scripts/benchmark_server.py --model model.ckpt --src ../shared/data/multi30k/test2016.en
+    python scripts/benchmark_server.py --model exports/int8 --threads 2 --concurrency 1 8 32
+    python scripts/benchmark_server.py --model model.ckpt --src S --smoke      # seconds
+    python scripts/benchmark_server.py --url http://127.0.0.1:5000 --src S      # a running server
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from litmt.cli import cli_errors
+from litmt.translate import read_text_file
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--model", default=None, help="a .ckpt or a CTranslate2 export to serve")
+    p.add_argument("--url", default=None, help="benchmark this running server instead")
+    p.add_argument("--src", required=True, help="sentences to send, one per line")
+    p.add_argument("--engine", default="torch", help="torch | ct2 (an export is always ct2)")
+    p.add_argument("--threads", type=int, default=2, help="the server's CPU threads")
+    p.add_argument("--beam", type=int, default=5, help="the server's beam size")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--requests", type=int, default=256, help="requests per concurrency level")
+    p.add_argument("--max-seconds", type=float, default=120.0, help="bound of one level")
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument("--smoke", action="store_true", help="concurrency 1 and 4, 8 requests each")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.concurrency, args.requests, args.beam, args.max_seconds = [1, 4], 8, 1, 60.0
+    if (args.model is None) == (args.url is None):
+        p.error("give exactly one of --model and --url")
+    return args
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def server_process(args: argparse.Namespace) -> Iterator[str]:
+    """Start scripts/serve.py on a free loopback port; yield its URL; stop it."""
+    port = free_port()
+    cmd = [
+        sys.executable, str(REPO / "scripts" / "serve.py"), f"model_path={args.model}",
+        f"engine={args.engine}", f"threads={args.threads}", f"port={port}", "host=127.0.0.1",
+        "log_level=warning", f"decoding.beam_size={args.beam}", "explorer=false",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}  # torch's intra-op threads
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"the server exited: {proc.stderr.read().strip()}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("the server did not start within 180 s")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def run_level(
+    url: str, sentences: list[str], source: str, target: str, concurrency: int, n: int, bound: float
+) -> dict[str, float]:
+    """`concurrency` threads, each one request in flight, until `n` answers or `bound` s."""
+    latencies: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+    counter = itertools.count()
+    stop_at = time.monotonic() + bound
+
+    def worker() -> None:
+        nonlocal errors
+        with httpx.Client(base_url=url, timeout=bound) as client:
+            while time.monotonic() < stop_at:
+                i = next(counter)
+                if i >= n:
+                    return
+                body = {"q": sentences[i % len(sentences)], "source": source, "target": target}
+                start = time.perf_counter()
+                r = client.post("/translate", json=body)
+                took = time.perf_counter() - start
+                with lock:
+                    if r.status_code == 200:
+                        latencies.append(took)
+                    else:
+                        errors += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if not latencies:
+        raise SystemExit(f"no request succeeded at concurrency {concurrency} ({errors} errors)")
+    cuts = (
+        statistics.quantiles(latencies, n=100, method="inclusive")
+        if len(latencies) > 1
+        else latencies * 99
+    )
+    return {
+        "concurrency": concurrency,
+        "requests": len(latencies),
+        "errors": errors,
+        "requests_per_s": len(latencies) / wall,
+        "p50_ms": 1000 * cuts[49],
+        "p95_ms": 1000 * cuts[94],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with cli_errors():
+        sentences = [s for s in read_text_file(args.src, "--src") if s.strip()]
+    with server_process(args) if args.model else _running(args.url) as url:
+        langs = httpx.get(url + "/languages", timeout=10).json()
+        source = next(lang for lang in langs if lang["targets"])
+        src, tgt = source["code"], source["targets"][0]
+        for s in sentences[:4]:  # warm-up
+            httpx.post(url + "/translate", json={"q": s, "source": src, "target": tgt}, timeout=60)
+        health = httpx.get(url + "/health", timeout=10).json()
+        rows = [
+            run_level(url, sentences, src, tgt, c, args.requests, args.max_seconds)
+            for c in args.concurrency
+        ]
+    what = args.model or args.url
+    print(
+        f"{what} ({health['engine']} engine), beam {args.beam}, {args.threads} server threads, "
+        f"one sentence per request, {args.requests} requests per level (bounded at "
+        f"{args.max_seconds:.0f} s), loopback\n"
+    )
+    print("| concurrency | requests | requests/s | p50 latency (ms) | p95 latency (ms) | errors |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['concurrency']} | {r['requests']} | {r['requests_per_s']:.1f} | "
+            f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['errors']} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+    return 0 if all(r["errors"] == 0 for r in rows) else 1
+
+
+@contextmanager
+def _running(url: str) -> Iterator[str]:
+    yield url.rstrip("/")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
