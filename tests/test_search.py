@@ -6,10 +6,11 @@ import math
 
 import pytest
 import torch
+from tiny_model import tiny_config
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import ConfigError
-from litmt.models import Seq2SeqTransformer, TransformerConfig
+from litmt.models import Seq2SeqTransformer
 from litmt.search import (
     beam_search,
     generate,
@@ -25,18 +26,7 @@ VOCAB = 40
 def tiny_model(seed: int = 0, eos_boost: float = 2.5, **kw) -> Seq2SeqTransformer:
     """A random model whose eos is likely enough that hypotheses end at varied lengths."""
     torch.manual_seed(seed)
-    cfg = dict(
-        src_vocab_size=VOCAB,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        dropout=0.0,
-        max_positions=64,
-    )
-    cfg.update(kw)
-    model = Seq2SeqTransformer(TransformerConfig(**cfg)).eval()
+    model = Seq2SeqTransformer(tiny_config(**{"src_vocab_size": VOCAB, **kw})).eval()
     with torch.no_grad():
         model.tgt_embed.weight[EOS_ID] *= eos_boost  # tied output: raises eos logits
     return model

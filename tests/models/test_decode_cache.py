@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_model import tiny_config
 
 from litmt.attention import build_backend
 from litmt.attention.cache import KVCache
 from litmt.attention.linear_attention import LinearState
 from litmt.attention.local import WindowCache
 from litmt.data.tokenizer import PAD_ID
-from litmt.models import Seq2SeqTransformer, TransformerConfig
+from litmt.models import Seq2SeqTransformer
 
 # Decoder self-attention backends (name, options); the window (3) and the sparse blocks
 # (4 tokens) are shorter than the decoded targets, so they matter.
@@ -29,20 +30,9 @@ DECODER_SELF = {
 
 def tiny_model(decoder_self: str = "sdpa", positional: str = "sinusoidal") -> Seq2SeqTransformer:
     name, options = DECODER_SELF[decoder_self]
-    cfg = TransformerConfig(
-        src_vocab_size=50,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_encoder_layers=1,
-        n_decoder_layers=2,
-        dropout=0.0,
-        max_positions=64,
-        positional=positional,
-        attention={"decoder_self": name, "decoder_self_options": options},
-    )
+    attention = {"decoder_self": name, "decoder_self_options": options}
     torch.manual_seed(0)
-    return Seq2SeqTransformer(cfg).eval()
+    return Seq2SeqTransformer(tiny_config(positional=positional, attention=attention)).eval()
 
 
 def test_appends_equal_concatenation_across_growth():
@@ -82,7 +72,7 @@ def test_reorder_can_shrink_the_batch_and_appending_continues():
 )
 def test_each_kernel_makes_its_own_cache(decoder_self, cache_type):
     model = tiny_model(decoder_self)
-    state = model.init_state(torch.zeros(1, 2, 16), None, capacity=8)
+    state = model.init_state(torch.zeros(1, 2, 32), None, capacity=8)
     assert all(type(layer.self_attn) is cache_type for layer in state.layers)
 
 
@@ -139,20 +129,20 @@ def test_fan_out_and_dropping_rows_equal_decoding_each_sentence_alone(decoder_se
 
 def test_local_cache_keeps_only_the_window():
     model = tiny_model("local")  # window 3
-    state = model.init_state(torch.randn(2, 5, 16), None)
+    state = model.init_state(torch.randn(2, 5, 32), None)
     with torch.no_grad():
         for t in range(30):
             model.decode_step(torch.full((2,), 5 + t), state)
             for layer in state.layers:
-                assert layer.self_attn.k.shape == (2, min(t + 1, 3), 2, 8)  # (B, kept, H, D)
+                assert layer.self_attn.k.shape == (2, min(t + 1, 3), 4, 8)  # (B, kept, H, D)
 
 
 def test_linear_cache_is_the_same_size_at_every_step():
     model = tiny_model("linear")
-    state = model.init_state(torch.randn(2, 5, 16), None)
+    state = model.init_state(torch.randn(2, 5, 32), None)
     with torch.no_grad():
         for t in range(30):
             model.decode_step(torch.full((2,), 5 + t), state)
             for layer in state.layers:
-                assert layer.self_attn.s.shape == (2, 2, 8, 8)  # (B, H, D, E)
-                assert layer.self_attn.z.shape == (2, 2, 8)  # (B, H, D)
+                assert layer.self_attn.s.shape == (2, 4, 8, 8)  # (B, H, D, E)
+                assert layer.self_attn.z.shape == (2, 4, 8)  # (B, H, D)

@@ -6,20 +6,18 @@ import re
 from pathlib import Path
 
 import torch
+from tiny_model import tiny_config
 
 import litmt.models
 from litmt.data.tokenizer import PAD_ID
-from litmt.models import Seq2SeqTransformer, TransformerConfig
+from litmt.models import Seq2SeqTransformer
 
 MODELS_DIR = Path(litmt.models.__file__).parent
 
 
 def tiny() -> Seq2SeqTransformer:
     torch.manual_seed(0)
-    cfg = TransformerConfig(
-        src_vocab_size=30, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2
-    )
-    return Seq2SeqTransformer(cfg).eval()  # default settings otherwise
+    return Seq2SeqTransformer(tiny_config(src_vocab_size=30)).eval()  # default settings
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,25 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_model import tiny_config
 
 from litmt.data.tokenizer import PAD_ID
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
-
-def tiny(**kw) -> TransformerConfig:
-    base = dict(
-        src_vocab_size=60,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        dropout=0.0,
-        max_positions=64,
-    )
-    base.update(kw)
-    return TransformerConfig(**base)
+tiny = tiny_config
 
 
 def batch(b=3, s=9, t=7, vocab=60):

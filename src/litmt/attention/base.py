@@ -192,9 +192,10 @@ class AttentionKernel(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Like `forward`, but also return the attention weights (B, H, Tq, Tk).
 
-        This default is the `math` reference: softmax(q kᵀ / √D) under the padding and
-        causal masks. Kernels that compute something else (`local`, `sparse`, `linear`)
-        override it; for fused kernels (``support.weights`` False) it is the fallback.
+        This default is masked softmax attention over the keys `allowed_keys` permits: the
+        `math` reference, and what `local` and `sparse` compute, with their own masks. For
+        fused kernels (``support.weights`` False) it is the fallback. `linear`, which is not
+        softmax attention, overrides it.
         """
         if not self.support.weights and self.name not in _WEIGHTS_FALLBACK_LOGGED:
             _WEIGHTS_FALLBACK_LOGGED.add(self.name)
@@ -203,14 +204,30 @@ class AttentionKernel(nn.Module):
                 "under the same mask",
                 self.name,
             )
+        allowed = self.allowed_keys(q.size(1), k.size(1), key_padding_mask, causal, q.device)
+        return softmax_attention(q, k, v, allowed, dropout_p)
+
+    def allowed_keys(
+        self,
+        tq: int,
+        tk: int,
+        key_padding_mask: Tensor | None,
+        causal: bool,
+        device: torch.device,
+    ) -> Tensor | None:
+        """Where query i may see key j, broadcastable to (B, H, Tq, Tk); None = everywhere.
+
+        Full attention: every real key (and every key of a fully padded row, see
+        `safe_padding_mask`), only j <= i + Tk - Tq when causal. Every row has a True.
+        """
         allowed = None
         kpm = safe_padding_mask(key_padding_mask)
         if kpm is not None:
             allowed = ~kpm[:, None, None, :]  # (B, 1, 1, Tk)
         if causal:
-            cm = causal_mask(q.size(1), k.size(1), q.device)  # (Tq, Tk)
+            cm = causal_mask(tq, tk, device)  # (Tq, Tk)
             allowed = cm if allowed is None else allowed & cm
-        return softmax_attention(q, k, v, allowed, dropout_p)
+        return allowed
 
     def new_cache(self, capacity: int | None = None) -> DecodeCache:
         """The decode-time state of a causal self-attention layer using this kernel.
@@ -269,6 +286,25 @@ def safe_padding_mask(key_padding_mask: Tensor | None) -> Tensor | None:
 def causal_mask(tq: int, tk: int, device: torch.device) -> Tensor:
     """(Tq, Tk) bool, True where query i may see key j (j <= i + Tk - Tq)."""
     return torch.ones(tq, tk, dtype=torch.bool, device=device).tril(diagonal=tk - tq)
+
+
+def pattern_without_padding(pattern: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+    """A positional pattern minus the padded keys, for `allowed_keys` of local / sparse.
+
+    Args:
+        pattern: (Tq, Tk) bool, True where the pattern lets query i see key j.
+        key_padding_mask: (B, Tk) bool, True = padding, or None.
+
+    Returns:
+        (B or 1, 1, Tq, Tk) bool; a row whose pattern holds only padding keeps its pattern
+        (a padded query: finite, unused values).
+    """
+    allowed = pattern[None, None]  # (1, 1, Tq, Tk)
+    kpm = safe_padding_mask(key_padding_mask)
+    if kpm is None:
+        return allowed
+    real = allowed & ~kpm[:, None, None, :]  # (B, 1, Tq, Tk)
+    return torch.where(real.any(dim=-1, keepdim=True), real, allowed)
 
 
 # -- helpers shared by the backends ------------------------------------------------------

@@ -26,9 +26,9 @@ from litmt.attention.base import (
     AttentionKernel,
     BackendSupport,
     int_option,
+    pattern_without_padding,
     reject_unknown_options,
     safe_padding_mask,
-    softmax_attention,
 )
 from litmt.attention.cache import DecodeCache
 
@@ -119,32 +119,24 @@ class LocalAttention(AttentionKernel):
         out = out.view(b, n, h, c, d).transpose(2, 3).reshape(b, n * c, h, d)  # (B, N*C, H, D)
         return out[:, :tq]
 
-    def forward_with_weights(
+    def allowed_keys(
         self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        key_padding_mask: Tensor | None = None,
-        causal: bool = False,
-        dropout_p: float = 0.0,
-    ) -> tuple[Tensor, Tensor]:
-        """`forward` as one dense masked softmax, with its weights (B, H, Tq, Tk).
+        tq: int,
+        tk: int,
+        key_padding_mask: Tensor | None,
+        causal: bool,
+        device: torch.device,
+    ) -> Tensor:
+        """The window as a dense (B or 1, 1, Tq, Tk) mask, for `forward_with_weights`.
 
-        O(Tq · Tk) memory: for heatmaps, not for training. Weights outside the window are 0.
-        A query with no real key in its window (a padded position) attends its window
-        ignoring padding here; `forward` gives such rows other, equally unused, values.
+        O(Tq · Tk): for heatmaps, not for training. A query with no real key in its window
+        (a padded position) attends its window ignoring padding here; `forward` gives such
+        rows other, equally unused, values.
         """
-        tq, tk = q.size(1), k.size(1)
-        pos = torch.arange(tq, device=q.device)[:, None] + (tk - tq)  # (Tq, 1) absolute
-        j = torch.arange(tk, device=q.device)[None, :]  # (1, Tk)
+        pos = torch.arange(tq, device=device)[:, None] + (tk - tq)  # (Tq, 1) absolute
+        j = torch.arange(tk, device=device)[None, :]  # (1, Tk)
         band = (j >= pos - self.window) & (j <= (pos if causal else pos + self.window))
-        allowed = band[None, None]  # (1, 1, Tq, Tk)
-        kpm = safe_padding_mask(key_padding_mask)
-        if kpm is not None:
-            allowed = allowed & ~kpm[:, None, None, :]  # (B, 1, Tq, Tk)
-            allowed = torch.where(allowed.any(dim=-1, keepdim=True), allowed, band)
-        return softmax_attention(q, k, v, allowed, dropout_p)
+        return pattern_without_padding(band, key_padding_mask)
 
     def new_cache(self, capacity: int | None = None) -> DecodeCache:
         """A `WindowCache`: only the last `window` keys are kept (`capacity` is not needed)."""

@@ -29,9 +29,9 @@ from litmt.attention.base import (
     AttentionKernel,
     BackendSupport,
     int_option,
+    pattern_without_padding,
     reject_unknown_options,
     safe_padding_mask,
-    softmax_attention,
 )
 from litmt.errors import BackendError
 
@@ -182,27 +182,24 @@ class SparseAttention(AttentionKernel):
         out = out.view(b, r, h, p, d).transpose(2, 3).reshape(b, r * p, h, d)  # (B, R*P, H, D)
         return out[:, lead : lead + tq]
 
-    def forward_with_weights(
+    def allowed_keys(
         self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        key_padding_mask: Tensor | None = None,
-        causal: bool = False,
-        dropout_p: float = 0.0,
-    ) -> tuple[Tensor, Tensor]:
-        """`forward` as one dense masked softmax, with its weights (B, H, Tq, Tk).
+        tq: int,
+        tk: int,
+        key_padding_mask: Tensor | None,
+        causal: bool,
+        device: torch.device,
+    ) -> Tensor:
+        """The layout as a dense (B or 1, 1, Tq, Tk) token mask, for `forward_with_weights`.
 
-        O(Tq · Tk) memory: for heatmaps. Keys outside the layout get weight 0. A query with
-        no real key in its layout (a padded position) ignores padding here; `forward` gives
-        such rows other, equally unused, values.
+        O(Tq · Tk): for heatmaps. A query with no real key in its layout (a padded position)
+        ignores padding here; `forward` gives such rows other, equally unused, values.
         """
-        tq, tk, p = q.size(1), k.size(1), self.block_size
         if tk < tq:
             raise ValueError(f"sparse attention needs Tq <= Tk, got {tq} > {tk}")
-        pos = torch.arange(tq, device=q.device) + (tk - tq)  # (Tq,) absolute positions
-        j = torch.arange(tk, device=q.device)  # (Tk,)
+        p = self.block_size
+        pos = torch.arange(tq, device=device) + (tk - tq)  # (Tq,) absolute positions
+        j = torch.arange(tk, device=device)  # (Tk,)
         layout = block_layout(
             pos // p,
             -(-tk // p),
@@ -211,15 +208,10 @@ class SparseAttention(AttentionKernel):
             summary=self.summary,
             causal=causal,
         )  # (Tq, K): key blocks of each query's block
-        allowed = layout[:, j // p]  # (Tq, Tk)
+        pattern = layout[:, j // p]  # (Tq, Tk)
         if causal:
-            allowed = allowed & (j[None, :] <= pos[:, None])
-        allowed = allowed[None, None]  # (1, 1, Tq, Tk)
-        kpm = safe_padding_mask(key_padding_mask)
-        if kpm is not None:
-            real = allowed & ~kpm[:, None, None, :]  # (B, 1, Tq, Tk)
-            allowed = torch.where(real.any(dim=-1, keepdim=True), real, allowed)
-        return softmax_attention(q, k, v, allowed, dropout_p)
+            pattern = pattern & (j[None, :] <= pos[:, None])
+        return pattern_without_padding(pattern, key_padding_mask)
 
     def extra_repr(self) -> str:
         return (
