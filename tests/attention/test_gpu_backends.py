@@ -1,7 +1,7 @@
 """GPU backends (flash, xformers, te, flex on CUDA, auto) against `math` in fp16/bf16.
 
 Every test is marked `gpu` and skips without CUDA or without the backend's package. Run
-them on a GPU machine with ``bash scripts/gpu_check.sh`` (or ``pytest -m gpu``).
+them on a GPU machine with ``pytest -m gpu`` (the GPU check script runs them too).
 
 The reference is `math` on the same half-precision inputs upcast to float32, so the
 tolerance only has to absorb the half-precision arithmetic of the kernel under test.
@@ -10,6 +10,7 @@ Padded query rows are excluded where a backend defines them as 0 (packed/varlen 
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 
 import pytest
@@ -181,3 +182,98 @@ def test_te_attention_runs_under_fp8_autocast():
         out = build_backend("te")(q, k, v, causal=True)
     ref = reference(q, k, v, None, True)
     torch.testing.assert_close(out.float(), ref, atol=1.6e-2, rtol=1.6e-2)
+
+
+# -- issue items 1, 6, 7: the defects found by reading the libraries' sources ------------------
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_te_cross_attention_with_tq_equal_tk_and_ragged_keys(dtype):
+    """At the cross site with Tq == Tk, TE must not take the query lengths from the key mask
+    (attention_type "self"): every query row, padded-source sentences included, equals math."""
+    require("te")
+    c = dict(tq=48, tk=48, lengths=[48, 5, 30, 1], causal=False)
+    q, k, v, mask = make_inputs(c, dtype)
+    kernel = build_backend("te")
+    kernel.set_site("cross", self_attention=False)
+    out = kernel(q, k, v, key_padding_mask=mask)
+    ref = reference(q, k, v, mask, False)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)  # every row
+
+
+def test_te_model_forward_with_target_as_long_as_the_source():
+    """The training call site: a bf16 model forward, T == S, ragged sources; logits vs math."""
+    require("te")
+    from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+    from litmt.models import Seq2SeqTransformer, TransformerConfig
+    from litmt.models.config import AttentionConfig
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig(
+        src_vocab_size=64,
+        d_model=128,
+        n_heads=2,
+        d_ff=256,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        dropout=0.0,
+        attention=AttentionConfig(encoder_self="te", decoder_self="te", cross="te"),
+    )
+    model = Seq2SeqTransformer(cfg).to("cuda", torch.bfloat16).eval()
+    lengths = [12, 3, 7, 1]
+    src = torch.full((4, 12), PAD_ID, device="cuda")
+    for i, n in enumerate(lengths):
+        src[i, : n - 1] = torch.randint(4, 64, (n - 1,), device="cuda")
+        src[i, n - 1] = EOS_ID
+    tgt_in = torch.randint(4, 64, (4, 12), device="cuda")
+    tgt_in[:, 0] = BOS_ID
+    reference_model = copy.deepcopy(model).float()
+    reference_model.set_attention_backend("math")
+    with torch.no_grad():
+        logits = model(src, tgt_in).float()  # (B, T, V)
+        ref = reference_model(src, tgt_in)
+    # bf16 through 4 layers; a zeroed cross-attention row moves logits by O(1)
+    torch.testing.assert_close(logits, ref, atol=1e-1, rtol=5e-2)
+
+
+def test_compiled_flex_on_cuda_compiles_per_bucket_not_per_shape():
+    """More than 8 distinct batch shapes (dynamo's recompile limit) stay within 2 compiles."""
+    require("flex")
+    from torch._dynamo.utils import counters
+
+    from litmt.attention import flex
+
+    torch._dynamo.reset()
+    counters.clear()
+    saved = dict(flex._COMPILED)
+    flex._COMPILED.update(fn=None, failed=False, buckets=set(), capped=False)
+    try:
+        kernel = build_backend("flex")
+        shapes = [(b, t) for b in (2, 3, 4) for t in (7, 40, 77, 128)]  # 12 shapes
+        for b, t in shapes:
+            c = dict(tq=t, tk=t, lengths=[max(1, t - 3 * i) for i in range(b)], causal=False)
+            q, k, v, mask = make_inputs(c, torch.bfloat16, b=b)
+            out = kernel(q, k, v, key_padding_mask=mask)
+            ref = reference(q, k, v, mask, False)
+            keep = ~mask
+            torch.testing.assert_close(out.float()[keep], ref[keep], atol=1.6e-2, rtol=1.6e-2)
+        assert not flex._COMPILED["failed"], "torch.compile could not build the CUDA kernel"
+        assert counters["stats"]["unique_graphs"] <= 2
+    finally:
+        flex._COMPILED.clear()
+        flex._COMPILED.update(saved)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_xformers_on_a_non_default_device(causal):
+    """Biases are built on the tensors' device (`translate device=cuda:1`), not cuda:0."""
+    require("xformers")
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    c = CASES["causal_padding" if causal else "padding"]
+    q, k, v, mask = (t.to("cuda:1") for t in make_inputs(c, torch.float16))
+    assert torch.cuda.current_device() == 0
+    out = build_backend("xformers")(q, k, v, key_padding_mask=mask, causal=causal)
+    assert out.device == q.device
+    ref = reference(q, k, v, mask, causal)
+    keep = rows(c, mask).to("cuda:1")
+    torch.testing.assert_close(out.float()[keep], ref[keep], atol=2e-3, rtol=2e-3)
