@@ -262,3 +262,19 @@ def test_benchmark_engines_smoke(ckpt, tmp_path):
     assert all(r["sentences_per_s"] > 0 and 0 <= r["bleu"] <= 100 + 1e-6 for r in rows)
     assert rows[1]["bleu"] == pytest.approx(rows[0]["bleu"], abs=0.1)  # float32 ct2 = torch
     assert read_metadata(tmp_path / "exports" / "int8")["quantization"] == "int8"
+
+
+@pytest.mark.parametrize(
+    ("site", "backend", "options"),
+    [
+        ("decoder_self", "linear", {}),
+        ("cross", "sparse", {}),
+        ("encoder_self", "flex", {"window": 4}),
+    ],
+)
+def test_every_approximate_kernel_is_refused(ckpt, tmp_path, site, backend, options):
+    tokenizer = load_model(ckpt).tokenizer
+    attention = {site: backend, f"{site}_options": options}
+    path = _random_variant(tmp_path, tokenizer, attention=attention)
+    with pytest.raises(ExportError, match=rf"model.attention.{site}={backend} is an approximate"):
+        export_model(path, tmp_path / "out")

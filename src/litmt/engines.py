@@ -112,6 +112,7 @@ class CT2Translator(Translator):
         )
         self.model = None  # no torch model: the search runs in CTranslate2
         self.device = torch.device("cpu")
+        self.autocast = None  # the torch engine's decode precision: unused here
         self.tokenizer = Tokenizer.load(self.model_dir)
         self.src_lang, self.tgt_lang = self.meta["src_lang"], self.meta["tgt_lang"]
         self._src_pieces = ct2_vocabulary(self.tokenizer, "src")

@@ -28,8 +28,9 @@ What is mapped, and how:
   ``<blank>``, ``<unk>``, ``<s>``, ``</s>`` at the same ids (the fairseq converter's
   ``<pad>`` -> ``<blank>``); the decoder starts from ``<s>``, no bos/eos on the source.
 
-Refused (`ExportError`, one line): local/sparse/linear attention (CTranslate2 computes full
-softmax attention) and anything the spec has no slot for.
+Refused (`ExportError`, one line): an approximate attention kernel at any site (local,
+sparse, linear, flex with a window: ``support.exact`` is false), since CTranslate2 computes
+full softmax attention.
 
 An export directory holds ``model.bin``, ``config.json``, the vocabulary file(s), the
 sentencepiece model(s) (``src.model``, ``tgt.model`` when separate) and ``litmt.json``
@@ -51,9 +52,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from litmt.attention import backend_support, build_backend
 from litmt.checkpoint import load_model
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from litmt.errors import ConfigError, LitmtError
+from litmt.errors import BackendError, ConfigError, LitmtError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
 log = logging.getLogger("litmt.export")
@@ -64,8 +66,6 @@ EXPORT_FORMAT = 1
 QUANTIZATIONS = ("none", "int8", "int8_float32", "int8_float16", "float16", "bfloat16")
 # litmt special ids -> the pieces CTranslate2's vocabulary conventions use for them.
 CT2_SPECIAL_PIECES = {PAD_ID: "<blank>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
-# Exact kernels compute full softmax attention, which is what CTranslate2 runs.
-EXACT_BACKENDS = frozenset({"auto", "math", "sdpa", "flash", "xformers", "te", "flex"})
 DEFAULT_DECODING = {"beam_size": 5, "length_penalty": 1.0, "max_len_a": 1.2, "max_len_b": 10}
 
 
@@ -83,15 +83,26 @@ def import_ctranslate2() -> Any:
     return ctranslate2
 
 
+def _is_exact(name: str, options: dict[str, Any]) -> bool:
+    """Whether kernel `name` with `options` computes full softmax attention (its `support`)."""
+    try:
+        return bool(build_backend(name, **options).support.exact)  # options may change it (flex)
+    except BackendError:  # cannot be built here (e.g. its package is missing): the declaration
+        return bool(backend_support(name).exact)
+
+
 def check_exportable(config: TransformerConfig) -> None:
     """Raise `ExportError` if CTranslate2 cannot represent this model.
+
+    CTranslate2 computes full softmax attention, so a site whose kernel is approximate
+    (``support.exact`` false: local, sparse, linear, flex with a window or layout) is refused.
 
     Raises:
         ExportError: one line naming the setting and why.
     """
     for site in ("encoder_self", "decoder_self", "cross"):
-        name, _ = config.attention.backend(site)
-        if name not in EXACT_BACKENDS:
+        name, options = config.attention.backend(site)
+        if not _is_exact(name, options):
             raise ExportError(
                 f"cannot export: model.attention.{site}={name} is an approximate attention "
                 "(CTranslate2 only computes full softmax attention, so its outputs would differ)"
