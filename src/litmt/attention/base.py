@@ -204,30 +204,26 @@ class AttentionKernel(nn.Module):
                 "under the same mask",
                 self.name,
             )
-        allowed = self.allowed_keys(q.size(1), k.size(1), key_padding_mask, causal, q.device)
+        allowed = self.allowed_keys(q, k, key_padding_mask, causal)
         return softmax_attention(q, k, v, allowed, dropout_p)
 
-    def allowed_keys(
-        self,
-        tq: int,
-        tk: int,
-        key_padding_mask: Tensor | None,
-        causal: bool,
-        device: torch.device,
-    ) -> Tensor | None:
-        """Where query i may see key j, broadcastable to (B, H, Tq, Tk); None = everywhere.
+    def allowed_keys(self, q: Tensor, k: Tensor, padding: Tensor | None, causal: bool) -> Tensor:
+        """Where query i may see key j: bool, broadcastable to (B, H, Tq, Tk).
 
-        Full attention: every real key (and every key of a fully padded row, see
-        `safe_padding_mask`), only j <= i + Tk - Tq when causal. Every row has a True.
+        Full attention: every real key (`padding` (B, Tk), True = pad; a fully padded row
+        sees all, see `safe_padding_mask`), only j <= i + Tk - Tq when causal. Every row
+        has a True.
         """
-        allowed = None
-        kpm = safe_padding_mask(key_padding_mask)
-        if kpm is not None:
-            allowed = ~kpm[:, None, None, :]  # (B, 1, 1, Tk)
-        if causal:
-            cm = causal_mask(tq, tk, device)  # (Tq, Tk)
-            allowed = cm if allowed is None else allowed & cm
-        return allowed
+        tq, tk = q.size(1), k.size(1)
+        allowed = (  # (Tq, Tk)
+            causal_mask(tq, tk, q.device)
+            if causal
+            else torch.ones(tq, tk, dtype=torch.bool, device=q.device)
+        )
+        kpm = safe_padding_mask(padding)
+        if kpm is None:
+            return allowed
+        return allowed & ~kpm[:, None, None, :]  # (B, 1, Tq, Tk)
 
     def new_cache(self, capacity: int | None = None) -> DecodeCache:
         """The decode-time state of a causal self-attention layer using this kernel.
@@ -245,14 +241,14 @@ _WEIGHTS_FALLBACK_LOGGED: set[str] = set()
 
 
 def softmax_attention(
-    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout_p: float = 0.0
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, dropout_p: float = 0.0
 ) -> tuple[Tensor, Tensor]:
     """softmax(q kᵀ / √D) v with a boolean mask, written out; output and weights.
 
     Args:
         q: (B, Tq, H, D); k, v: (B, Tk, H, D).
         allowed: True where query i may see key j, broadcastable to (B, H, Tq, Tk); every
-            row needs at least one True. None = everything.
+            row needs at least one True.
         dropout_p: dropout on the weights (the returned weights are before dropout).
 
     Returns:
@@ -260,8 +256,7 @@ def softmax_attention(
     """
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     out = torch.matmul(attn, v)  # (B, H, Tq, D)

@@ -119,24 +119,18 @@ class LocalAttention(AttentionKernel):
         out = out.view(b, n, h, c, d).transpose(2, 3).reshape(b, n * c, h, d)  # (B, N*C, H, D)
         return out[:, :tq]
 
-    def allowed_keys(
-        self,
-        tq: int,
-        tk: int,
-        key_padding_mask: Tensor | None,
-        causal: bool,
-        device: torch.device,
-    ) -> Tensor:
+    def allowed_keys(self, q: Tensor, k: Tensor, padding: Tensor | None, causal: bool) -> Tensor:
         """The window as a dense (B or 1, 1, Tq, Tk) mask, for `forward_with_weights`.
 
         O(Tq · Tk): for heatmaps, not for training. A query with no real key in its window
         (a padded position) attends its window ignoring padding here; `forward` gives such
         rows other, equally unused, values.
         """
-        pos = torch.arange(tq, device=device)[:, None] + (tk - tq)  # (Tq, 1) absolute
-        j = torch.arange(tk, device=device)[None, :]  # (1, Tk)
+        tq, tk = q.size(1), k.size(1)
+        pos = torch.arange(tq, device=q.device)[:, None] + (tk - tq)  # (Tq, 1) absolute
+        j = torch.arange(tk, device=q.device)[None, :]  # (1, Tk)
         band = (j >= pos - self.window) & (j <= (pos if causal else pos + self.window))
-        return pattern_without_padding(band, key_padding_mask)
+        return pattern_without_padding(band, padding)
 
     def new_cache(self, capacity: int | None = None) -> DecodeCache:
         """A `WindowCache`: only the last `window` keys are kept (`capacity` is not needed)."""

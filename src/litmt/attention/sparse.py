@@ -182,24 +182,17 @@ class SparseAttention(AttentionKernel):
         out = out.view(b, r, h, p, d).transpose(2, 3).reshape(b, r * p, h, d)  # (B, R*P, H, D)
         return out[:, lead : lead + tq]
 
-    def allowed_keys(
-        self,
-        tq: int,
-        tk: int,
-        key_padding_mask: Tensor | None,
-        causal: bool,
-        device: torch.device,
-    ) -> Tensor:
+    def allowed_keys(self, q: Tensor, k: Tensor, padding: Tensor | None, causal: bool) -> Tensor:
         """The layout as a dense (B or 1, 1, Tq, Tk) token mask, for `forward_with_weights`.
 
         O(Tq · Tk): for heatmaps. A query with no real key in its layout (a padded position)
         ignores padding here; `forward` gives such rows other, equally unused, values.
         """
+        tq, tk, p = q.size(1), k.size(1), self.block_size
         if tk < tq:
             raise ValueError(f"sparse attention needs Tq <= Tk, got {tq} > {tk}")
-        p = self.block_size
-        pos = torch.arange(tq, device=device) + (tk - tq)  # (Tq,) absolute positions
-        j = torch.arange(tk, device=device)  # (Tk,)
+        pos = torch.arange(tq, device=q.device) + (tk - tq)  # (Tq,) absolute positions
+        j = torch.arange(tk, device=q.device)  # (Tk,)
         layout = block_layout(
             pos // p,
             -(-tk // p),
@@ -211,7 +204,7 @@ class SparseAttention(AttentionKernel):
         pattern = layout[:, j // p]  # (Tq, Tk)
         if causal:
             pattern = pattern & (j[None, :] <= pos[:, None])
-        return pattern_without_padding(pattern, key_padding_mask)
+        return pattern_without_padding(pattern, padding)
 
     def extra_repr(self) -> str:
         return (
