@@ -78,6 +78,7 @@ def test_unknown_precision_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def _few_steps(tmp_path: Path, extra: list[str], gpu: bool = False) -> dict:
+    _needs_datasets()
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 80, "valid": 6, "test": 6})
     over = tiny_overrides(corpus, tmp_path)
     if gpu:
@@ -103,7 +104,13 @@ def test_bf16_mixed_on_cpu_smoke(tmp_path: Path) -> None:
     assert all(t.dtype == torch.float32 for t in ckpt["state_dict"].values())  # fp32 masters
 
 
-# -- CUDA only (scripts/gpu_check_scaling.sh runs these on a GPU machine) --------------------
+def _needs_datasets() -> None:
+    """Skip where `datasets` is absent (a bare GPU image): the data module needs it, and
+    scripts/gpu_check.py runs the same GPU checks on the text files without it."""
+    pytest.importorskip("datasets", reason="the data module needs datasets")
+
+
+# -- CUDA only (scripts/gpu_check.sh runs these on a GPU machine) -----------------------------
 @pytest.mark.gpu
 @needs_cuda
 def test_16_mixed_on_gpu_uses_loss_scaling(tmp_path: Path, monkeypatch) -> None:
@@ -137,6 +144,7 @@ def test_bf16_mixed_on_gpu(tmp_path: Path) -> None:
 def test_multi_gpu_strategy_trains_and_checkpoint_reloads(strategy: str, tmp_path: Path) -> None:
     """FSDP (or DDP) over every visible GPU, a few steps, in a subprocess (the real script);
     the full (unsharded) checkpoint loads like any other."""
+    _needs_datasets()
     devices = torch.cuda.device_count()
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 200, "valid": 8, "test": 8})
     over = [o for o in tiny_overrides(corpus, tmp_path) if o != "trainer.accelerator=cpu"]
