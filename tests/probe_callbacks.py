@@ -1,4 +1,5 @@
-"""Test-only Lightning callbacks, passed to `scripts/train.py` through Hydra, e.g.
+"""Test-only Lightning callbacks (and a recording logger), passed to `scripts/train.py` through
+Hydra, e.g.
 
     +callbacks.record._target_=probe_callbacks.RecordBatches +callbacks.record.out_dir=DIR
 
@@ -17,6 +18,10 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_only
+
+from litmt.callbacks import TranslationScorer
 
 
 class RecordBatches(L.Callback):
@@ -119,3 +124,71 @@ class InjectNonFiniteGrad(L.Callback):
         if trainer.global_step == self.step:
             grad = next(p.grad for p in pl_module.parameters() if p.grad is not None)
             grad.fill_(math.nan)
+
+
+def degrade(reference: str, quality: float) -> str:
+    """`reference` with its first `quality` fraction of words kept and the rest replaced by a
+    word no reference has: BLEU rises with `quality`, and equal qualities score equally."""
+    words = reference.split()
+    keep = round(quality * len(words))
+    return " ".join(words[:keep] + ["zzz"] * (len(words) - keep))
+
+
+class ScriptedScorer(TranslationScorer):
+    """The real `TranslationScorer` (gather, sacreBLEU, logging) with scripted hypotheses:
+    validation k (1-based, sanity checks not counted) returns every reference degraded to
+    `quality[k - 1]`; the test split gets quality 1 (the references themselves)."""
+
+    def __init__(self, quality: list[float], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.quality = [float(q) for q in quality]
+        self.validations = 0
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.validations += 1
+        super().on_validation_epoch_start(trainer, pl_module)
+
+    def hypotheses(self, pl_module: L.LightningModule, batch: dict[str, Any]) -> list[str]:
+        testing = pl_module.trainer.testing
+        refs = self.references["test" if testing else "valid"]
+        quality = 1.0 if testing else self.quality[self.validations - 1]
+        return [degrade(refs[i], quality) for i in batch["index"].tolist()]
+
+
+class RecordTestWeights(L.Callback):
+    """Saves the model's state dict at the start of the test stage to `path` (torch.save)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        torch.save(pl_module.state_dict(), self.path)
+
+
+class RecordingLogger(Logger):
+    """A Lightning logger that appends each `log_hyperparams` call to `path` as one JSON line
+    (the values of `sacrebleu/*` keys, the other keys by name)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = Path(path)
+
+    @property
+    def name(self) -> str:
+        return "record"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        params = dict(params)
+        record = {k: (v if k.startswith("sacrebleu/") else None) for k, v in params.items()}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        return None
