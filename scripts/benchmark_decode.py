@@ -22,6 +22,7 @@ import argparse
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -38,18 +39,27 @@ KERNELS = {  # decoder self-attention backend: (name, options)
 class Setup:
     """Model size and lengths of one run."""
 
-    d_model: int
-    n_heads: int
-    d_ff: int
-    layers: int
-    vocab: int
-    lengths: tuple[int, ...]
+    model: dict[str, Any]  # TransformerConfig fields
+    lengths: tuple[int, ...]  # decoded lengths reported
     window: int  # local attention window
     steps_per_point: int  # steps averaged at each length
 
 
-FULL = Setup(256, 4, 1024, 3, 8000, (64, 256, 1024, 4096), 64, 32)
-SMOKE = Setup(32, 2, 64, 1, 64, (8, 16, 32), 4, 4)
+def model_size(width: int, heads: int, layers: int, vocab: int) -> dict[str, Any]:
+    """TransformerConfig fields of a model: FFN 4x wide, `layers` + `layers`, no dropout."""
+    return dict(
+        src_vocab_size=vocab,
+        d_model=width,
+        n_heads=heads,
+        d_ff=4 * width,
+        n_encoder_layers=layers,
+        n_decoder_layers=layers,
+        dropout=0.0,
+    )
+
+
+FULL = Setup(model_size(256, 4, 3, 8000), (64, 256, 1024, 4096), window=64, steps_per_point=32)
+SMOKE = Setup(model_size(32, 2, 1, 64), (8, 16, 32), window=4, steps_per_point=4)
 
 
 def build(setup: Setup, kernel: str) -> Seq2SeqTransformer:
@@ -57,16 +67,9 @@ def build(setup: Setup, kernel: str) -> Seq2SeqTransformer:
     name, options = KERNELS[kernel]
     if name == "local":
         options = {"window": setup.window}
+    attention = {"decoder_self": name, "decoder_self_options": options}
     cfg = TransformerConfig(
-        src_vocab_size=setup.vocab,
-        d_model=setup.d_model,
-        n_heads=setup.n_heads,
-        d_ff=setup.d_ff,
-        n_encoder_layers=setup.layers,
-        n_decoder_layers=setup.layers,
-        dropout=0.0,
-        max_positions=max(setup.lengths) + 1,
-        attention={"decoder_self": name, "decoder_self_options": options},
+        **setup.model, max_positions=max(setup.lengths) + 1, attention=attention
     )
     torch.manual_seed(0)
     return Seq2SeqTransformer(cfg).eval()
@@ -127,9 +130,9 @@ def main(argv: list[str] | None = None) -> str:
         results[kernel] = step_times(model, max(setup.lengths), device)
     text = table(setup, results)
     print(
-        f"Per-step decode time (ms), B=1, {device.type}, d_model={setup.d_model}, "
-        f"{setup.layers}+{setup.layers} layers, mean of {setup.steps_per_point} steps "
-        "ending at t\n"
+        f"Per-step decode time (ms), B=1, {device.type}, d_model={setup.model['d_model']}, "
+        f"{setup.model['n_decoder_layers']} decoder layers, mean of {setup.steps_per_point} "
+        "steps ending at t\n"
     )
     print(text)
     return text
