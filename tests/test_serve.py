@@ -319,3 +319,61 @@ def test_benchmark_server_smoke(ckpt, tmp_path):
     assert [(r["concurrency"], r["requests"], r["errors"]) for r in rows] == [(1, 8, 0), (4, 8, 0)]
     assert all(0 < r["p50_ms"] <= r["p95_ms"] and r["requests_per_s"] > 0 for r in rows)
     assert "| concurrency | requests | requests/s |" in run.stdout
+
+
+def _run_batcher(fn, requests: list[list[str]], *, max_batch: int, max_wait_ms: float):
+    """Submit `requests` at once to a DynamicBatcher; (results or exceptions, batcher)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor as Pool
+
+    from litmt.batching import DynamicBatcher
+
+    async def main():
+        with Pool(1) as pool:
+            batcher = DynamicBatcher(fn, pool, max_batch=max_batch, max_wait_ms=max_wait_ms)
+            batcher.start()
+            try:
+                tasks = [batcher.submit(texts) for texts in requests]
+                return await asyncio.gather(*tasks, return_exceptions=True), batcher
+            finally:
+                await batcher.stop()
+
+    return asyncio.run(main())
+
+
+def test_batcher_merges_concurrent_requests_and_splits_results_back():
+    calls: list[list[str]] = []
+
+    def fn(texts: list[str]) -> list[str]:
+        calls.append(list(texts))
+        return [t.upper() for t in texts]
+
+    requests = [["a"], ["b", "c"], ["d"]]
+    results, batcher = _run_batcher(fn, requests, max_batch=16, max_wait_ms=100)
+    assert results == [["A"], ["B", "C"], ["D"]]
+    assert calls == [["a", "b", "c", "d"]]
+    assert (batcher.batches, batcher.largest_batch) == (1, 3)
+
+
+def test_batcher_never_exceeds_max_batch():
+    calls: list[list[str]] = []
+
+    def fn(texts: list[str]) -> list[str]:
+        calls.append(list(texts))
+        return texts
+
+    requests = [["a", "b"], ["c", "d"], ["e", "f"], ["g", "h", "i", "j", "k"]]
+    results, _ = _run_batcher(fn, requests, max_batch=4, max_wait_ms=100)
+    assert results == requests
+    assert [len(c) for c in calls] == [4, 2, 5]  # a request larger than max_batch runs alone
+
+
+def test_batcher_failure_fails_only_the_bad_request():
+    def fn(texts: list[str]) -> list[str]:
+        if "boom" in texts:
+            raise RuntimeError("kernel exploded")
+        return texts
+
+    results, _ = _run_batcher(fn, [["ok"], ["boom"], ["fine"]], max_batch=16, max_wait_ms=100)
+    assert results[0] == ["ok"] and results[2] == ["fine"]
+    assert isinstance(results[1], RuntimeError) and str(results[1]) == "kernel exploded"

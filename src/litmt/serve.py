@@ -15,10 +15,10 @@ Routes (request and answer shapes follow LibreTranslate's ``libretranslate/app.p
   translation, the source/target pieces and the cross-attention weights of the torch
   model (`litmt.visualize.collect_attention`).
 
-Concurrent ``/translate`` requests are batched: the first request of a batch waits at most
-``max_wait_ms`` for others, up to ``max_batch_texts`` sentences; one worker thread runs
-the model, so decoding never runs twice at once. A failing batch fails its requests (500
-JSON), not the server.
+Concurrent ``/translate`` requests are batched (`litmt.batching.DynamicBatcher`): the first
+request of a batch waits at most ``max_wait_ms`` for others, up to ``max_batch_texts``
+sentences; one worker thread runs the model, so decoding never runs twice at once. A failing
+batch fails its requests (500 JSON), not the server.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from litmt.batching import DynamicBatcher
 from litmt.errors import ConfigError, LitmtError
 
 log = logging.getLogger("litmt.serve")
@@ -80,97 +81,6 @@ class ServeSettings:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if float(self.max_wait_ms) < 0:
             raise ConfigError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
-
-
-@dataclass
-class _Pending:
-    texts: list[str]
-    future: asyncio.Future
-
-
-class DynamicBatcher:
-    """Collect concurrent requests into batches for one worker thread.
-
-    Args:
-        fn: translates a list of sentences (runs in `executor`, one batch at a time).
-        executor: a one-thread executor (shared with anything else that uses the model).
-        max_batch: most sentences per batch (a larger single request is one batch).
-        max_wait_ms: how long the first request of a batch waits for others.
-    """
-
-    def __init__(
-        self,
-        fn: Callable[[list[str]], list[str]],
-        executor: ThreadPoolExecutor,
-        *,
-        max_batch: int,
-        max_wait_ms: float,
-    ) -> None:
-        self.fn, self.executor = fn, executor
-        self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000.0
-        self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self.batches = 0  # batches run so far
-        self.largest_batch = 0  # most requests merged into one batch
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._task
-
-    async def submit(self, texts: list[str]) -> list[str]:
-        """Translate `texts` as part of the next batch."""
-        future = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Pending(texts, future))
-        return await future
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self.queue.get()]
-            size = len(batch[0].texts)
-            deadline = loop.time() + self.max_wait
-            while size < self.max_batch:
-                timeout = deadline - loop.time()
-                if not self.queue.empty():
-                    item = self.queue.get_nowait()
-                elif timeout <= 0:
-                    break
-                else:
-                    try:
-                        item = await asyncio.wait_for(self.queue.get(), timeout)
-                    except asyncio.TimeoutError:
-                        break
-                if size + len(item.texts) > self.max_batch:
-                    await self._process(loop, batch)  # the newcomer starts the next batch
-                    batch, size, deadline = [], 0, loop.time() + self.max_wait
-                batch.append(item)
-                size += len(item.texts)
-            await self._process(loop, batch)
-
-    async def _process(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
-        live = [p for p in batch if not p.future.done()]  # a client may have gone
-        if not live:
-            return
-        texts = [t for p in live for t in p.texts]
-        self.batches += 1
-        self.largest_batch = max(self.largest_batch, len(live))
-        try:
-            out = await loop.run_in_executor(self.executor, self.fn, texts)
-        except Exception as exc:  # handed to each waiting request (logged there), not swallowed
-            for p in live:
-                if not p.future.done():
-                    p.future.set_exception(exc)
-            return
-        start = 0
-        for p in live:
-            if not p.future.done():
-                p.future.set_result(out[start : start + len(p.texts)])
-            start += len(p.texts)
 
 
 def language_name(code: str) -> str:
@@ -580,7 +490,6 @@ def serve(cfg: Any) -> None:
 
 __all__ = [
     "ApiError",
-    "DynamicBatcher",
     "ServeSettings",
     "ServerThread",
     "build_server_app",
