@@ -211,3 +211,17 @@ def test_xformers_block_diagonal_needs_batch_one(monkeypatch):
     bias = xformers_emulation.BlockDiagonalMask.from_seqlens([3, 3], device=q.device)
     with pytest.raises(ValueError, match="Expected batch_size=1"):
         xformers_emulation.memory_efficient_attention(q, k, v, attn_bias=bias)
+
+
+def test_te_padding_masks_become_lengths_so_padding_must_be_on_the_right(monkeypatch):
+    """utils.py get_cu_seqlens counts the unmasked positions; get_indices then keeps the
+    first `length` positions. A left-padded row would lose its last tokens instead."""
+    calls = te_emulation.install(monkeypatch, allow_cpu_fp32=True)
+    te = te_emulation.DotProductAttention(2, 8, qkv_format="bshd", attention_type="cross")
+    q, k, v = qkv(1, 2, 4)
+    q_mask = torch.zeros(1, 1, 1, 2, dtype=torch.bool)
+    left = torch.tensor([True, False, False, False])[None, None, None, :]  # key 0 is padding
+    out = te(q, k, v, attention_mask=(q_mask, left), attn_mask_type="padding")
+    assert calls[-1].cu_seqlens_kv == [0, 3]
+    first_three = build_backend("math")(q, k[:, :3], v[:, :3])  # keys 0-2, padding included
+    torch.testing.assert_close(out.view(1, 2, 2, 8), first_three)
