@@ -91,6 +91,33 @@ def test_module_setup_validates_kernels_in_the_te_compute_dtype(precision: str) 
     assert seen["dtype"] == want
 
 
+def test_flash_validation_passes_under_fp8_through_the_real_checks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """attention=flash on an (emulated) sm90 GPU under trainer.precision=transformer-engine:
+    `Seq2SeqTransformer.validate_backends` gets bf16, which flash serves (it refused the
+    float32 the old mapping gave, with "does not run in float32")."""
+    from litmt.lit_module import TranslationModule
+
+    fake = types.ModuleType("flash_attn")  # construction imports it; no kernel runs here
+    fake.flash_attn_func = fake.flash_attn_varlen_func = lambda *a, **k: None
+    monkeypatch.setitem(sys.modules, "flash_attn", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    cfg = {"src_vocab_size": 32, "tgt_vocab_size": 32, "d_model": 16, "n_heads": 2, "d_ff": 32,
+           "n_encoder_layers": 1, "n_decoder_layers": 1,
+           "attention": {"encoder_self": "flash", "decoder_self": "flash", "cross": "flash"}}  # fmt: skip
+    module = TranslationModule(cfg, tokenizer=None, src_lang="en", tgt_lang="de")
+    plugin = SimpleNamespace(precision="transformer-engine", fallback_compute_dtype=torch.bfloat16)
+    module._trainer = SimpleNamespace(
+        precision=plugin.precision,
+        precision_plugin=plugin,
+        strategy=SimpleNamespace(root_device=torch.device("cuda", 0), precision_plugin=plugin),
+        datamodule=None,
+    )
+    module.setup("validate")  # raises BackendError if flash is asked for float32
+
+
 # -- item 9: the auto default --------------------------------------------------------------
 @pytest.mark.parametrize(
     ("accelerator", "cuda", "bf16", "want"),
@@ -232,6 +259,23 @@ def test_lightning_plain_conversion_unties_the_projection(fake_te) -> None:
     model = TransformerEnginePrecision(weights_dtype=torch.bfloat16).convert_module(_Tied())
     assert isinstance(model.out, fake_te.Linear)
     assert model.out.weight is not model.embed.weight
+
+
+def test_build_trainer_uses_the_tied_fp8_plugin(
+    fake_te, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """trainer.precision=transformer-engine(-float16) builds litmt's plugin (tied weights stay
+    tied) with Lightning's weights dtype for the string, not Lightning's plain plugin."""
+    import litmt.train as train_mod
+
+    monkeypatch.setattr(train_mod, "check_precision", lambda precision: None)  # TE is faked
+    for name, dtype in (("transformer-engine", torch.bfloat16),
+                        ("transformer-engine-float16", torch.float16)):  # fmt: skip
+        cfg = compose_train(["trainer=cpu", f"trainer.precision={name}"], tmp_path)
+        plugin = train_mod.build_trainer(cfg, [], []).precision_plugin
+        assert type(plugin).__name__ == "TiedTransformerEnginePrecision"
+        assert plugin.weights_dtype == dtype
+        assert compute_dtype(plugin) == dtype
 
 
 def test_hide_tied_linears_restores_the_layers() -> None:
