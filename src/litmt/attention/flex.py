@@ -301,7 +301,9 @@ class FlexAttention(AttentionKernel):
         """
         b, h, t, d = q.shape
         bp, tp = _next_pow2(b), -(-t // self.kernel_block_size) * self.kernel_block_size
-        bucket = (bp, h, tp, d, q.dtype, str(q.device), grad, self.extra_repr())
+        config = (self.window, self.sparse, self.sparse_block_size, self.sparse_stride)
+        config += (self.sparse_summary, self.kernel_block_size)  # what the closure fixes
+        bucket = (bp, h, tp, d, q.dtype, str(q.device), grad, config)
         if bucket not in _COMPILED["buckets"] and len(_COMPILED["buckets"]) >= MAX_COMPILES:
             if not _COMPILED["capped"]:
                 _COMPILED["capped"] = True
