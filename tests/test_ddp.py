@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import hydra
 import lightning as L
@@ -17,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from train_utils import compose_train, run_train_script, tiny_overrides, write_toy_corpus
 
+from litmt.callbacks import TranslationScorer, gather_hypotheses
 from litmt.checkpoint import load_checkpoint
 from litmt.lit_module import TranslationModule
 
@@ -30,10 +30,8 @@ def _gather_worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        fake = SimpleNamespace(_hyps={"valid": list(PAIRS[rank])}, references={"valid": REFS})
-        full = TranslationModule.gather_hypotheses(fake, "valid")  # type: ignore[arg-type]
-        fake._hyps = {"valid": PAIRS[rank][:2]}  # examples 4-6 missing: a partial run
-        partial = TranslationModule.gather_hypotheses(fake, "valid")  # type: ignore[arg-type]
+        full = gather_hypotheses(list(PAIRS[rank]), len(REFS))
+        partial = gather_hypotheses(PAIRS[rank][:2], len(REFS))  # 4-6 missing: a partial run
         Path(out, f"{rank}.json").write_text(json.dumps({"full": full, "partial": partial}))
     finally:
         dist.destroy_process_group()
@@ -112,6 +110,7 @@ def test_two_process_ddp_trains_scores_like_one_process_and_sees_each_example_on
     trainer = L.Trainer(
         accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
         enable_model_summary=False, use_distributed_sampler=False,
+        callbacks=[TranslationScorer()],
     )  # fmt: skip
     single = trainer.validate(module, datamodule=dm, verbose=False)[0]
     assert single["valid/bleu"] == pytest.approx(ddp_bleu, abs=1e-9)
