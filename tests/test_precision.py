@@ -160,7 +160,8 @@ def test_auto_on_a_mocked_cuda_gpu_sets_tf32_and_logs(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # emulated
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100")
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")

@@ -124,8 +124,20 @@ def resolve_precision(
     if accel not in ("auto", "gpu", "cuda") or not cuda_available:
         return "32-true"
     if bf16_supported is None:
-        bf16_supported = torch.cuda.is_bf16_supported()
+        bf16_supported = native_bf16()
     return "bf16-mixed" if bf16_supported else "16-mixed"
+
+
+def native_bf16() -> bool:
+    """Whether the current CUDA GPU computes bf16 natively (sm80+, or ROCm).
+
+    `torch.cuda.is_bf16_supported()` also says True for GPUs that only emulate bf16 (its
+    default `including_emulation=True`, torch/cuda/__init__.py), e.g. a V100, where bf16
+    autocast is slow; older torch versions lack the argument, hence the capability check.
+    """
+    if torch.version.hip:
+        return True
+    return torch.cuda.get_device_capability()[0] >= 8
 
 
 def runs_on_cuda(accelerator: str | None, cuda_available: bool | None = None) -> bool:
@@ -308,7 +320,7 @@ def inference_plan(
         if trained in (torch.bfloat16, torch.float16):
             candidates.append(trained)
         if bf16_supported is None:
-            bf16_supported = torch.cuda.is_bf16_supported()
+            bf16_supported = native_bf16()
         candidates += [torch.bfloat16] if bf16_supported else []
         candidates.append(torch.float16)
     for dtype in candidates:
