@@ -136,6 +136,21 @@ def test_own_weights_are_what_the_kernel_computes(backend, case):
         assert w[..., future].abs().max() == 0, "a future key got weight"
 
 
+@pytest.mark.parametrize("case", WEIGHT_CASES)
+@pytest.mark.parametrize(
+    "pattern", [{"window": 2}, {"sparse": "strided", "sparse_block_size": 2, "sparse_stride": 2}]
+)
+def test_flex_weights_are_math_under_its_own_pattern(pattern, case):
+    """Fused, so its weights are recomputed, but under its window / layout, not full attention."""
+    q, k, v, mask, causal = weight_inputs(case)
+    kernel = build_backend("flex", compile=False, **pattern)
+    out = kernel(q, k, v, key_padding_mask=mask, causal=causal)
+    out_w, w = kernel.forward_with_weights(q, k, v, key_padding_mask=mask, causal=causal)
+    real = torch.ones(3, q.size(1), dtype=torch.bool) if mask is None else ~mask[:, : q.size(1)]
+    torch.testing.assert_close(out[real], out_w[real], atol=1e-5, rtol=1e-5)
+    assert (w == 0).any(), "the pattern must leave some keys out"
+
+
 @pytest.mark.parametrize("backend", ["sdpa", "auto"])
 def test_fused_kernels_fall_back_to_math_weights(backend):
     q, k, v, mask, causal = weight_inputs("causal_padding")

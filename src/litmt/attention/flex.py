@@ -353,6 +353,19 @@ class FlexAttention(AttentionKernel):
         mask = mask | ~mask.any(dim=-1, keepdim=True)  # (B|1, 1, Tq, Tk); no empty rows
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
+    def allowed_keys(self, q: Tensor, k: Tensor, padding: Tensor | None, causal: bool) -> Tensor:
+        """This call's mask (window, layout, causal, padding), materialised: (B|1, 1, Tq, Tk).
+
+        `forward_with_weights` (heatmaps) computes softmax attention under it, like `_dense`.
+        """
+        kpm = safe_padding_mask(padding)
+        valid = None if kpm is None else ~kpm  # (B, Tk)
+        tq, tk = q.size(1), k.size(1)
+        mask_mod = self.mask_mod(tq, tk, causal, valid, q.device)
+        b = q.size(0) if kpm is not None else 1
+        mask = self._flex.create_mask(mask_mod, b, 1, tq, tk, q.device)
+        return mask | ~mask.any(dim=-1, keepdim=True)  # no empty rows
+
     def extra_repr(self) -> str:
         return (
             f"name={self.name}, window={self.window}, sparse={self.sparse}, compile={self.compile}"
