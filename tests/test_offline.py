@@ -1,7 +1,11 @@
-"""Offline: with HF_HUB_OFFLINE=1 and W&B offline, a full training run on local files makes no
-network connection.
+"""Offline: with HF_HUB_OFFLINE=1 and the config's own W&B default (``logger.wandb.offline:
+true``, no ``WANDB_*`` variable set), a full training run on local files makes no network
+connection.
 
-The run is a subprocess of ``scripts/train.py`` with the default loggers (W&B offline + CSV).
+The run is a subprocess of ``scripts/train.py`` with the default loggers (W&B + CSV). Every
+``WANDB_*`` variable is removed from its environment, so only the config keeps W&B offline,
+and every proxy variable and W&B's server address point at an unreachable documentation
+address (192.0.2.1, TEST-NET-1), so a client that did go online could not reach anything.
 A ``sitecustomize.py`` put first on PYTHONPATH guards the sockets of every Python process of
 the run (the script and any Python children): a connection, datagram or name lookup to
 anything but loopback or a Unix socket is recorded in a file and fails. W&B's service is a
@@ -95,6 +99,18 @@ GUARD = textwrap.dedent(
 )
 
 
+# An address reserved for documentation (RFC 5737): nothing answers there.
+UNREACHABLE = "http://192.0.2.1:9"
+PROXY_VARIABLES = (
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+)
+
+
 def _children(pid: int) -> set[int]:
     """`pid` and all its descendants (from /proc)."""
     parents: dict[int, list[int]] = {}
@@ -178,16 +194,18 @@ def test_a_full_offline_run_on_local_files_makes_no_network_connection(tmp_path)
     (guard_dir / "sitecustomize.py").write_text(GUARD)
     log = tmp_path / "network_attempts.log"
     log.touch()
-    env = {
-        **os.environ,
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("WANDB_")}
+    env |= {
         "PYTHONPATH": os.pathsep.join(filter(None, [str(guard_dir), os.environ.get("PYTHONPATH")])),
         "LITMT_NET_LOG": str(log),
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "WANDB_MODE": "offline",
         "OMP_NUM_THREADS": "1",
+        "WANDB_BASE_URL": UNREACHABLE,  # W&B's server, were it contacted (not a mode setting)
+        **{k: UNREACHABLE for k in PROXY_VARIABLES},
     }
+    env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"  # W&B's local service
     overrides = [
         o for o in tiny_overrides(corpus, tmp_path) if o != "logger=csv"
     ]  # default loggers
@@ -218,14 +236,15 @@ def test_a_full_offline_run_on_local_files_makes_no_network_connection(tmp_path)
     finally:
         proc.kill()
         watcher.join(timeout=10)
+    assert log.read_text() == "", f"network use attempted:\n{log.read_text()}"
+    assert not seen, f"sockets to non-loopback peers: {sorted(seen)}"
     assert proc.returncode == 0, stderr[-3000:]
     assert "test/bleu" in stdout  # the run went through to the test split
     run = tmp_path / "run"
     assert (run / "checkpoints" / "last.ckpt").is_file()
     assert any(run.rglob("metrics.csv"))
-    assert any((run / "wandb").glob("offline-run-*")), "W&B did not log (offline)"
-    assert log.read_text() == "", f"network use attempted:\n{log.read_text()}"
-    assert not seen, f"sockets to non-loopback peers: {sorted(seen)}"
+    assert any((run / "wandb").glob("offline-run-*")), "W&B did not log offline"
+    assert not any((run / "wandb").glob("run-*")), "W&B started an online run"
     assert "wandb-core" in holders, holders  # the sampling saw W&B's compiled service
 
 

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import csv
+import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import hydra
+import numpy as np
 import pytest
 import torch
+import yaml
+from PIL import Image
 from train_utils import REPO, compose_train, tiny_overrides, write_toy_corpus
 
 from litmt.checkpoint import load_checkpoint
@@ -138,6 +144,8 @@ def test_train_script_reports_a_bad_override_in_one_line(tmp_path):
 
 
 def test_multirun_over_attention_backends(tmp_path):
+    """Each run of the sweep trains with its own backend: the model config saved in each run's
+    checkpoint names the backend of that run's override, at every site."""
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 60, "valid": 6, "test": 6})
     over = [o for o in tiny_overrides(corpus, tmp_path) if not o.startswith("hydra.run.dir")]
     cmd = [
@@ -146,21 +154,53 @@ def test_multirun_over_attention_backends(tmp_path):
         "-m",
         "attention=math,sdpa",
         *over,
-        "debug=fast_dev_run",
+        "trainer.max_epochs=1",
+        "test_after_training=false",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
     ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("run directory:") == 2
+    run_dirs = re.findall(r"^run directory: (.+)$", proc.stdout, re.M)
+    assert sorted(run_dirs) == [str(tmp_path / "sweep" / n) for n in ("0", "1")]
+    used = {}
+    for run in map(Path, run_dirs):
+        (override,) = [
+            o
+            for o in yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text())
+            if o.startswith("attention=")
+        ]
+        config = load_checkpoint(run / "checkpoints" / "last.ckpt")["litmt"]["model_config"]
+        sites = {config["attention"][site] for site in ("encoder_self", "decoder_self", "cross")}
+        used[override.removeprefix("attention=")] = sites
+    assert used == {"math": {"math"}, "sdpa": {"sdpa"}}
 
 
 def test_validation_logs_a_cross_attention_heatmap_to_offline_wandb(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
+    """The default loggers, with no WANDB_* variable and the network out of reach (proxies and
+    W&B's server at an unreachable address): W&B stays offline by the config's own default and
+    the validation heatmap it stores is a drawn heatmap, not an empty image."""
+    for name in [k for k in os.environ if k.upper().startswith("WANDB_")]:
+        monkeypatch.delenv(name)
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.setenv(name, "http://192.0.2.1:9")  # RFC 5737: nothing answers there
+    monkeypatch.setenv("WANDB_BASE_URL", "http://192.0.2.1:9")
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 100, "valid": 10, "test": 10})
     over = [o for o in tiny_overrides(corpus, tmp_path) if o != "logger=csv"]  # default: W&B + CSV
     train(compose_train([*over, "trainer.max_epochs=1", "test_after_training=false"], tmp_path))
-    pngs = list((tmp_path / "run" / "wandb").rglob("media/images/valid/cross_attention_*.png"))
-    assert pngs, "no heatmap image in the offline W&B run"
+    wandb_dir = tmp_path / "run" / "wandb"
+    assert list(wandb_dir.glob("offline-run-*")) and not list(wandb_dir.glob("run-*"))
+    pngs = list(wandb_dir.rglob("media/images/valid/cross_attention_*.png"))
+    assert len(pngs) == 1, "no heatmap image in the offline W&B run"
+    with Image.open(pngs[0]) as img:
+        rgb = np.asarray(img.convert("RGB"), dtype=np.int16)  # (height, width, 3)
+    height, width, _ = rgb.shape
+    assert 200 <= width <= 4000 and 150 <= height <= 4000, (width, height)
+    assert rgb.std() > 20  # not one flat colour
+    # the heatmap cells: coloured (not white/grey/black) pixels in many shades of the map
+    colored = rgb[(rgb.max(axis=-1) - rgb.min(axis=-1)) > 40]  # (N, 3)
+    assert len(colored) > 0.05 * width * height, "almost no coloured pixels: no heatmap drawn"
+    _, counts = np.unique(colored, axis=0, return_counts=True)
+    assert len(counts) >= 8 and counts.max() < 0.6 * counts.sum(), "one colour fills the map"
 
 
 @pytest.mark.slow

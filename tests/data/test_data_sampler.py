@@ -226,14 +226,58 @@ def test_reads_rank_from_torch_distributed(monkeypatch: pytest.MonkeyPatch) -> N
     assert (s.rank, s.world_size) == (2, 3)
 
 
-def test_bucket_sort_walks_the_length_grid() -> None:
+def assert_walks_the_length_grid(order: np.ndarray, src: np.ndarray, tgt: np.ndarray) -> None:
+    """The documented rule of `bucket_sort`, checked on its output: costs max(src, tgt) never
+    decrease; within one cost, src - tgt rises for even costs and falls for odd ones (a
+    boustrophedon walk over the length grid)."""
+    cost, diff = np.maximum(src[order], tgt[order]), src[order] - tgt[order]
+    assert np.all(np.diff(cost) >= 0), "costs go down"
+    for c in np.unique(cost):
+        d = diff[cost == c]
+        steps = np.diff(d) if c % 2 == 0 else -np.diff(d)
+        assert np.all(steps >= 0), f"cost {c}: src - tgt runs the wrong way: {d.tolist()}"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bucket_sort_walks_the_length_grid_and_keeps_ties_in_input_order(seed: int) -> None:
     from litmt.data.sampler import bucket_sort
 
-    src = np.array([3, 1, 2, 3, 2, 3, 1, 2])
-    tgt = np.array([1, 3, 2, 3, 1, 2, 1, 2])
-    # cost 1: (1,1); cost 2 (even, source-minus-target ascending): (2,2) (2,2) (2,1);
-    # cost 3 (odd, descending): (3,1) (3,2) (3,3) (1,3); ties keep their input order
-    assert bucket_sort(np.arange(8), src, tgt).tolist() == [6, 2, 7, 4, 0, 5, 3, 1]
-    rng = np.random.default_rng(0)
-    order = rng.permutation(8)
-    assert sorted(bucket_sort(order, src, tgt).tolist()) == list(range(8))
+    rng = np.random.default_rng(seed)
+    src, tgt = rng.integers(1, 9, 300), rng.integers(1, 9, 300)  # many equal (src, tgt) pairs
+    order = rng.permutation(300)
+    out = bucket_sort(order, src, tgt)
+    assert sorted(out.tolist()) == list(range(300))  # a permutation of the input
+    assert_walks_the_length_grid(out, src, tgt)
+    rank_in_input = {int(i): r for r, i in enumerate(order)}
+    for pair in {(int(a), int(b)) for a, b in zip(src, tgt, strict=True)}:
+        same = [rank_in_input[int(i)] for i in out if (src[i], tgt[i]) == pair]
+        assert same == sorted(same), f"ties of {pair} lost their (shuffled) input order"
+    # a small case written out by hand: cost 1: (1,1); cost 2, rising src - tgt: (1,2) (2,2)
+    # (2,1); cost 3, falling: (3,1) (3,3) (1,3)
+    src_small, tgt_small = np.array([3, 2, 1, 2, 1, 3, 1]), np.array([3, 2, 3, 1, 2, 1, 1])
+    assert bucket_sort(np.arange(7), src_small, tgt_small).tolist() == [6, 4, 1, 3, 5, 0, 2]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("pool", [None, 3])
+def test_epochs_are_partitions_within_budget_deterministic_and_different(world, pool) -> None:
+    """Properties of the sampler's order, independent of how it is produced: in every epoch
+    each example comes exactly once and every batch keeps the token budget (padding counted);
+    the same (seed, epoch) gives the same batches; another epoch or seed gives others."""
+    src, tgt = lengths(700, seed=3)
+    max_tokens = 256
+    kw = {"src_lengths": src, "tgt_lengths": tgt, "max_tokens": max_tokens, "bucket_pool": pool}
+    cost = np.maximum(src, tgt)
+    plans = {}
+    for seed in (11, 12):
+        for epoch in (0, 1, 2):
+            ranks = plan({**kw, "seed": seed}, world, epoch=epoch)
+            assert sorted(i for r in ranks for b in r for i in b) == list(range(700))
+            for batch in (b for r in ranks for b in r):
+                assert len(batch) == 1 or len(batch) * cost[batch].max() <= max_tokens
+            assert plan({**kw, "seed": seed}, world, epoch=epoch) == ranks  # a fresh sampler
+            plans[seed, epoch] = ranks
+    orders = [tuple(i for ranks in p for b in ranks for i in b) for p in plans.values()]
+    assert len(set(orders)) == len(orders), "two (seed, epoch) pairs give the same order"
+    first_batches = [tuple(p[0][0]) for p in plans.values()]  # rank 0's first batch
+    assert len(set(first_batches)) == len(first_batches), "batches repeat across epochs/seeds"
