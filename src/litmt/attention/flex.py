@@ -63,6 +63,10 @@ MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 MAX_COMPILES = 64  # compiled (Bp, Tp, ...) buckets per process; beyond: the dense path
 _COMPILED: dict[str, Any] = {"fn": None, "failed": False, "buckets": set(), "capped": False}
 _CACHE_SIZE = 32
+# dynamo's per-function recompile limit; torch < 2.6 called it cache_size_limit
+_LIMIT_NAME = (
+    "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+)
 _FLEX_OPTIONS = (
     "window",
     "sparse",
@@ -327,7 +331,7 @@ class FlexAttention(AttentionKernel):
         # Dynamo's own recompile limit (8 per function) must not turn bucket 9 into eager
         # flex: the buckets above are the bound.
         try:
-            with torch._dynamo.config.patch(recompile_limit=MAX_COMPILES):
+            with torch._dynamo.config.patch(**{_LIMIT_NAME: MAX_COMPILES}):
                 out = _COMPILED["fn"](q, k, v, block_mask=block_mask)  # (Bp, H, Tp, D)
         except cannot_compile_errors() as exc:
             if _caused_by_oom(exc):
