@@ -179,7 +179,7 @@ def beam_search(
     n_best: int = 1,
     min_len: int = 0,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search with a KV cache, GNMT length penalty and n-best output.
+    """Batched beam search with per-layer decode caches, GNMT length penalty and n-best output.
 
     Each step scores the K*V continuations of every sentence's K live beams, keeps the 2K
     best: eos candidates among the top K become finished hypotheses (kept, per sentence, in a
