@@ -3,6 +3,9 @@
 >>> from litmt.attention import build_backend, list_backends
 >>> kernel = build_backend("sdpa")
 >>> out = kernel(q, k, v, key_padding_mask=mask, causal=False)   # (B, Tq, H, D)
+>>> out, weights = kernel.forward_with_weights(q, k, v)           # weights (B, H, Tq, Tk)
+>>> cache = kernel.new_cache()                                    # incremental decoding
+>>> out = cache.attend(q_new, k_new, v_new)                       # causal over all so far
 
 Backends are registered as "module:Class" strings and imported lazily, so optional packages
 (flash-attn, xformers, transformer-engine) are only imported when their backend is built.
@@ -20,6 +23,7 @@ from litmt.attention.base import (
     causal_mask,
     safe_padding_mask,
 )
+from litmt.attention.cache import DecodeCache, KVCache
 from litmt.errors import BackendError
 
 _REGISTRY: dict[str, str] = {
@@ -80,6 +84,8 @@ __all__ = [
     "AttentionKernel",
     "AttentionRequest",
     "BackendSupport",
+    "DecodeCache",
+    "KVCache",
     "backend_support",
     "build_backend",
     "causal_mask",
