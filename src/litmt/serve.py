@@ -15,6 +15,8 @@ Routes (request and answer shapes follow LibreTranslate's ``libretranslate/app.p
   translation, the source/target pieces and the cross-attention weights of the torch
   model (`litmt.visualize.collect_attention`).
 
+Every answer carries ``Access-Control-Allow-Origin: *`` (``cors``), as LibreTranslate's do.
+
 Concurrent ``/translate`` requests are batched (`litmt.batching.DynamicBatcher`): the first
 request of a batch waits at most ``max_wait_ms`` for others, up to ``max_batch_texts``
 sentences; one worker thread runs the model, so decoding never runs twice at once. A failing
@@ -38,6 +40,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -73,6 +76,7 @@ class ServeSettings:
     max_texts: int = 64  # sentences per request, else 413
     max_chars: int = 5000  # characters per request (all of q), else 413
     max_body_bytes: int = 1_000_000  # request body, else 413
+    cors: bool = True  # Access-Control-Allow-Origin: * on every answer, as LibreTranslate
     decoding: dict[str, Any] = field(default_factory=dict)  # Translator.translate options
 
     def __post_init__(self) -> None:
@@ -220,6 +224,13 @@ def create_app(
         executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="litmt", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    if settings.cors:  # browser clients on other origins (LibreTranslate's after_request)
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=["*"],
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     src, tgt = translator.src_lang, translator.tgt_lang
 
     @app.exception_handler(ApiError)
@@ -472,6 +483,7 @@ def serve(cfg: Any) -> None:
         max_texts=int(cfg.max_texts),
         max_chars=int(cfg.max_chars),
         max_body_bytes=int(cfg.max_body_bytes),
+        cors=bool(cfg.cors),
         decoding=dict(cfg.decoding),
     )
     app = build_server_app(
