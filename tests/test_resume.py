@@ -174,3 +174,24 @@ def test_resume_in_process_continues_exactly(tmp_path: Path) -> None:
     both = run("stopped", MAX_STEPS)
     assert_continues(both[len(first) :], reference, 2 * EVERY)
     assert load_checkpoint(last)["global_step"] == MAX_STEPS
+
+
+def test_sigterm_mid_accumulation_saves_after_the_whole_optimizer_step(tmp_path: Path) -> None:
+    """With 2 micro-batches per step, SIGTERM at the first micro-batch of step 5 waits for
+    the second one: last.ckpt holds 6 whole steps, and both micro-batches of step 5 ran."""
+    corpus = write_toy_corpus(tmp_path / "corpus", {"train": 120, "valid": 6, "test": 6})
+    over = [
+        *overrides(corpus, tmp_path, "accum"),
+        "trainer.accumulate_grad_batches=2",
+        "+callbacks.kill._target_=probe_callbacks.KillAtStep",
+        "+callbacks.kill.step=5",
+        "+callbacks.kill.sig=SIGTERM",
+    ]
+    cfg = compose_train([o for o in over if not o.startswith("hydra.")], tmp_path)
+    cfg.paths.output_dir = str(tmp_path / "accum")
+    with pytest.raises(SystemExit) as exc:
+        train(cfg)
+    assert exc.value.code == EXIT_SIGTERM
+    assert load_checkpoint(tmp_path / "accum" / "checkpoints" / "last.ckpt")["global_step"] == 6
+    steps = [r["step"] for r in records(tmp_path / "accum")]
+    assert steps == [s for s in range(6) for _ in range(2)]  # 2 micro-batches per step
