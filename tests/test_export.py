@@ -195,6 +195,10 @@ def test_export_user_errors(ckpt, export_dir, tmp_path):
         CT2Translator(tmp_path)
     with pytest.raises(ConfigError, match="unknown engine 'onnx'"):
         load_translator(ckpt, engine="onnx")
+    with pytest.raises(ConfigError, match="is a CTranslate2 export: decode it with engine=ct2"):
+        load_translator(export_dir, engine="torch")
+    with pytest.raises(ConfigError, match="engine=ct2 takes one checkpoint or export directory"):
+        load_translator([ckpt, ckpt], engine="ct2")
 
 
 def test_export_directory_contents_and_special_tokens(ckpt, export_dir):

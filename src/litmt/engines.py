@@ -118,7 +118,7 @@ class CT2Translator(Translator):
             intra_threads=int(threads),
         )
         self.model = None  # no torch model: the search runs in CTranslate2
-        self.device = torch.device("cpu")
+        self.device = torch.device(str(device))  # where CTranslate2 runs (for messages)
         self.autocast = None  # the torch engine's decode precision: unused here
         self.tokenizer = Tokenizer.load(self.model_dir)
         self.src_lang, self.tgt_lang = self.meta["src_lang"], self.meta["tgt_lang"]
@@ -289,11 +289,18 @@ def load_translator(
         cache_dir: ct2 only: where checkpoints are converted (default `default_cache_dir`).
         quantization: ct2 only: quantization of a checkpoint converted on first use.
     """
+    if not isinstance(path, str | Path) and len(path) == 1:
+        path = path[0]
     if engine == "torch":
+        if isinstance(path, str | Path) and is_export_dir(path):
+            raise ConfigError(f"{path} is a CTranslate2 export: decode it with engine=ct2")
         return Translator.from_checkpoint(path, device=device, attention=attention)
     if engine == "ct2":
         if not isinstance(path, str | Path):
-            raise ConfigError("engine=ct2 takes one checkpoint or export directory, not a list")
+            raise ConfigError(
+                "engine=ct2 takes one checkpoint or export directory; average checkpoints "
+                "first (scripts/average_checkpoints.py) and export the average"
+            )
         if attention is not None:
             log.warning(
                 "attention=%s is ignored by engine=ct2 (CTranslate2 has its own)", attention
@@ -309,4 +316,27 @@ def load_translator(
     raise ConfigError(f"unknown engine '{engine}'; valid values: {', '.join(ENGINES)}")
 
 
-__all__ = ["ENGINES", "CT2Translator", "default_cache_dir", "load_translator", "output_budgets"]
+def engine_options(cfg: Any) -> dict[str, Any]:
+    """`load_translator` keyword arguments from a job config (translate/evaluate/serve keys).
+
+    Keys: ``engine``, ``device``, ``attention``, ``threads``, ``ct2_cache``,
+    ``quantization`` (missing ones take their defaults).
+    """
+    return {
+        "engine": str(cfg.get("engine") or "torch"),
+        "device": cfg.get("device"),
+        "attention": cfg.get("attention"),
+        "threads": int(cfg.get("threads") or 0),
+        "cache_dir": cfg.get("ct2_cache"),
+        "quantization": str(cfg.get("quantization") or "none"),
+    }
+
+
+__all__ = [
+    "ENGINES",
+    "CT2Translator",
+    "default_cache_dir",
+    "engine_options",
+    "load_translator",
+    "output_budgets",
+]
