@@ -15,7 +15,11 @@ def __getattr__(name: str) -> Any:
         from litmt.translate import Translator
 
         return Translator
+    if name == "load_translator":  # engine="torch" | "ct2" (CTranslate2)
+        from litmt.engines import load_translator
+
+        return load_translator
     raise AttributeError(f"module 'litmt' has no attribute {name!r}")
 
 
-__all__ = ["LitmtError", "Translator", "__version__"]
+__all__ = ["LitmtError", "Translator", "__version__", "load_translator"]
