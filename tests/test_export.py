@@ -282,3 +282,16 @@ def test_every_approximate_kernel_is_refused(ckpt, tmp_path, site, backend, opti
     path = _random_variant(tmp_path, tokenizer, attention=attention)
     with pytest.raises(ExportError, match=rf"model.attention.{site}={backend} is an approximate"):
         export_model(path, tmp_path / "out")
+
+
+@pytest.mark.parametrize("name", ["rope", "learned positions"])
+def test_incremental_decoding_of_position_variants_matches(ckpt, tmp_path, name):
+    """Positions at every decode step (rotary offsets, learned rows) agree with litmt's cache."""
+    path = _random_variant(tmp_path, load_model(ckpt).tokenizer, **VARIANTS[name])
+    out = export_model(path, tmp_path / "ct2")
+    torch_engine, ct2_engine = Translator.from_checkpoint(path, device="cpu"), CT2Translator(out)
+    ids = [torch_engine.prepare(s) for s in held_sentences()[:20]]
+    for options in (dict(beam_size=1), dict(beam_size=4, length_penalty=0.6)):
+        ref = torch_engine.search_ids(ids, **options)
+        got = ct2_engine.search_ids(ids, **options)
+        assert [h[0].tokens for h in got] == [h[0].tokens for h in ref]
