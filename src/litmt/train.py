@@ -21,6 +21,7 @@ from litmt.callbacks import PreemptionCheckpoint
 from litmt.checkpoint import atomic_save, check_compatible, load_checkpoint
 from litmt.config_check import check_devices, check_run_dir
 from litmt.errors import ConfigError, LitmtError
+from litmt.finetune import model_config_for, prepare_model, setup_init_from
 from litmt.precision import (
     FP8_ROW_MULTIPLE,
     configure_precision,
@@ -152,6 +153,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     )
 
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
+    init = setup_init_from(cfg, datamodule)  # init_from: its weights come later, its tokenizer now
     pad_for_precision(
         datamodule, resolve_precision(cfg.trainer.get("precision"), cfg.trainer.get("accelerator"))
     )
@@ -163,12 +165,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     tokenizer = datamodule.tokenizer
     module = hydra.utils.instantiate(
         cfg.module,
-        model_config=model_config_dict(cfg, tokenizer),
+        model_config=model_config_for(cfg, init, model_config_dict(cfg, tokenizer)),
         tokenizer=tokenizer,
         src_lang=datamodule.src_lang,
         tgt_lang=datamodule.tgt_lang,
         seed=cfg.seed,
     )
+    prepare_model(module.model, init, cfg)  # init_from weights, finetune.freeze
+    del init
     log.info("model: %.2fM parameters", module.model.num_parameters() / 1e6)
 
     callbacks = _instantiate_dict(cfg.get("callbacks"))

@@ -44,7 +44,16 @@ import numpy as np
 import torch
 
 from litmt.data.collate import TokenizedPairs, collate
-from litmt.data.corpus import SPLITS, HubSpec, ParallelCorpus, short_hash
+from litmt.data.corpus import (
+    SPLITS,
+    HubSpec,
+    ParallelCorpus,
+    load_split,
+    parse_train_sources,
+    short_hash,
+    source_tags,
+    split_fingerprint,
+)
 from litmt.data.loader import ResumableDataLoader
 from litmt.data.preprocess import (
     FilterSettings,
@@ -57,6 +66,7 @@ from litmt.data.preprocess import (
 from litmt.data.sampler import TokenBudgetBatchSampler, dist_rank_world
 from litmt.data.tokenizer import Tokenizer, TokenizerSettings
 from litmt.errors import ConfigError, DataError
+from litmt.lightning_compat import uses_distributed_sampler
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +133,8 @@ class TranslationDataModule(L.LightningDataModule):
         splits: split → local file stem, e.g. {train: train, valid: valid, test: test2016}.
         hub: {path, name, revision, splits} of the hub copy.
         layout, columns, translation_column: how tables (hub, tsv/jsonl/parquet) hold text.
+        extra_train: more training sources appended to the train split, each a dict
+            (`litmt.data.corpus.parse_train_sources`), optionally tagged (e.g. `<BT>`).
         tokenizer: `TokenizerSettings` fields.
         cache_dir: root of the tokenizer and token-id caches.
         max_tokens: train token budget per batch, padding included (None = by sentences).
@@ -153,6 +165,7 @@ class TranslationDataModule(L.LightningDataModule):
         layout: str = "columns",
         columns: Mapping[str, str] | None = None,
         translation_column: str = "translation",
+        extra_train: Any = None,
         tokenizer: Mapping[str, Any] | None = None,
         cache_dir: str = "data",
         max_tokens: int | None = 4096,
@@ -209,6 +222,19 @@ class TranslationDataModule(L.LightningDataModule):
             translation_column=translation_column,
             hf_cache_dir=str(self.cache_dir / "hf"),
         )
+        self.extra_train = parse_train_sources(
+            _plain(extra_train),
+            src_lang=self.src_lang,
+            tgt_lang=self.tgt_lang,
+            resolve=_resolve_path,
+            hf_cache_dir=str(self.cache_dir / "hf"),
+        )
+        symbols = self.tokenizer_settings.user_defined_symbols
+        symbols.extend(t for t in source_tags(self.extra_train) if t not in symbols)
+        self.given_tokenizer: Tokenizer | None = None  # reused instead of trained (use_tokenizer)
+        if self.tokenizer_settings.model:
+            path = _resolve_path(self.tokenizer_settings.model)
+            self.use_tokenizer(Tokenizer.from_path(path), f"data.tokenizer.model={path}")
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.eval_max_tokens = eval_max_tokens if eval_max_tokens is not None else max_tokens
         self.eval_batch_size = eval_batch_size if eval_batch_size is not None else batch_size
@@ -237,12 +263,35 @@ class TranslationDataModule(L.LightningDataModule):
         self._prepared_paths: list[str] = []  # what the last prepare_data published
 
     # -- tokenizer ----------------------------------------------------------------------
+    def use_tokenizer(self, tokenizer: Tokenizer, origin: str) -> None:
+        """Use an existing tokenizer (byte-identical) instead of training one.
+
+        Args:
+            tokenizer: e.g. the tokenizer of the checkpoint fine-tuning starts from.
+            origin: where it comes from, for logs and errors.
+
+        Raises:
+            ConfigError: a tag of `extra_train` is not one of its user-defined symbols.
+        """
+        for tag in source_tags(self.extra_train):
+            if tag not in tokenizer.src_tags:
+                raise ConfigError(
+                    f"the tag {tag} of data.extra_train is not a user-defined symbol of the "
+                    f"tokenizer from {origin}; train that tokenizer with "
+                    f"data.tokenizer.user_defined_symbols=[{tag}], or drop the tag"
+                )
+        self.given_tokenizer, self.given_tokenizer_origin = tokenizer, origin
+        self.tokenizer = None
+
     def tokenizer_dir(self) -> Path:
         """Where this corpus/direction/settings' sentencepiece models are cached."""
-        fp = self.corpus.fingerprint("train")
+        fp = split_fingerprint(self.corpus, self.extra_train, "train")
         if self.limit is not None:
             fp = short_hash(fp, self.limit)
         key = self.tokenizer_settings.key()
+        if self.given_tokenizer is not None:  # reused, not trained: keyed by its bytes
+            given = self.given_tokenizer
+            key = "given-" + short_hash(given.src_model_bytes, given.tgt_model_bytes, n=12)
         return (
             self.cache_dir
             / "tokenizers"
@@ -256,6 +305,17 @@ class TranslationDataModule(L.LightningDataModule):
         if (d / "src.model").exists():
             self.tokenizer = Tokenizer.load(d)
             log.info("tokenizer: loaded %s", d)
+            return self.tokenizer
+        if self.given_tokenizer is not None:  # published like a trained one (DDP ranks wait)
+            tmp = d.with_name(d.name + f".tmp{os.getpid()}")
+            self.given_tokenizer.save(tmp)
+            try:
+                tmp.rename(d)
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
+            log.info("tokenizer: reusing the one from %s, not training one (data.tokenizer "
+                     "training settings ignored) → %s", self.given_tokenizer_origin, d)  # fmt: skip
+            self.tokenizer = Tokenizer.load(d)
             return self.tokenizer
         train = self._raw("train")
         src = [x or "" for x in train["src"]]
@@ -280,14 +340,14 @@ class TranslationDataModule(L.LightningDataModule):
     # -- raw text and token ids -----------------------------------------------------------
     def _raw(self, split: str) -> datasets.Dataset:
         if split not in self._text:
-            ds = self.corpus.load(split)
+            ds = load_split(self.corpus, self.extra_train, split)
             if split == "train" and self.limit is not None:
                 ds = ds.select(range(min(self.limit, len(ds))))
             self._text[split] = ds
         return self._text[split]
 
     def _cache_path(self, split: str, tok: Tokenizer) -> Path:
-        fp = self.corpus.fingerprint(split)
+        fp = split_fingerprint(self.corpus, self.extra_train, split)
         key = short_hash(
             _CACHE_VERSION, fp, short_hash(tok.src_model_bytes, tok.tgt_model_bytes),
             self.limit if split == "train" else None,
@@ -488,8 +548,7 @@ class TranslationDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is None or dist_rank_world()[1] == 1:
             return
-        connector = getattr(trainer, "_accelerator_connector", None)
-        if getattr(connector, "use_distributed_sampler", False):
+        if uses_distributed_sampler(trainer):
             raise ConfigError(
                 "TranslationDataModule splits batches across ranks itself; set "
                 "trainer.use_distributed_sampler=false"
