@@ -103,7 +103,9 @@ def test_ct2_translate_keeps_input_hygiene_and_order(engines):
     assert ct2_engine.translate(lines, beam_size=2)[1:3] == ["", ""]
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int8_float32", "float16"])
+@pytest.mark.parametrize(
+    "quantization", ["int8", "int8_float32", "int8_float16", "float16", "bfloat16"]
+)
 def test_quantized_exports_load_and_translate(ckpt, export_dir, tmp_path, quantization):
     out = export_model(ckpt, tmp_path / quantization, quantization=quantization)
     assert read_metadata(out)["quantization"] == quantization
