@@ -241,6 +241,19 @@ def test_ct2_export_is_served_without_attention(ckpt, tmp_path, reference):
         assert r.status_code == 501 and "serve a .ckpt" in r.json()["error"]
 
 
+def test_checkpoint_on_ct2_engine_keeps_the_attention_route(ckpt, tmp_path, reference):
+    pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
+    settings = ServeSettings(decoding=DECODING)
+    app = build_server_app(ckpt, engine="ct2", threads=1, settings=settings, cache_dir=tmp_path)
+    assert len(list(tmp_path.iterdir())) == 1  # converted into the cache on first use
+    with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=60) as c:
+        assert c.get("/health").json()["engine"] == "ct2"
+        r = c.post("/translate", json={"q": SENTENCES[1], "source": "en", "target": "de"})
+        assert r.json() == {"translatedText": reference.translate(SENTENCES[1:2], **DECODING)[0]}
+        r = c.post("/attention", json={"q": SENTENCES[1]})
+        assert r.status_code == 200 and r.json()["layers"] == 2
+
+
 class _Flaky:
     """A translator whose batches fail when they contain the word "boom"."""
 
