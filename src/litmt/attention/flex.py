@@ -348,14 +348,9 @@ class FlexAttention(AttentionKernel):
         return out[:b, :, :t]  # (B, H, T, D)
 
     def _dense(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, kpm: Tensor | None) -> Tensor:
-        """The same mask, materialised, through sdpa: (B, H, Tq, D)."""
-        b, _, tq, _ = q.shape
-        tk = k.size(2)
-        valid = None if kpm is None else ~kpm  # (B, Tk)
-        mask_mod = self.mask_mod(tq, tk, causal, valid, q.device)
-        mask = self._flex.create_mask(mask_mod, b if kpm is not None else 1, 1, tq, tk, q.device)
-        mask = mask | ~mask.any(dim=-1, keepdim=True)  # (B|1, 1, Tq, Tk); no empty rows
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        """The same mask, materialised, through sdpa: q (B, H, Tq, D) -> (B, H, Tq, D)."""
+        mask = self.allowed_keys(q.transpose(1, 2), k.transpose(1, 2), kpm, causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # mask (B|1, 1, Tq, Tk)
 
     def allowed_keys(self, q: Tensor, k: Tensor, padding: Tensor | None, causal: bool) -> Tensor:
         """This call's mask (window, layout, causal, padding), materialised: (B|1, 1, Tq, Tk).
