@@ -191,3 +191,36 @@ def test_freeze_groups(init_ckpt):
         freeze(model, ["encoders"])
     with pytest.raises(ConfigError, match="leaves no parameter to train"):
         freeze(_model_like(read_init_checkpoint(init_ckpt)), ["embeddings", "encoder", "decoder"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "builds_model"),
+    [
+        (["model.dropout=0.3", "attention=math", "seed=1"], False),  # run-time keys only
+        (["+model.attention.encoder_self_options.window=4"], False),
+        (["model=base"], True),
+        (["model.d_ff=96"], True),
+        (["++model.n_heads=2"], True),
+    ],
+)
+def test_auto_builds_model_only_when_the_command_line_sets_its_shape(
+    overrides, builds_model, init_ckpt, tmp_path
+):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from litmt.finetune import command_line_sets_model, model_config
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        assert command_line_sets_model() is builds_model
+        init = read_init_checkpoint(init_ckpt)
+        requested = {**init.model_config, "d_ff": 96, "dropout": 0.3}
+        built = model_config(init, requested, "auto")
+        assert built["d_ff"] == (96 if builds_model else init.model_config["d_ff"])
+        assert built["dropout"] == 0.3  # from `model` either way
+    finally:
+        HydraConfig.instance().cfg = None  # as outside a Hydra run
+    assert not command_line_sets_model()
