@@ -193,6 +193,13 @@ def test_export_user_errors(ckpt, export_dir, tmp_path):
         export_model(ckpt, tmp_path / "q", quantization="int4")
     with pytest.raises(ConfigError, match="already exists; pass force=true"):
         export_model(ckpt, export_dir)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    with pytest.raises(
+        ConfigError, match="is not a litmt export; force=true only replaces exports"
+    ):
+        export_model(ckpt, tmp_path / "notes", force=True)
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
     with pytest.raises(ExportError, match="is not a litmt CTranslate2 export"):
         CT2Translator(tmp_path)
     with pytest.raises(ConfigError, match="unknown engine 'onnx'"):

@@ -74,6 +74,7 @@ class ExportError(LitmtError, ValueError):
 
 
 def import_ctranslate2() -> Any:
+    """The ctranslate2 module, or `ExportError` saying how to install it."""
     try:
         import ctranslate2
     except ImportError as exc:
@@ -289,6 +290,10 @@ def export_model(
     out = Path(out)
     if out.exists() and not force:
         raise ConfigError(f"export directory {out} already exists; pass force=true to replace it")
+    if out.exists() and not is_export_dir(out) and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(
+            f"{out} exists and is not a litmt export; force=true only replaces exports"
+        )
     loaded = load_model(ckpt_path, map_location="cpu")
     spec = build_spec(loaded.model, loaded.tokenizer)
     spec.optimize(quantization=None if q == "none" else q)
