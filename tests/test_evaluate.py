@@ -244,3 +244,26 @@ def test_evaluate_user_errors(ckpt, test_files, tmp_path, overrides, error, mess
     with pytest.raises(error) as err:
         evaluate(compose_cfg("evaluate", overrides))
     assert message in str(err.value)
+
+
+def test_src_and_ref_files_follow_the_line_policy(ckpt, test_files, tmp_path):
+    """A BOM, CRLF line ends and no final newline (a file saved on Windows) change nothing:
+    evaluate reads src_file/ref_file with `litmt.translate.read_lines`."""
+    src, ref = test_files
+    windows = []
+    for path in (src, ref):
+        text = path.read_text(encoding="utf-8").removesuffix("\n").replace("\n", "\r\n")
+        out = tmp_path / f"win_{path.name}"
+        out.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+        windows.append(out)
+    base = ["beam_size=2", "progress=false"]
+    plain = evaluate(
+        compose_cfg("evaluate", [f"ckpt_path={ckpt}", f"src_file={src}", f"ref_file={ref}", *base])
+    )
+    again = evaluate(
+        compose_cfg(
+            "evaluate",
+            [f"ckpt_path={ckpt}", f"src_file={windows[0]}", f"ref_file={windows[1]}", *base],
+        )
+    )
+    assert again == plain

@@ -6,14 +6,8 @@ import io
 import logging
 
 import pytest
-from tiny_checkpoint import (
-    assert_weights_are_the_mean,
-    corpus,
-    mean_weights,
-    other_weights,
-    save_weights,
-    tiny_checkpoint_path,
-)
+import tiny_checkpoint as tiny
+from tiny_checkpoint import corpus
 
 from litmt import Translator
 from litmt.errors import CheckpointError, ConfigError, DataError
@@ -29,7 +23,7 @@ from litmt.translate import (
 
 @pytest.fixture(scope="session")
 def ckpt(tmp_path_factory):
-    return tiny_checkpoint_path(tmp_path_factory)
+    return tiny.tiny_checkpoint_path(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -129,10 +123,10 @@ def test_streaming_gives_the_same_results_in_chunks(translator):
 
 
 def test_a_list_of_checkpoints_translates_with_their_mean(ckpt, tmp_path, translator):
-    other = other_weights(ckpt, tmp_path / "other.ckpt", seed=1)
+    other = tiny.other_weights(ckpt, tmp_path / "other.ckpt", seed=1)
     avg = Translator.from_checkpoint([ckpt, other], device="cpu")
-    assert_weights_are_the_mean(avg.model.state_dict(), [ckpt, other])
-    by_hand = save_weights(ckpt, mean_weights([ckpt, other]), tmp_path / "mean.ckpt")
+    tiny.assert_weights_are_the_mean(avg.model.state_dict(), [ckpt, other])
+    by_hand = tiny.save_weights(ckpt, tiny.mean_weights([ckpt, other]), tmp_path / "mean.ckpt")
     en, _ = corpus(seed=4)
     expected = Translator.from_checkpoint(by_hand, device="cpu").translate(en[:5], beam_size=2)
     assert avg.translate(en[:5], beam_size=2) == expected
