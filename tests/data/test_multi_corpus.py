@@ -128,6 +128,10 @@ def test_bad_extra_sources_are_one_line_errors(dm_kwargs: dict, tmp_path: Path) 
     cases = [
         ([{"dir": str(tmp_path), "tags": "<BT>"}], "unknown keys ['tags']"),
         ([{"tag": "<BT>"}], "needs dir=PATH or hub.path"),
+        (
+            [{"hub": {"path": "x", "splits": {}}}],
+            "unknown keys ['splits'] in data.extra_train[0].hub",
+        ),
         ([{"dir": str(tmp_path), "tag": "<B T>"}], "must be one word"),
         (["path"], "must be a mapping"),
     ]

@@ -391,6 +391,11 @@ def parse_train_sources(
         name = str(entry.get("name") or f"extra{i}")
         split = str(entry.get("split") or "train")
         hub = dict(entry.get("hub") or {})
+        if unknown_hub := sorted(set(hub) - {"path", "name", "revision"}):
+            raise ConfigError(
+                f"unknown keys {unknown_hub} in data.extra_train[{i}].hub; known: path, name, "
+                f"revision (the split is the entry's `split`)"
+            )
         hub["splits"] = {"train": split}
         directory = entry.get("dir")
         if directory is None and not hub.get("path"):
