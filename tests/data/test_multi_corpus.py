@@ -12,7 +12,8 @@ import pytest
 from tiny_corpora import make_pairs, write_text_corpus
 
 from litmt.data import TranslationDataModule
-from litmt.data.corpus import ParallelCorpus, TrainSource, split_fingerprint
+from litmt.data.corpus import ParallelCorpus
+from litmt.data.sources import TrainSource, split_fingerprint
 from litmt.data.tokenizer import Tokenizer, TokenizerSettings
 from litmt.errors import ConfigError, DataError
 

@@ -13,16 +13,12 @@ column of a language is `columns[lang]`, default the language code itself).
 
 Every user mistake raises a one-line `DataError` naming the file and the fix.
 
-Several training sources: `load_split` appends the `TrainSource`s of `data.extra_train`
-(e.g. back-translated text, optionally tagged with a leading `<BT>` on the source side) to
-the training split with `datasets.concatenate_datasets`; `split_fingerprint` keys caches on
-all of them.
+Several training sources (`data.extra_train`) are `litmt.data.sources`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,8 +28,6 @@ from typing import Any
 import datasets
 
 from litmt.errors import ConfigError, DataError
-
-log = logging.getLogger(__name__)
 
 FORMATS = ("text", "tsv", "jsonl", "parquet")
 LAYOUTS = ("translation", "columns")
@@ -319,150 +313,3 @@ class ParallelCorpus:
             ds = ds.rename_columns({src_col: "__s", tgt_col: "__t"})
             ds = ds.rename_columns({"__s": "src", "__t": "tgt"})
         return ds
-
-
-# -- several training sources -------------------------------------------------------------
-EXTRA_KEYS = (
-    "name",
-    "dir",
-    "format",
-    "split",
-    "hub",
-    "layout",
-    "columns",
-    "translation_column",
-    "tag",
-)
-
-
-@dataclass
-class TrainSource:
-    """One more training source appended to the training split (`data.extra_train` entries).
-
-    Args:
-        corpus: where its pairs live (same languages as the main corpus); its `train` split
-            is the file stem (local) or hub split name the entry's `split` names.
-        tag: prepended, with a space, to every source line (e.g. `<BT>` for back-translated
-            text); it must be a user-defined symbol of the tokenizer (`Tokenizer.encode_src`
-            then encodes it as one id). None = no tag.
-        name: a label for logs.
-    """
-
-    corpus: ParallelCorpus
-    tag: str | None = None
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        if self.tag is not None and (not self.tag or any(c.isspace() for c in self.tag)):
-            raise ConfigError(
-                f"data.extra_train[{self.name}].tag={self.tag!r} must be one word without "
-                f"spaces, e.g. <BT>, or null"
-            )
-
-
-def parse_train_sources(
-    entries: Any,
-    *,
-    src_lang: str,
-    tgt_lang: str,
-    resolve: Any = Path,
-    hf_cache_dir: str | None = None,
-) -> list[TrainSource]:
-    """`TrainSource`s from the `data.extra_train` list of plain dicts.
-
-    Each entry: `dir` (local folder, relative paths through `resolve`) or `hub: {path, name,
-    revision}`; `format`, `layout`, `columns`, `translation_column` as for the main corpus;
-    `split` (default `train`): the local file stem or hub split name; `tag`; `name`.
-
-    Raises:
-        ConfigError: an entry is not a mapping, has unknown keys, or names no corpus.
-    """
-    sources = []
-    for i, entry in enumerate(entries or []):
-        if not isinstance(entry, Mapping):
-            raise ConfigError(
-                f"data.extra_train[{i}] must be a mapping like {{dir: PATH, tag: <BT>}}, "
-                f"got {entry!r}"
-            )
-        if unknown := sorted(set(entry) - set(EXTRA_KEYS)):
-            raise ConfigError(
-                f"unknown keys {unknown} in data.extra_train[{i}]; known: {list(EXTRA_KEYS)}"
-            )
-        name = str(entry.get("name") or f"extra{i}")
-        split = str(entry.get("split") or "train")
-        hub = dict(entry.get("hub") or {})
-        if unknown_hub := sorted(set(hub) - {"path", "name", "revision"}):
-            raise ConfigError(
-                f"unknown keys {unknown_hub} in data.extra_train[{i}].hub; known: path, name, "
-                f"revision (the split is the entry's `split`)"
-            )
-        hub["splits"] = {"train": split}
-        directory = entry.get("dir")
-        if directory is None and not hub.get("path"):
-            raise ConfigError(f"data.extra_train[{i}] ({name}) needs dir=PATH or hub.path")
-        corpus = ParallelCorpus(
-            src_lang=src_lang,
-            tgt_lang=tgt_lang,
-            dir=resolve(directory) if directory is not None else None,
-            format=str(entry.get("format") or "text"),
-            splits={"train": split},
-            hub=HubSpec(**hub),
-            layout=str(entry.get("layout") or "columns"),
-            columns=dict(entry["columns"]) if entry.get("columns") else None,
-            translation_column=str(entry.get("translation_column") or "translation"),
-            hf_cache_dir=hf_cache_dir,
-        )
-        tag = entry.get("tag")
-        sources.append(TrainSource(corpus, None if tag is None else str(tag), name))
-    return sources
-
-
-def source_tags(sources: list[TrainSource]) -> list[str]:
-    """The distinct tags of `sources`, in order of first use."""
-    return list(dict.fromkeys(s.tag for s in sources if s.tag is not None))
-
-
-def split_fingerprint(main: ParallelCorpus, sources: list[TrainSource], split: str) -> str:
-    """`main.fingerprint(split)`; for the training split with extra sources, a key of every
-    source's content and tag as well (the cache keys change when any of them does)."""
-    fp = main.fingerprint(split)
-    if split != "train" or not sources:
-        return fp
-    return short_hash(fp, *((s.corpus.fingerprint("train"), s.tag) for s in sources))
-
-
-def _tagged(ds: datasets.Dataset, tag: str) -> datasets.Dataset:
-    prefix = tag + " "
-
-    def add(batch: dict[str, list[Any]]) -> dict[str, list[str]]:
-        # empty lines stay empty, so that the training filter still drops them
-        return {"src": [prefix + s if s else "" for s in batch["src"]]}
-
-    was_enabled = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()  # one bar per source would flood the training log
-    try:
-        return ds.map(add, batched=True)
-    finally:
-        if was_enabled:
-            datasets.enable_progress_bars()
-
-
-def load_split(main: ParallelCorpus, sources: list[TrainSource], split: str) -> datasets.Dataset:
-    """`main.load(split)`; the training split is followed by every extra source's pairs
-    (`datasets.concatenate_datasets`, in config order), tagged where the source says so.
-
-    Example index i of the result is pair i of the main corpus for i < len(main), then the
-    first extra source's pairs, and so on.
-    """
-    ds = main.load(split)
-    if split != "train" or not sources:
-        return ds
-    parts, sizes = [ds], [f"main {len(ds)}"]
-    for s in sources:
-        extra = s.corpus.load("train")
-        if s.tag is not None:
-            extra = _tagged(extra, s.tag)
-        parts.append(extra)
-        sizes.append(f"{s.name} {len(extra)}" + (f" (tagged {s.tag})" if s.tag else ""))
-    log.info("training sources: %s pairs", ", ".join(sizes))
-    return datasets.concatenate_datasets(parts)

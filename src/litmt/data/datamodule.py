@@ -44,16 +44,7 @@ import numpy as np
 import torch
 
 from litmt.data.collate import TokenizedPairs, collate
-from litmt.data.corpus import (
-    SPLITS,
-    HubSpec,
-    ParallelCorpus,
-    load_split,
-    parse_train_sources,
-    short_hash,
-    source_tags,
-    split_fingerprint,
-)
+from litmt.data.corpus import SPLITS, HubSpec, ParallelCorpus, short_hash
 from litmt.data.loader import ResumableDataLoader
 from litmt.data.preprocess import (
     FilterSettings,
@@ -64,6 +55,7 @@ from litmt.data.preprocess import (
     tokenize_to_disk,
 )
 from litmt.data.sampler import TokenBudgetBatchSampler, dist_rank_world
+from litmt.data.sources import load_split, parse_train_sources, source_tags, split_fingerprint
 from litmt.data.tokenizer import Tokenizer, TokenizerSettings
 from litmt.errors import ConfigError, DataError
 from litmt.lightning_compat import uses_distributed_sampler
@@ -134,7 +126,7 @@ class TranslationDataModule(L.LightningDataModule):
         hub: {path, name, revision, splits} of the hub copy.
         layout, columns, translation_column: how tables (hub, tsv/jsonl/parquet) hold text.
         extra_train: more training sources appended to the train split, each a dict
-            (`litmt.data.corpus.parse_train_sources`), optionally tagged (e.g. `<BT>`).
+            (`litmt.data.sources.parse_train_sources`), optionally tagged (e.g. `<BT>`).
         tokenizer: `TokenizerSettings` fields.
         cache_dir: root of the tokenizer and token-id caches.
         max_tokens: train token budget per batch, padding included (None = by sentences).
@@ -320,6 +312,7 @@ class TranslationDataModule(L.LightningDataModule):
         train = self._raw("train")
         src = [x or "" for x in train["src"]]
         tgt = [x or "" for x in train["tgt"]]
+        log.info("tokenizer: training sentencepiece on %d pairs (%s) ...", len(src), d.name)
         t0 = time.perf_counter()
         tok = Tokenizer.train(src, tgt, self.tokenizer_settings)
         self.timings["tokenizer_train_s"] = time.perf_counter() - t0
