@@ -168,6 +168,7 @@ def test_waiting_rank_reads_the_caches_after_the_marker(
         first.prepare_once()
     assert json.loads(first.prepared_marker().read_text())["status"] == "ok"
     # visible progress while tokenising: a line before and after each split
+    assert "tokenizer: training sentencepiece on " in caplog.text
     assert "tokenising train: " in caplog.text and "done in" in caplog.text
 
     monkeypatch.setenv("LOCAL_RANK", "1")
