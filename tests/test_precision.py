@@ -251,6 +251,16 @@ def test_fp8_conversion_keeps_the_output_projection_tied(fake_te) -> None:
     assert model.embed.weight.dtype == torch.bfloat16
 
 
+def test_fp8_refuses_a_linear_lightning_converts_but_te_cannot_run(fake_te) -> None:
+    """in_features 24: Lightning's rule (in % 8, out % 16) converts it; TE's FP8 GEMM needs
+    the last input dimension % 16 and would assert on the first batch."""
+    from litmt.precision import fp8_precision_plugin
+
+    model = nn.Sequential(nn.Linear(16, 24), nn.ReLU(), nn.Linear(24, 32))
+    with pytest.raises(ConfigError, match=r"^FP8: layer 2 has in_features=24, which Transformer"):
+        fp8_precision_plugin("transformer-engine").convert_module(model)
+
+
 def test_lightning_plain_conversion_unties_the_projection(fake_te) -> None:
     """The defect itself: Lightning's own plugin clones the tied weight into a te.Linear."""
     from lightning.pytorch.plugins.precision.transformer_engine import (

@@ -207,6 +207,30 @@ def hide_tied_linears(module: nn.Module) -> Iterator[list[str]]:
             setattr(parent, name, layer)
 
 
+def check_fp8_linears(module: nn.Module) -> None:
+    """Refuse, in one line, a Linear that Lightning would convert but TE cannot run in FP8.
+
+    Lightning converts an `nn.Linear` when in_features % 8 == 0 and out_features % 16 == 0
+    (`_convert_layers`), but TE's FP8 GEMM asserts that the input's last dimension, i.e.
+    in_features, is divisible by 16 (`assert_dim_for_fp8_exec`): such a layer would fail on
+    the first batch, deep inside TE.
+
+    Raises:
+        ConfigError: naming the layer and its size.
+    """
+    tied = {id(layer) for _, _, layer in tied_linears(module)}
+    for name, layer in module.named_modules():
+        if not isinstance(layer, nn.Linear) or id(layer) in tied:
+            continue
+        converted = layer.in_features % 8 == 0 and layer.out_features % 16 == 0
+        if converted and layer.in_features % FP8_FEATURE_MULTIPLE:
+            raise ConfigError(
+                f"FP8: layer {name} has in_features={layer.in_features}, which Transformer "
+                f"Engine's FP8 GEMMs need divisible by {FP8_FEATURE_MULTIPLE}; use model sizes "
+                f"(d_model, d_ff) divisible by {FP8_FEATURE_MULTIPLE}"
+            )
+
+
 @contextlib.contextmanager
 def fp8_disabled() -> Iterator[None]:
     """Run the block without FP8 GEMMs (in the surrounding bf16/fp16 autocast).
@@ -244,6 +268,7 @@ def fp8_precision_plugin(precision: str) -> Any:
             """`TransformerEnginePrecision` that leaves tied `nn.Linear` layers unconverted."""
 
             def convert_module(self, module: nn.Module) -> nn.Module:
+                check_fp8_linears(module)
                 with hide_tied_linears(module) as hidden:
                     module = super().convert_module(module)
                 if hidden:
