@@ -121,7 +121,9 @@ class Corpus:
             shuffle=True, seed=seed, rank=0, world_size=1,
         )  # fmt: skip
         fn = functools.partial(collate, pad_to_multiple=pad_to_multiple)
-        return DataLoader(self.pairs, batch_sampler=sampler, collate_fn=fn, num_workers=2)
+        return DataLoader(
+            self.pairs, batch_sampler=sampler, collate_fn=fn
+        )  # no worker start-up per run
 
 
 # -- training -------------------------------------------------------------------------------
