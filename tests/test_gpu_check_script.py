@@ -55,4 +55,5 @@ def test_the_training_checks_run_in_smoke_mode(tmp_path: Path) -> None:
     assert math_row["status"] == "ok", math_row  # exact kernels: the same losses
     decode = by[("decode test2016 (bf16-trained)", "beam 5 on cpu")]
     assert decode["result"].startswith("20 sentences, BLEU ")
+    assert all(r["status"] in ("ok", "ref", "skipped") for r in rows), rows
     assert by[("throughput", "base")]["result"].endswith("TFLOP/s")
