@@ -15,9 +15,10 @@ other.
 Two more methods complete the contract (both have defaults here):
 
 - ``kernel.forward_with_weights(q, k, v, ...) -> (out, weights)``: the weights (B, H, Tq,
-  Tk) the kernel applies, for heatmaps. Kernels that declare ``support.weights`` return
-  their own (`math`, `local`, `sparse`, `linear`); fused kernels fall back to `math` under
-  the same mask (logged once).
+  Tk) the kernel applies, for heatmaps, and out = weights · V. Kernels that declare
+  ``support.weights`` return their own: softmax kernels describe their pattern in
+  `allowed_keys` (`math`, `local`, `sparse`), `linear` overrides `attention_weights`; fused
+  kernels fall back to `math` under the same mask (logged once).
 - ``kernel.new_cache(capacity) -> DecodeCache``: the state a decoder self-attention layer
   keeps across incremental decode steps (see `litmt.attention.cache`). The default keeps
   every position's K/V; `local` keeps its window and `linear` its running sums.
@@ -190,12 +191,10 @@ class AttentionKernel(nn.Module):
         causal: bool = False,
         dropout_p: float = 0.0,
     ) -> tuple[Tensor, Tensor]:
-        """Like `forward`, but also return the attention weights (B, H, Tq, Tk).
+        """Like `forward`, but through the weights (B, H, Tq, Tk), which are returned too.
 
-        This default is masked softmax attention over the keys `allowed_keys` permits: the
-        `math` reference, and what `local` and `sparse` compute, with their own masks. For
-        fused kernels (``support.weights`` False) it is the fallback. `linear`, which is not
-        softmax attention, overrides it.
+        out = dropout(weights) · V with the `attention_weights` of this kernel. For fused
+        kernels (``support.weights`` False) those are `math`'s, under the same mask.
         """
         if not self.support.weights and self.name not in _WEIGHTS_FALLBACK_LOGGED:
             _WEIGHTS_FALLBACK_LOGGED.add(self.name)
@@ -204,15 +203,32 @@ class AttentionKernel(nn.Module):
                 "under the same mask",
                 self.name,
             )
-        allowed = self.allowed_keys(q, k, key_padding_mask, causal)
-        return softmax_attention(q, k, v, allowed, dropout_p)
+        weights = self.attention_weights(q, k, key_padding_mask, causal)  # (B, H, Tq, Tk)
+        attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+        out = torch.matmul(attn, v.transpose(1, 2))  # (B, H, Tq, D)
+        return out.transpose(1, 2), weights  # (B, Tq, H, D), (B, H, Tq, Tk)
 
-    def allowed_keys(self, q: Tensor, k: Tensor, padding: Tensor | None, causal: bool) -> Tensor:
+    def attention_weights(self, q: Tensor, k: Tensor, pad: Tensor | None, causal: bool) -> Tensor:
+        """The weight (B, H, Tq, Tk) each query gives each key, in q's dtype.
+
+        This default is softmax(q kᵀ / √D) over the keys `allowed_keys` permits: the `math`
+        reference, and `local` and `sparse` with their own masks. `linear` overrides it.
+
+        Args:
+            q: (B, Tq, H, D); k: (B, Tk, H, D); pad: (B, Tk) bool, True = padding, or None.
+            causal: query i sees keys j <= i + Tk - Tq only.
+        """
+        qh, kh = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D)
+        scores = torch.matmul(qh, kh.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B,H,Tq,Tk)
+        allowed = self.allowed_keys(q, k, pad, causal)
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        return torch.softmax(scores.float(), dim=-1).to(q.dtype)
+
+    def allowed_keys(self, q: Tensor, k: Tensor, pad: Tensor | None, causal: bool) -> Tensor:
         """Where query i may see key j: bool, broadcastable to (B, H, Tq, Tk).
 
-        Full attention: every real key (`padding` (B, Tk), True = pad; a fully padded row
-        sees all, see `safe_padding_mask`), only j <= i + Tk - Tq when causal. Every row
-        has a True.
+        Full attention: every real key (a fully padded row sees all, see
+        `safe_padding_mask`), only j <= i + Tk - Tq when causal. Every row has a True.
         """
         tq, tk = q.size(1), k.size(1)
         allowed = (  # (Tq, Tk)
@@ -220,7 +236,7 @@ class AttentionKernel(nn.Module):
             if causal
             else torch.ones(tq, tk, dtype=torch.bool, device=q.device)
         )
-        kpm = safe_padding_mask(padding)
+        kpm = safe_padding_mask(pad)
         if kpm is None:
             return allowed
         return allowed & ~kpm[:, None, None, :]  # (B, 1, Tq, Tk)
@@ -238,29 +254,6 @@ class AttentionKernel(nn.Module):
 
 
 _WEIGHTS_FALLBACK_LOGGED: set[str] = set()
-
-
-def softmax_attention(
-    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, dropout_p: float = 0.0
-) -> tuple[Tensor, Tensor]:
-    """softmax(q kᵀ / √D) v with a boolean mask, written out; output and weights.
-
-    Args:
-        q: (B, Tq, H, D); k, v: (B, Tk, H, D).
-        allowed: True where query i may see key j, broadcastable to (B, H, Tq, Tk); every
-            row needs at least one True.
-        dropout_p: dropout on the weights (the returned weights are before dropout).
-
-    Returns:
-        out (B, Tq, H, D) and weights (B, H, Tq, Tk).
-    """
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
-    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
-    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    out = torch.matmul(attn, v)  # (B, H, Tq, D)
-    return out.transpose(1, 2), weights  # (B, Tq, H, D), (B, H, Tq, Tk)
 
 
 def safe_padding_mask(key_padding_mask: Tensor | None) -> Tensor | None:

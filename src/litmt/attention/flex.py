@@ -352,12 +352,12 @@ class FlexAttention(AttentionKernel):
         mask = self.allowed_keys(q.transpose(1, 2), k.transpose(1, 2), kpm, causal)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # mask (B|1, 1, Tq, Tk)
 
-    def allowed_keys(self, q: Tensor, k: Tensor, padding: Tensor | None, causal: bool) -> Tensor:
+    def allowed_keys(self, q: Tensor, k: Tensor, pad: Tensor | None, causal: bool) -> Tensor:
         """This call's mask (window, layout, causal, padding), materialised: (B|1, 1, Tq, Tk).
 
-        `forward_with_weights` (heatmaps) computes softmax attention under it, like `_dense`.
+        Heatmaps (`attention_weights`) are softmax attention under it, like `_dense`.
         """
-        kpm = safe_padding_mask(padding)
+        kpm = safe_padding_mask(pad)
         valid = None if kpm is None else ~kpm  # (B, Tk)
         tq, tk = q.size(1), k.size(1)
         mask_mod = self.mask_mod(tq, tk, causal, valid, q.device)

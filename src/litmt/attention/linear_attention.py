@@ -83,7 +83,8 @@ class LinearAttention(AttentionKernel):
         With causal=True and Tq < Tk (a chunk decoded against a cache), query i sits at
         position Tk - Tq + i and sees every earlier key.
         """
-        qf, kf, vf = _features(q, k, v, key_padding_mask)
+        qf, kf = _features(q, k, key_padding_mask)
+        vf = v.float()
         tq, tk = q.size(1), k.size(1)
         if not causal:
             kv = torch.einsum("bkhd,bkhe->bhde", kf, vf)  # (B, H, D, E)
@@ -101,28 +102,17 @@ class LinearAttention(AttentionKernel):
         out = num / (den[..., None] + self.eps)  # (B, Tq, H, E)
         return out.to(q.dtype)
 
-    def forward_with_weights(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        key_padding_mask: Tensor | None = None,
-        causal: bool = False,
-        dropout_p: float = 0.0,
-    ) -> tuple[Tensor, Tensor]:
-        """`forward` through its explicit (B, H, Tq, Tk) weights, returned too (O(Tq · Tk)).
+    def attention_weights(self, q: Tensor, k: Tensor, pad: Tensor | None, causal: bool) -> Tensor:
+        """The explicit (B, H, Tq, Tk) weights of `forward` (O(Tq · Tk), for heatmaps).
 
         weights_ij = φ(q_i)ᵀφ(k_j) / (Σ_j' φ(q_i)ᵀφ(k_j') + eps), over j <= i + Tk - Tq when
-        causal; padded keys get 0. out = weights · V.
+        causal; padded keys get 0. weights · V is `forward`'s output.
         """
-        qf, kf, vf = _features(q, k, v, key_padding_mask)
+        qf, kf = _features(q, k, pad)
         scores = torch.einsum("bqhd,bkhd->bhqk", qf, kf)  # (B, H, Tq, Tk)
         if causal:
             scores = scores * causal_mask(q.size(1), k.size(1), q.device)
-        weights = scores / (scores.sum(dim=-1, keepdim=True) + self.eps)
-        out = torch.einsum("bhqk,bkhe->bqhe", weights, vf)  # (B, Tq, H, E)
-        return out.to(q.dtype), weights.to(q.dtype)
+        return (scores / (scores.sum(dim=-1, keepdim=True) + self.eps)).to(q.dtype)
 
     def new_cache(self, capacity: int | None = None) -> DecodeCache:
         """A `LinearState` of running sums (`capacity` is not needed)."""
@@ -159,15 +149,13 @@ class LinearAttention(AttentionKernel):
         return f"name={self.name}, chunk_size={self.chunk_size}, eps={self.eps}"
 
 
-def _features(
-    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """φ(q), φ(k) with padded keys zeroed, and v, all in fp32, each (B, T, H, D)."""
+def _features(q: Tensor, k: Tensor, pad: Tensor | None) -> tuple[Tensor, Tensor]:
+    """φ(q) and φ(k) in fp32, each (B, T, H, D); keys marked in `pad` (B, Tk) get 0."""
     qf, kf = feature_map(q.float()), feature_map(k.float())
-    kpm = safe_padding_mask(key_padding_mask)
+    kpm = safe_padding_mask(pad)
     if kpm is not None:
         kf = kf.masked_fill(kpm[:, :, None, None], 0.0)
-    return qf, kf, v.float()
+    return qf, kf
 
 
 class LinearState(DecodeCache):
@@ -185,7 +173,8 @@ class LinearState(DecodeCache):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """See `DecodeCache.attend`."""
-        qf, kf, vf = _features(q, k, v, None)  # (B, Tq, H, D)
+        qf, kf = _features(q, k, None)  # (B, Tq, H, D)
+        vf = v.float()
         if self.s is None or self.z is None:
             b, _, h, d = kf.shape
             self.s = kf.new_zeros(b, h, d, vf.size(-1))

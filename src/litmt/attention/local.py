@@ -119,7 +119,7 @@ class LocalAttention(AttentionKernel):
         out = out.view(b, n, h, c, d).transpose(2, 3).reshape(b, n * c, h, d)  # (B, N*C, H, D)
         return out[:, :tq]
 
-    def allowed_keys(self, q: Tensor, k: Tensor, padding: Tensor | None, causal: bool) -> Tensor:
+    def allowed_keys(self, q: Tensor, k: Tensor, pad: Tensor | None, causal: bool) -> Tensor:
         """The window as a dense (B or 1, 1, Tq, Tk) mask, for `forward_with_weights`.
 
         O(Tq · Tk): for heatmaps, not for training. A query with no real key in its window
@@ -130,7 +130,7 @@ class LocalAttention(AttentionKernel):
         pos = torch.arange(tq, device=q.device)[:, None] + (tk - tq)  # (Tq, 1) absolute
         j = torch.arange(tk, device=q.device)[None, :]  # (1, Tk)
         band = (j >= pos - self.window) & (j <= (pos if causal else pos + self.window))
-        return pattern_without_padding(band, padding)
+        return pattern_without_padding(band, pad)
 
     def new_cache(self, capacity: int | None = None) -> DecodeCache:
         """A `WindowCache`: only the last `window` keys are kept (`capacity` is not needed)."""

@@ -182,7 +182,7 @@ class SparseAttention(AttentionKernel):
         out = out.view(b, r, h, p, d).transpose(2, 3).reshape(b, r * p, h, d)  # (B, R*P, H, D)
         return out[:, lead : lead + tq]
 
-    def allowed_keys(self, q: Tensor, k: Tensor, padding: Tensor | None, causal: bool) -> Tensor:
+    def allowed_keys(self, q: Tensor, k: Tensor, pad: Tensor | None, causal: bool) -> Tensor:
         """The layout as a dense (B or 1, 1, Tq, Tk) token mask, for `forward_with_weights`.
 
         O(Tq · Tk): for heatmaps. A query with no real key in its layout (a padded position)
@@ -204,7 +204,7 @@ class SparseAttention(AttentionKernel):
         pattern = layout[:, j // p]  # (Tq, Tk)
         if causal:
             pattern = pattern & (j[None, :] <= pos[:, None])
-        return pattern_without_padding(pattern, padding)
+        return pattern_without_padding(pattern, pad)
 
     def extra_repr(self) -> str:
         return (
