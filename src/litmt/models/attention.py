@@ -58,7 +58,7 @@ class MultiHeadAttention(nn.Module):
         self.kernel: AttentionKernel
         self.set_backend(backend, **(backend_options or {}))
         self.rotary = [rotary] if rotary is not None else []  # list: keep it out of children
-        self.record_weights = False  # when True, keep the kernel's weights in `last_weights`
+        self.record_weights = False  # True: full passes keep the kernel's weights below
         self.last_weights: Tensor | None = None  # (B, H, Tq, Tk)
 
     def set_backend(self, name: str, **options: Any) -> None:
