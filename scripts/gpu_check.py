@@ -121,9 +121,8 @@ class Corpus:
             shuffle=True, seed=seed, rank=0, world_size=1,
         )  # fmt: skip
         fn = functools.partial(collate, pad_to_multiple=pad_to_multiple)
-        return DataLoader(
-            self.pairs, batch_sampler=sampler, collate_fn=fn
-        )  # no worker start-up per run
+        # no worker processes: collating small batches is cheap, and no start-up per run
+        return DataLoader(self.pairs, batch_sampler=sampler, collate_fn=fn)
 
 
 # -- training -------------------------------------------------------------------------------
@@ -285,7 +284,8 @@ def train_flops(model: torch.nn.Module, batch: dict[str, Any]) -> float:
     Forward: 2 FLOPs per multiply-add of every projection on every token it sees (encoder
     layers on source tokens; decoder self/FFN and the output projection on target tokens;
     cross-attention's K/V on source tokens, Q/O on target tokens) plus the attention
-    products QK^T and PV (2 x 2 x Tq x Tk x d per layer and sentence).
+    products QK^T and PV (2 x 2 x Tq x Tk x d per layer and sentence; half of it for the
+    causal decoder self-attention). The sums below count multiply-adds.
     """
     c = model.config
     d, ff, v = c.d_model, c.d_ff, c.tgt_vocab_size
