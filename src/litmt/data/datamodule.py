@@ -456,6 +456,7 @@ class TranslationDataModule(L.LightningDataModule):
         started = time.time()
         deadline = time.monotonic() + self.prepare_timeout
         log.info("data: waiting for %s to prepare the tokenizer and caches (%s)", who, marker)
+        next_note = time.monotonic() + 60
         while True:
             found = _read_marker(marker)
             if found is not None:
@@ -472,6 +473,9 @@ class TranslationDataModule(L.LightningDataModule):
                     "raise data.prepare_timeout, or set data.prepare_data_per_node=false only when "
                     "every node shares data.cache_dir"
                 )
+            if time.monotonic() > next_note:  # a sign of life during a long preparation
+                log.info("data: still waiting for %s (%.0fs)", who, time.time() - started)
+                next_note += 60
             time.sleep(poll_s)
 
     def setup(self, stage: str | None = None) -> None:
