@@ -339,7 +339,7 @@ def throughput_check(corpus: Corpus, args: argparse.Namespace, rows: Rows) -> No
     peak = next((p for k, p in PEAK_BF16.items() if k in name), None)
     mfu = f", MFU {100 * flops / elapsed / peak:.1f} % of {peak / 1e12:.0f} TFLOP/s" if peak else ""
     result = f"{tokens / elapsed:,.0f} target tok/s, {flops / elapsed / 1e12:.1f} TFLOP/s{mfu}"
-    setting = f"base, bf16, max_tokens {args.base_max_tokens}, {len(batches) - 3} steps, {name}"
+    setting = f"base, {str(dtype)[6:]}, max_tokens {args.base_max_tokens}, {len(batches) - 3} steps, {name}"
     rows.add("throughput", setting, result, "ok")
 
 
