@@ -9,6 +9,7 @@ import csv
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import numpy as np
@@ -25,7 +26,7 @@ from litmt.checkpoint import load_checkpoint
 from litmt.data.collate import collate
 from litmt.data.tokenizer import Tokenizer
 from litmt.lit_module import TranslationModule
-from litmt.search import greedy_search
+from litmt.search import generate, greedy_search
 from litmt.train import train
 
 N_VALID = 23
@@ -89,6 +90,29 @@ def test_validation_bleu_is_sacrebleu_on_hypotheses_in_corpus_order(tiny) -> Non
     got = validate(tiny)
     assert got["valid/bleu"] == pytest.approx(want, abs=1e-9)
     assert "valid/chrf" in got
+
+
+def test_the_scorer_decodes_through_the_strategys_wrapper(tiny) -> None:
+    """`trainer.model` (DDP's or FSDP's wrapper under those strategies) runs the decoding, so
+    FSDP gathers its sharded weights for it; the module's `forward` is the decoder."""
+
+    class Wrapper(torch.nn.Module):  # stands in for DistributedDataParallel / FSDP
+        def __init__(self, module: torch.nn.Module) -> None:
+            super().__init__()
+            self.module, self.calls = module, 0
+
+        def forward(self, *args, **kwargs):
+            self.calls += 1
+            return self.module(*args, **kwargs)
+
+    wrapper = Wrapper(tiny)
+    pl_module = SimpleNamespace(trainer=SimpleNamespace(model=wrapper), tokenizer=tiny.tokenizer)
+    batch = ValidPairs(tiny.tokenizer).batches[0]
+    scorer = TranslationScorer(beam_size=2)
+    with torch.no_grad():
+        hyps = scorer.hypotheses(pl_module, batch)  # type: ignore[arg-type]
+        want = tiny.tokenizer.decode_tgt(generate(tiny.model, batch["src"], beam_size=2))
+    assert wrapper.calls == 1 and hyps == want
 
 
 def test_a_partial_validation_logs_no_bleu(tiny) -> None:

@@ -221,11 +221,12 @@ class TranslationScorer(L.Callback):
         self.signature_logged = False
 
     def hypotheses(self, pl_module: L.LightningModule, batch: dict[str, Tensor]) -> list[str]:
-        """Detokenised hypotheses of one batch (B,) with this callback's decoding settings."""
-        from litmt.search import generate
+        """Detokenised hypotheses of one batch (B,) with this callback's decoding settings.
 
-        ids = generate(
-            pl_module.model,
+        Decodes through `trainer.model` (the DDP/FSDP wrapper when there is one; every rank
+        calls it once per batch), i.e. `TranslationModule.forward`.
+        """
+        ids = pl_module.trainer.model(
             batch["src"],
             beam_size=self.beam_size,
             length_penalty=self.length_penalty,
@@ -266,6 +267,7 @@ class TranslationScorer(L.Callback):
             return
         hyps = gather_hypotheses(self._pairs.pop(split), len(self.references[split]))
         if hyps is None:
+            log.info("%s: only part of the split was decoded; no corpus BLEU", split)
             return
         scores = corpus_scores(hyps, self.references[split], metrics=("bleu", "chrf"))
         # every rank has the same hypotheses, hence the same score: no sync needed
@@ -333,10 +335,15 @@ class AttentionHeatmap(L.Callback):
         if not trainer.is_global_zero or trainer.sanity_checking:
             return
         from lightning.pytorch.loggers import WandbLogger
+        from torch.distributed.fsdp import FullyShardedDataParallel
 
         wandb_loggers = [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
         dm = trainer.datamodule
         if not wandb_loggers or dm is None or not hasattr(dm, "sources"):
+            return
+        if isinstance(trainer.model, FullyShardedDataParallel):
+            # rank 0 alone cannot run the model: FSDP shards the weights over every rank
+            log.info("no attention heatmap under FSDP (the weights are sharded)")
             return
         sources = dm.sources("valid")
         if self.sentence >= len(sources):

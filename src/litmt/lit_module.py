@@ -235,6 +235,37 @@ class TranslationModule(L.LightningModule):
             self.model.compile(dynamic=True)  # in place: no `_orig_mod.` prefix in checkpoints
             self._compiled = True
 
+    # -- inference --------------------------------------------------------------------------
+    def forward(
+        self,
+        src: Tensor,
+        beam_size: int = 1,
+        length_penalty: float = 1.0,
+        max_len_a: float = 1.2,
+        max_len_b: int = 10,
+    ) -> list[list[int]]:
+        """Decode: the best hypothesis' target ids per source row (greedy when `beam_size` is 1).
+
+        Callbacks call it through `trainer.model`, so that a DDP or FSDP wrapper runs it as a
+        forward pass (FSDP gathers its sharded root weights only inside one).
+
+        Args:
+            src: (B, S) source ids, right-padded.
+
+        Returns:
+            B lists of target ids without bos/eos.
+        """
+        from litmt.search import generate
+
+        return generate(
+            self.model,
+            src,
+            beam_size=beam_size,
+            length_penalty=length_penalty,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+        )
+
     # -- training ---------------------------------------------------------------------------
     def _loss(
         self, batch: dict[str, Tensor], forward: Callable[[Tensor, Tensor], Tensor]
