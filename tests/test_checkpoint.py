@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import tiny_checkpoint
 import torch
 from tiny_checkpoint import corpus
 
@@ -43,17 +44,14 @@ def tokenizer() -> Tokenizer:
     return Tokenizer.train(en, de, TokenizerSettings(vocab_size=80))
 
 
+# Smaller than the tiny translator: these models are only saved and loaded.
+SMALL = {"d_model": 32, "d_ff": 64, "n_encoder_layers": 1, "n_decoder_layers": 1}
+
+
 def tiny_config(tokenizer: Tokenizer, **kw: object) -> TransformerConfig:
-    base = dict(
-        src_vocab_size=tokenizer.src_vocab_size,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        n_encoder_layers=1,
-        n_decoder_layers=1,
-        max_positions=32,
+    return tiny_checkpoint.tiny_config(
+        tokenizer.src_vocab_size, **{**SMALL, "max_positions": 32, **kw}
     )
-    return TransformerConfig(**{**base, **kw})
 
 
 def save_tiny(path: Path, tokenizer: Tokenizer, **kw: object) -> Path:

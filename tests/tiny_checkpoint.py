@@ -45,21 +45,23 @@ def _batch(ids: list[list[int]], bos_eos: bool) -> torch.Tensor:
     return out
 
 
+# The tiny translator's model: 2 + 2 layers of width 64, no dropout.
+TINY = {"d_model": 64, "n_heads": 4, "d_ff": 128, "n_encoder_layers": 2, "n_decoder_layers": 2}
+
+
+def tiny_config(vocab_size: int, **overrides: object) -> TransformerConfig:
+    """The tiny translator's config for a joint vocabulary of `vocab_size`; `overrides` set
+    any other `TransformerConfig` field (e.g. a smaller model for checkpoint tests)."""
+    base = {"src_vocab_size": vocab_size, **TINY, "dropout": 0.0, "max_positions": 48}
+    return TransformerConfig(**{**base, **overrides})
+
+
 def build_tiny_checkpoint(directory: Path, steps: int = 60) -> Path:
     """Train the tiny model and save ``directory/tiny.ckpt`` (a few seconds on CPU)."""
     torch.manual_seed(0)
     en, de = corpus()
     tok = Tokenizer.train(en, de, TokenizerSettings(vocab_size=80, model_type="unigram"))
-    config = TransformerConfig(
-        src_vocab_size=tok.src_vocab_size,
-        d_model=64,
-        n_heads=4,
-        d_ff=128,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        dropout=0.0,
-        max_positions=48,
-    )
+    config = tiny_config(tok.src_vocab_size)
     model = Seq2SeqTransformer(config)
     src_ids, tgt_ids = tok.encode_src(en), tok.encode_tgt(de)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
