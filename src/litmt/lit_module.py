@@ -2,7 +2,8 @@
 
 It owns the loss, the optimiser, the LR schedule and the logging. Validation decoding, the
 BLEU/chrF scores, their gather over ranks and the W&B heatmap are callbacks
-(`litmt.callbacks`, configured in `conf/callbacks/default.yaml`).
+(`litmt.callbacks`, configured in `conf/callbacks/default.yaml`); `forward` is the decoder
+they call.
 
 Loss normalisation (fairseq's and Sockeye's choice): the gradient of one optimiser step is
 
@@ -17,8 +18,9 @@ the `world_size` ranks. `on_before_optimizer_step` undoes both: it multiplies th
 `accumulate_grad_batches * world_size / step_tokens`, where `step_tokens` (the step's non-pad
 target tokens) is all-reduced once per optimiser step, not per micro-batch. The logged
 `train/loss` stays per token (of each micro-batch). Under fp16 loss scaling ("16-mixed") the
-summed loss makes the first steps overflow until the scaler has lowered its scale (skipped
-steps, as in fairseq); bf16 and fp32 are unaffected.
+summed loss makes the first steps overflow until the scaler has lowered its scale by about the
+token count (some log2(tokens per step) skipped steps, as with fairseq's summed losses); the
+scaled gradients are then the same as with a mean loss. bf16 and fp32 are unaffected.
 
 Non-finite values (fairseq's check): `configure_gradient_clipping` gets the global gradient
 norm from the clipping itself (`clip_grad_norm_` returns it; with clipping off the norm is
