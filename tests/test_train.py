@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 from PIL import Image
-from train_utils import REPO, compose_train, tiny_overrides, write_toy_corpus
+from train_utils import REPO, compose_train, run_train_script, tiny_overrides, write_toy_corpus
 
 from litmt.checkpoint import load_checkpoint
 from litmt.lit_module import TranslationModule, label_smoothed_nll, lr_lambda
@@ -114,27 +114,15 @@ def test_checkpoint_reloads_with_the_same_validation_loss(tmp_path):
 
 def test_train_script_fast_dev_run_in_a_subprocess(tmp_path):
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 100, "valid": 10, "test": 10})
-    cmd = [
-        sys.executable,
-        "scripts/train.py",
-        *tiny_overrides(corpus, tmp_path),
-        "debug=fast_dev_run",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = run_train_script([*tiny_overrides(corpus, tmp_path), "debug=fast_dev_run"], 300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "run directory:" in proc.stdout
+    assert f"run directory: {tmp_path / 'run'}" in proc.stdout
 
 
 def test_train_script_reports_a_bad_override_in_one_line(tmp_path):
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 50, "valid": 5, "test": 5})
-    cmd = [
-        sys.executable,
-        "scripts/train.py",
-        *tiny_overrides(corpus, tmp_path),
-        "model.positional=alibi",
-        "debug=fast_dev_run",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    overrides = [*tiny_overrides(corpus, tmp_path), "model.positional=alibi", "debug=fast_dev_run"]
+    proc = run_train_script(overrides, 300)
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(
