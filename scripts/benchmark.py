@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
+from litmt.decoding import DecodeConfig, decode
 from litmt.errors import LitmtError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
-from litmt.search import beam_search, greedy_search
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / ".." / "shared" / "data" / "multi30k"
@@ -309,25 +309,25 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
 # -- decoding ---------------------------------------------------------------------------
 @torch.inference_mode()
 def litmt_greedy(model: Seq2SeqTransformer, src: Tensor, steps: int) -> Tensor:
-    """`litmt.search.greedy_search` held to exactly `steps` tokens (min = max length): (B, N).
+    """`litmt.decoding.decode`, greedy, held to exactly `steps` tokens (min = max length): (B, N).
 
     It runs one decoder step more than `steps`: the one that emits the forced eos.
     """
-    hyps = greedy_search(model, src, max_len_a=0.0, max_len_b=steps, min_len=steps)
-    return torch.tensor([h.tokens for h in hyps])
+    config = DecodeConfig(method="greedy", max_len_a=0.0, max_len_b=steps, min_len=steps)
+    return torch.tensor([h[0].tokens for h in decode(model, src, config)])
 
 
 @torch.inference_mode()
 def litmt_beam(model: Seq2SeqTransformer, src: Tensor, beam: int, steps: int) -> Tensor:
-    """`litmt.search.beam_search` held to exactly `steps` tokens: (B, N), best hypotheses.
+    """`litmt.decoding.decode`, beam search, held to exactly `steps` tokens: (B, N), best ones.
 
     The library's search as users run it: KV cache, beams sharing their sentence's encoder
     output and cross-attention K/V, first step on one row per sentence, two-pass top-k,
     finished-hypothesis bookkeeping and the per-step stop test. Like greedy, one decoder
     step more than `steps` (the forced eos).
     """
-    nbest = beam_search(model, src, beam_size=beam, max_len_a=0.0, max_len_b=steps, min_len=steps)
-    return torch.tensor([h[0].tokens for h in nbest])
+    config = DecodeConfig(beam_size=beam, max_len_a=0.0, max_len_b=steps, min_len=steps)
+    return torch.tensor([h[0].tokens for h in decode(model, src, config)])
 
 
 @torch.inference_mode()

@@ -25,8 +25,9 @@ from litmt.callbacks import TranslationScorer
 from litmt.checkpoint import load_checkpoint
 from litmt.data.collate import collate
 from litmt.data.tokenizer import Tokenizer
+from litmt.decoding import DecodeConfig, decode
 from litmt.lit_module import TranslationModule
-from litmt.search import generate, greedy_search
+from litmt.search import greedy_search
 from litmt.train import train
 
 N_VALID = 23
@@ -69,7 +70,7 @@ def validate(module: TranslationModule, **kwargs) -> dict[str, float]:
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[TranslationScorer()],
+        callbacks=[TranslationScorer(beam_size=1)],  # greedy, as conf/callbacks/default.yaml
         **kwargs,
     )
     return trainer.validate(module, datamodule=ValidPairs(module.tokenizer), verbose=False)[0]
@@ -111,7 +112,8 @@ def test_the_scorer_decodes_through_the_strategys_wrapper(tiny) -> None:
     scorer = TranslationScorer(beam_size=2)
     with torch.no_grad():
         hyps = scorer.hypotheses(pl_module, batch)  # type: ignore[arg-type]
-        want = tiny.tokenizer.decode_tgt(generate(tiny.model, batch["src"], beam_size=2))
+        found = decode(tiny.model, batch["src"], DecodeConfig(beam_size=2))
+        want = tiny.tokenizer.decode_tgt([h[0].tokens for h in found])
     assert wrapper.calls == 1 and hyps == want
 
 

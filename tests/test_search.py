@@ -9,11 +9,11 @@ import torch
 from tiny_model import tiny_config
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.decoding import DecodeConfig, decode
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 from litmt.search import (
     beam_search,
-    generate,
     greedy_search,
     length_penalty_factor,
     max_lengths,
@@ -109,7 +109,7 @@ def test_beam_size_one_equals_greedy(seed):
         assert b.tokens == g.tokens
         assert b.log_prob == pytest.approx(g.log_prob, abs=1e-4)
         assert b.score == pytest.approx(g.score, abs=1e-4)
-    assert generate(model, src, beam_size=1) == [h.tokens for h in greedy]
+    assert decode(model, src, DecodeConfig(beam_size=1)) == [[h] for h in greedy]
 
 
 # Decoder self-attention kernels with their own decode state: local keeps a window of 2

@@ -10,8 +10,8 @@ import tiny_checkpoint as tiny
 from tiny_checkpoint import corpus
 
 from litmt import Translator
+from litmt.decoding import decode
 from litmt.errors import CheckpointError, ConfigError, DataError
-from litmt.search import greedy_search
 from litmt.translate import (
     format_result,
     read_lines,
@@ -61,11 +61,11 @@ def test_empty_and_whitespace_inputs_give_empty_outputs_without_the_model(transl
     calls = []
     import litmt.translate as mod
 
-    def spy(model, src, **kw):
+    def spy(models, src, config=None, **kw):
         calls.append(src.size(0))
-        return greedy_search(model, src, **kw)
+        return decode(models, src, config, **kw)
 
-    monkeypatch.setattr(mod, "greedy_search", spy)
+    monkeypatch.setattr(mod, "decode", spy)
     out = translator.translate(["", "A red dog runs.", "   \t ", "", "A cat eats."], beam_size=1)
     assert out[0] == out[2] == out[3] == ""
     assert out[1] and out[4]

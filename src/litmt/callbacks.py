@@ -39,6 +39,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
+from litmt.decoding import decoding_options
 from litmt.errors import LitmtError
 from litmt.lightning_compat import set_received_sigterm, sigterm_handlers_besides_lightning
 from litmt.metrics import corpus_scores
@@ -198,23 +199,13 @@ class TranslationScorer(L.Callback):
     datamodule's `references(split)` (`TranslationDataModule`).
 
     Args:
-        beam_size: 1 = greedy decoding; > 1 = beam search.
-        length_penalty: GNMT alpha of beam search.
-        max_len_a, max_len_b: a hypothesis has at most `a * source length + b` tokens.
         splits: the evaluation splits to score ("valid", "test").
+        decode: decoding settings, `DecodeConfig` fields (e.g. ``beam_size=1``); absent or
+            None keys keep `DecodeConfig`'s defaults.
     """
 
-    def __init__(
-        self,
-        beam_size: int = 1,
-        length_penalty: float = 1.0,
-        max_len_a: float = 1.2,
-        max_len_b: int = 10,
-        splits: Sequence[str] = ("valid", "test"),
-    ) -> None:
-        self.beam_size = int(beam_size)
-        self.length_penalty = float(length_penalty)
-        self.max_len_a, self.max_len_b = float(max_len_a), int(max_len_b)
+    def __init__(self, splits: Sequence[str] = ("valid", "test"), **decode: Any) -> None:
+        self.decode_config = decoding_options(None, decode)
         self.splits = tuple(splits)
         self.references: dict[str, list[str]] = {}
         self._pairs: dict[str, list[tuple[int, str]]] = {}
@@ -226,13 +217,7 @@ class TranslationScorer(L.Callback):
         Decodes through `trainer.model` (the DDP/FSDP wrapper when there is one; every rank
         calls it once per batch), i.e. `TranslationModule.forward`.
         """
-        ids = pl_module.trainer.model(
-            batch["src"],
-            beam_size=self.beam_size,
-            length_penalty=self.length_penalty,
-            max_len_a=self.max_len_a,
-            max_len_b=self.max_len_b,
-        )
+        ids = pl_module.trainer.model(batch["src"], self.decode_config)
         return pl_module.tokenizer.decode_tgt(ids)
 
     def _start(self, trainer: L.Trainer, split: str) -> None:

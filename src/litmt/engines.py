@@ -51,6 +51,7 @@ import torch
 from tqdm import tqdm
 
 from litmt.data.tokenizer import Tokenizer
+from litmt.decoding import DecodeConfig, decoding_options
 from litmt.errors import ConfigError
 from litmt.export import (
     cached_export,
@@ -161,23 +162,23 @@ class CT2Translator(Translator):
     def search_ids(
         self,
         sources: Sequence[Sequence[int]],
+        config: DecodeConfig | None = None,
         *,
-        beam_size: int = 5,
-        length_penalty: float = 1.0,
-        max_len_a: float = 1.2,
-        max_len_b: int = 10,
         max_tokens: int = 4096,
-        n_best: int = 1,
         progress: bool = False,
-        min_len: int = 0,
+        **options: Any,
     ) -> list[list[Hypothesis]]:
-        """Decode prepared source ids with CTranslate2; results in input order (see module doc)."""
-        if beam_size < 1:
-            raise ConfigError(f"beam_size must be at least 1, got {beam_size}")
-        if not 1 <= n_best <= beam_size:
-            raise ConfigError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
-        if min_len < 0:
-            raise ConfigError(f"min_len must be >= 0, got {min_len}")
+        """Decode prepared source ids with CTranslate2; results in input order (see module doc).
+
+        `config` / `options` as `Translator.search_ids` (validated by `DecodeConfig`); beam
+        and greedy only.
+        """
+        config = decoding_options(config, options)
+        if config.effective_method == "sample":
+            raise ConfigError("engine=ct2 does not sample; use engine=torch for method=sample")
+        beam_size, n_best, min_len = config.beam_size, config.n_best, config.min_len
+        length_penalty = config.length_penalty
+        max_len_a, max_len_b = config.max_len_a, config.max_len_b
         if max_tokens < 1:
             raise ConfigError(f"max_tokens must be positive, got {max_tokens}")
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
@@ -275,6 +276,7 @@ def load_translator(
     compute_type: str = "default",
     cache_dir: str | Path | None = None,
     quantization: str = "none",
+    ensemble: bool = False,
 ) -> Translator:
     """A `Translator` for `path` on `engine`.
 
@@ -288,14 +290,20 @@ def load_translator(
         compute_type: ct2 only: CTranslate2 compute type ("default" = as exported).
         cache_dir: ct2 only: where checkpoints are converted (default `default_cache_dir`).
         quantization: ct2 only: quantization of a checkpoint converted on first use.
+        ensemble: torch only: decode the checkpoints as an ensemble (`litmt.ensemble`)
+            instead of averaging their weights.
     """
     if not isinstance(path, str | Path) and len(path) == 1:
         path = path[0]
     if engine == "torch":
         if isinstance(path, str | Path) and is_export_dir(path):
             raise ConfigError(f"{path} is a CTranslate2 export: decode it with engine=ct2")
-        return Translator.from_checkpoint(path, device=device, attention=attention)
+        return Translator.from_checkpoint(
+            path, device=device, attention=attention, ensemble=ensemble
+        )
     if engine == "ct2":
+        if ensemble:
+            raise ConfigError("engine=ct2 does not ensemble; use engine=torch for ensemble=true")
         if not isinstance(path, str | Path):
             raise ConfigError(
                 "engine=ct2 takes one checkpoint or export directory; average checkpoints "

@@ -9,6 +9,7 @@ tokenizer is trained). The same module holds the `average_checkpoints.py` job.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -19,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from litmt.checkpoint import checkpoint_paths, load_model, save_model_checkpoint
+from litmt.decoding import DecodeConfig
 from litmt.errors import ConfigError, DataError
 from litmt.metrics import corpus_scores
 from litmt.translate import Translator, read_text_file
@@ -100,10 +102,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         cfg.get("ckpt_path"), run_dir=cfg.get("run_dir"), average_last=cfg.get("average_last")
     )
     sources, references, label = load_eval_data(cfg)
+    ensemble = bool(cfg.get("ensemble"))
     translator = Translator.from_checkpoint(
         paths,
         device=cfg.get("device"),
         attention=cfg.get("attention"),
+        ensemble=ensemble,
     )
     data_cfg = cfg.get("data")
     if data_cfg is not None and (
@@ -117,23 +121,19 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             data_cfg.get("src_lang"),
             data_cfg.get("tgt_lang"),
         )
-    decoding = {
-        "beam_size": int(cfg.beam_size),
-        "length_penalty": float(cfg.length_penalty),
-        "max_len_a": float(cfg.max_len_a),
-        "max_len_b": int(cfg.max_len_b),
-        "min_len": int(cfg.get("min_len", 0)),
-    }
+    config = DecodeConfig.from_options(cfg)  # null/absent keys: DecodeConfig's defaults
     log.info(
         "decoding %d sentences (%s) with %s on %s",
         len(sources),
         label,
-        paths[0] if len(paths) == 1 else f"the average of {len(paths)} checkpoints",
+        paths[0]
+        if len(paths) == 1
+        else f"the {'ensemble' if ensemble else 'average'} of {len(paths)} checkpoints",
         translator.device,
     )
     t0 = time.perf_counter()
     hyps = translator.translate(
-        sources, max_tokens=int(cfg.max_tokens), progress=bool(cfg.progress), **decoding
+        sources, config, max_tokens=int(cfg.max_tokens), progress=bool(cfg.progress)
     )
     seconds = time.perf_counter() - t0
     assert all(isinstance(h, str) for h in hyps)
@@ -155,7 +155,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             "checkpoints": paths,
             "data": label,
             "n_sentences": len(sources),
-            "decoding": decoding,
+            "decoding": dataclasses.asdict(config),
+            "ensemble": ensemble,
             "decode_seconds": round(seconds, 3),
             "hyp_file": str(cfg.hyp_file) if cfg.get("hyp_file") else None,
             "scores": {key: r.to_dict() for key, r in results.items()},

@@ -49,6 +49,7 @@ from torch import Tensor, nn
 
 from litmt.checkpoint import META_KEY, make_meta
 from litmt.data.tokenizer import PAD_ID, Tokenizer
+from litmt.decoding import DecodeConfig, decode
 from litmt.errors import ConfigError, LitmtError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 from litmt.precision import compute_dtype, precision_name
@@ -238,35 +239,20 @@ class TranslationModule(L.LightningModule):
             self._compiled = True
 
     # -- inference --------------------------------------------------------------------------
-    def forward(
-        self,
-        src: Tensor,
-        beam_size: int = 1,
-        length_penalty: float = 1.0,
-        max_len_a: float = 1.2,
-        max_len_b: int = 10,
-    ) -> list[list[int]]:
-        """Decode: the best hypothesis' target ids per source row (greedy when `beam_size` is 1).
+    def forward(self, src: Tensor, config: DecodeConfig | None = None) -> list[list[int]]:
+        """Decode with `litmt.decoding.decode`: the best hypothesis' target ids per source row.
 
         Callbacks call it through `trainer.model`, so that a DDP or FSDP wrapper runs it as a
         forward pass (FSDP gathers its sharded root weights only inside one).
 
         Args:
             src: (B, S) source ids, right-padded.
+            config: decoding settings (None = `DecodeConfig`'s defaults).
 
         Returns:
             B lists of target ids without bos/eos.
         """
-        from litmt.search import generate
-
-        return generate(
-            self.model,
-            src,
-            beam_size=beam_size,
-            length_penalty=length_penalty,
-            max_len_a=max_len_a,
-            max_len_b=max_len_b,
-        )
+        return [hyps[0].tokens if hyps else [] for hyps in decode(self.model, src, config)]
 
     # -- training ---------------------------------------------------------------------------
     def _loss(

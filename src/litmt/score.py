@@ -38,6 +38,7 @@ from torch import Tensor
 
 from litmt.checkpoint import checkpoint_paths
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.decoding import DecodeConfig
 from litmt.errors import DataError
 from litmt.models import Seq2SeqTransformer
 from litmt.search import length_penalty_factor
@@ -119,7 +120,7 @@ class Scorer:
         sources: Sequence[Sequence[int]],
         targets: Sequence[Sequence[int]],
         *,
-        length_penalty: float = 1.0,
+        length_penalty: float = DecodeConfig.length_penalty,
         max_tokens: int = 4096,
     ) -> list[PairScore]:
         """Score prepared id pairs in token-budget batches; results in input order.
@@ -164,7 +165,7 @@ class Scorer:
         sources: Sequence[str],
         targets: Sequence[str],
         *,
-        length_penalty: float = 1.0,
+        length_penalty: float = DecodeConfig.length_penalty,
         max_tokens: int = 4096,
     ) -> list[PairScore]:
         """Score text pairs (sources prepared as `Translator.prepare` does).
@@ -212,7 +213,7 @@ def score(cfg: DictConfig) -> list[PairScore]:
     results = scorer.score(
         sources,
         targets,
-        length_penalty=float(cfg.length_penalty),
+        length_penalty=DecodeConfig.from_options(cfg).length_penalty,  # null: the default
         max_tokens=int(cfg.max_tokens),
     )
     with ExitStack() as stack:

@@ -1,4 +1,5 @@
-"""Greedy and batched beam search over `Seq2SeqTransformer.decode_step` (KV-cache decoding).
+"""Greedy and batched beam search over `decode_step` (KV-cache decoding); `litmt.decoding.decode`
+is the one entry point that picks a search (and samples) from a `DecodeConfig`.
 
 Shapes: B sentences, K beam size, S source length, t tokens generated so far, V target
 vocabulary, L longest allowed hypothesis (tokens, eos excluded).
@@ -18,16 +19,38 @@ Conventions shared by both searches:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.decode_config import DecodeConfig
 from litmt.errors import ConfigError
-from litmt.models import Seq2SeqTransformer
+from litmt.models import TransformerConfig
 
 NEG_INF = float("-inf")
+_D = DecodeConfig()  # the keyword defaults below are the project's one set
+
+
+class StepModel(Protocol):
+    """What the searches need of a model: a `Seq2SeqTransformer`, or an `Ensemble` of them.
+
+    ``encode(src)`` gives (memory, src_padding_mask); ``init_state`` makes the decoder
+    state (with ``reorder(index, cross=...)``); ``decode_step(tokens (R,), state)`` gives
+    next-token scores (R, V) whose log-softmax is the model's log-probabilities.
+    """
+
+    config: TransformerConfig
+
+    def encode(self, src: Tensor) -> tuple[Any, Tensor]: ...
+
+    def init_state(
+        self, memory: Any, src_padding_mask: Tensor | None, capacity: int | None = None
+    ) -> Any: ...
+
+    def decode_step(self, tokens: Tensor, state: Any) -> Tensor: ...
 
 
 @dataclass
@@ -85,7 +108,8 @@ def topk_rows(x: Tensor, k: int, chunk: int = 64) -> tuple[Tensor, Tensor]:
     return values, pos.gather(1, sub)
 
 
-def _check(model: Seq2SeqTransformer, src: Tensor) -> None:
+def check_source(model: StepModel, src: Tensor) -> None:
+    """Raise on a source that is not (B, S) ids or is longer than the model's max_positions."""
     if src.dim() != 2:
         raise ValueError(f"src must be (B, S) token ids, got shape {tuple(src.shape)}")
     if src.size(1) > model.config.max_positions:
@@ -100,7 +124,7 @@ def _check_min_len(min_len: int) -> None:
         raise ConfigError(f"min_len must be >= 0, got {min_len}")
 
 
-def _constrain_eos(logp: Tensor, step: int, min_len: int, eos: int, budget: Tensor | None) -> None:
+def constrain_eos(logp: Tensor, step: int, min_len: int, eos: int, budget: Tensor | None) -> None:
     """In place on logp (R, V): no eos before `min_len`; only eos where budget (R,) == step.
 
     Pass `budget` only at steps where some row reaches it (the mask is (R, V)).
@@ -115,13 +139,13 @@ def _constrain_eos(logp: Tensor, step: int, min_len: int, eos: int, budget: Tens
 
 @torch.no_grad()
 def greedy_search(
-    model: Seq2SeqTransformer,
+    model: StepModel,
     src: Tensor,
     *,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-    length_penalty: float = 1.0,
-    min_len: int = 0,
+    max_len_a: float = _D.max_len_a,
+    max_len_b: int = _D.max_len_b,
+    length_penalty: float = _D.length_penalty,
+    min_len: int = _D.min_len,
 ) -> list[Hypothesis]:
     """Batched greedy decoding; stops as soon as every row has emitted eos.
 
@@ -135,7 +159,7 @@ def greedy_search(
     Returns:
         One `Hypothesis` per source row, in input order.
     """
-    _check(model, src)
+    check_source(model, src)
     _check_min_len(min_len)
     cfg = model.config
     bsz, device = src.size(0), src.device
@@ -152,7 +176,7 @@ def greedy_search(
     force_steps = set(budget.tolist())  # steps at which some row must emit eos
     for step in range(out.size(1)):
         logp = F.log_softmax(model.decode_step(tokens, state).float(), dim=-1)  # (B, V)
-        _constrain_eos(logp, step, min_len, EOS_ID, budget if step in force_steps else None)
+        constrain_eos(logp, step, min_len, EOS_ID, budget if step in force_steps else None)
         tokens = logp.argmax(dim=-1)  # (B,)
         tokens = tokens.masked_fill(finished, PAD_ID)
         log_prob += logp.gather(1, tokens[:, None])[:, 0].masked_fill(finished, 0.0)
@@ -169,15 +193,15 @@ def greedy_search(
 
 @torch.no_grad()
 def beam_search(
-    model: Seq2SeqTransformer,
+    model: StepModel,
     src: Tensor,
     *,
-    beam_size: int = 5,
-    length_penalty: float = 1.0,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-    n_best: int = 1,
-    min_len: int = 0,
+    beam_size: int = _D.beam_size,
+    length_penalty: float = _D.length_penalty,
+    max_len_a: float = _D.max_len_a,
+    max_len_b: int = _D.max_len_b,
+    n_best: int = _D.n_best,
+    min_len: int = _D.min_len,
 ) -> list[list[Hypothesis]]:
     """Batched beam search with per-layer decode caches, GNMT length penalty and n-best output.
 
@@ -208,7 +232,7 @@ def beam_search(
     Returns:
         For each source row, `n_best` hypotheses sorted by decreasing score.
     """
-    _check(model, src)
+    check_source(model, src)
     _check_min_len(min_len)
     if beam_size < 1:
         raise ConfigError(f"beam_size must be at least 1, got {beam_size}")
@@ -247,7 +271,7 @@ def beam_search(
         b, kk = active.numel(), scores.size(1)
         logp = F.log_softmax(model.decode_step(last, state).float(), dim=-1)  # (b*kk, V)
         rows_budget = budget[active].repeat_interleave(kk) if step in force_steps else None
-        _constrain_eos(logp, step, min_len, EOS_ID, rows_budget)
+        constrain_eos(logp, step, min_len, EOS_ID, rows_budget)
         cand = logp.view(b, kk, vocab).add_(scores[:, :, None]).view(b, kk * vocab)
         top_val, top_idx = topk_rows(cand, 2 * k)  # (b, 2K)
         top_beam, top_tok = top_idx // vocab, top_idx % vocab  # (b, 2K)
@@ -322,34 +346,3 @@ def beam_search(
             hyps.append(Hypothesis(fin_tokens[i, j, :n].tolist(), s, float(fin_logp[i, j])))
         results.append(hyps)
     return results
-
-
-def generate(
-    model: Seq2SeqTransformer,
-    src: Tensor,
-    *,
-    beam_size: int = 1,
-    length_penalty: float = 1.0,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-) -> list[list[int]]:
-    """Best hypothesis token ids per source row (greedy when `beam_size` is 1).
-
-    Args:
-        src: (B, S) source ids, right-padded.
-
-    Returns:
-        B lists of target ids without bos/eos.
-    """
-    if beam_size == 1:
-        hyps = greedy_search(model, src, max_len_a=max_len_a, max_len_b=max_len_b)
-        return [h.tokens for h in hyps]
-    nbest = beam_search(
-        model,
-        src,
-        beam_size=beam_size,
-        length_penalty=length_penalty,
-        max_len_a=max_len_a,
-        max_len_b=max_len_b,
-    )
-    return [h[0].tokens if h else [] for h in nbest]

@@ -46,6 +46,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from litmt.batching import DynamicBatcher
+from litmt.decoding import DecodeConfig
 from litmt.errors import ConfigError, LitmtError
 
 log = logging.getLogger("litmt.serve")
@@ -335,12 +336,13 @@ def _attention_maps(translator: Any, sentence: str, options: dict[str, Any]) -> 
     from litmt.visualize import collect_attention
 
     cleaned = " ".join(sentence.split())  # one line: the page sends one sentence
+    config = DecodeConfig.from_options(options)  # null/absent keys: DecodeConfig's defaults
     return collect_attention(
         translator.model,
         translator.tokenizer,
         cleaned,
-        max_len_a=float(options.get("max_len_a", 1.2)),
-        max_len_b=int(options.get("max_len_b", 10)),
+        max_len_a=config.max_len_a,
+        max_len_b=config.max_len_b,
     )
 
 

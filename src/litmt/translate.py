@@ -31,12 +31,14 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from tqdm import tqdm
 
-from litmt.checkpoint import checkpoint_paths, load_model, resolve_device
+from litmt.alignment import AlignConfig, align_ids, pharaoh
+from litmt.checkpoint import checkpoint_paths, load_model, resolve_device, tokenizer_difference
 from litmt.data.tokenizer import Tokenizer
+from litmt.decoding import DecodeConfig, decode, decoding_options, make_generator
 from litmt.errors import ConfigError, DataError
 from litmt.models import Seq2SeqTransformer
 from litmt.precision import autocast_context, plan_model_inference
-from litmt.search import Hypothesis, beam_search, greedy_search
+from litmt.search import Hypothesis
 
 log = logging.getLogger("litmt.translate")
 
@@ -44,6 +46,7 @@ log = logging.getLogger("litmt.translate")
 _CONTROL = {c: None for c in [*range(0x20), *range(0x7F, 0xA0)] if c != 0x09}
 
 NBest = list[tuple[str, float]]
+Aligned = list[tuple[str, float, str]]  # (text, score, Pharaoh alignment)
 
 
 def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -72,10 +75,12 @@ def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
 
 
 class Translator:
-    """A model + tokenizer ready to translate plain text.
+    """A model (or an ensemble) + tokenizer ready to translate plain text.
 
     Args:
-        model: a `Seq2SeqTransformer` (put in eval mode and moved to `device`).
+        model: a `Seq2SeqTransformer`, or a list of them decoded as an ensemble
+            (`litmt.ensemble`); put in eval mode and moved to `device`. ``self.model`` is
+            the first (the attention explorer and scoring use it).
         tokenizer: its `Tokenizer`.
         src_lang, tgt_lang: language codes from the checkpoint (informative).
         device: where to run; None picks CUDA when available.
@@ -83,7 +88,7 @@ class Translator:
 
     def __init__(
         self,
-        model: Seq2SeqTransformer,
+        model: Seq2SeqTransformer | Sequence[Seq2SeqTransformer],
         tokenizer: Tokenizer,
         *,
         src_lang: str = "",
@@ -91,7 +96,9 @@ class Translator:
         device: str | torch.device | None = None,
     ) -> None:
         self.device = resolve_device(device)
-        self.model = model.to(self.device).eval()
+        members = [model] if isinstance(model, Seq2SeqTransformer) else list(model)
+        self.models = [m.to(self.device).eval() for m in members]
+        self.model = self.models[0]
         self.tokenizer, self.src_lang, self.tgt_lang = tokenizer, src_lang, tgt_lang
         self.autocast: torch.dtype | None = None  # decode under this autocast (None = fp32)
 
@@ -102,19 +109,43 @@ class Translator:
         *,
         device: str | torch.device | None = None,
         attention: str | None = None,
+        ensemble: bool = False,
     ) -> Translator:
-        """Load a checkpoint (several paths: their weights are averaged).
+        """Load a checkpoint (several paths: their weights are averaged, or an ensemble).
 
         Args:
             path: a `.ckpt` file or a list of them.
             device: "cpu", "cuda", ... or None for CUDA when available.
             attention: decode with this kernel at every site (e.g. "sdpa"); None keeps the
                 checkpoint's backends.
+            ensemble: decode the checkpoints as an ensemble (`litmt.ensemble`: mean of the
+                models' probabilities at every step) instead of averaging their weights.
 
         Raises:
             CheckpointError: missing/corrupt checkpoint. BackendError: the checkpoint's
-            kernel cannot run here (pass `attention`).
+            kernel cannot run here (pass `attention`). ConfigError: ensemble members with
+            different tokenizers.
         """
+        if ensemble:
+            paths = [path] if isinstance(path, str | Path) else list(path)
+            members = [cls.from_checkpoint(p, device=device, attention=attention) for p in paths]
+            first = members[0]
+            for p, member in zip(paths[1:], members[1:], strict=True):
+                # the same ids must mean the same pieces (identical bytes, or the same pieces)
+                differs = tokenizer_difference(first.tokenizer, member.tokenizer)
+                if differs is not None:
+                    raise ConfigError(
+                        f"ensemble members must share the vocabulary: {paths[0]} vs {p}: {differs}"
+                    )
+            translator = cls(
+                [m.model for m in members],
+                first.tokenizer,
+                src_lang=first.src_lang,
+                tgt_lang=first.tgt_lang,
+                device=first.device,
+            )
+            translator.autocast = first.autocast
+            return translator
         dev = resolve_device(device)
         loaded = load_model(path, dev, attention=attention)
         # half-only kernels (flash, te): the training precision's autocast, else sdpa in fp32
@@ -138,8 +169,8 @@ class Translator:
     # -- preprocessing ------------------------------------------------------------------
     @property
     def max_source_tokens(self) -> int:
-        """Longest source the model accepts (its `max_positions`)."""
-        return self.model.config.max_positions
+        """Longest source the model accepts (its `max_positions`; an ensemble: the least)."""
+        return min(m.config.max_positions for m in self.models)
 
     def prepare(self, text: str, where: str = "input") -> list[int]:
         """Clean and encode one source sentence; [] for empty/whitespace input.
@@ -167,27 +198,31 @@ class Translator:
     def search_ids(
         self,
         sources: Sequence[Sequence[int]],
+        config: DecodeConfig | None = None,
         *,
-        beam_size: int = 5,
-        length_penalty: float = 1.0,
-        max_len_a: float = 1.2,
-        max_len_b: int = 10,
         max_tokens: int = 4096,
-        n_best: int = 1,
         progress: bool = False,
-        min_len: int = 0,
+        **options: Any,
     ) -> list[list[Hypothesis]]:
         """Decode prepared source ids in token-budget batches, returning results in input order.
 
-        Empty sources give ``[Hypothesis([], 0.0, 0.0)]`` without running the model.
+        Args:
+            sources: source ids per sentence.
+            config: decoding settings (None = `DecodeConfig`'s defaults); keyword `options`
+                (DecodeConfig fields, e.g. ``beam_size=4``; None = keep) override it.
+            max_tokens: padded source tokens per batch.
+            progress: a tqdm bar on stderr.
+
+        Empty sources give ``[Hypothesis([], 0.0, 0.0)]`` without running the model. Sampling
+        draws from one generator seeded with ``config.seed`` per call.
         """
-        if beam_size < 1:
-            raise ConfigError(f"beam_size must be at least 1, got {beam_size}")
-        if not 1 <= n_best <= beam_size:
-            raise ConfigError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
+        config = decoding_options(config, options)
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
         todo = [i for i, ids in enumerate(sources) if len(ids) > 0]
         pad = self.model.pad_id
+        models = self.models if len(self.models) > 1 else self.model
+        sampling = config.effective_method == "sample"
+        generator = make_generator(config, self.device) if sampling else None
         with (
             tqdm(total=len(sources), disable=not progress, file=sys.stderr, unit="sent") as bar,
             autocast_context(self.device, self.autocast),
@@ -199,86 +234,96 @@ class Translator:
                 src = torch.full((len(idx), width), pad, dtype=torch.long)  # (B, S)
                 for row, i in enumerate(idx):
                     src[row, : len(sources[i])] = torch.as_tensor(sources[i])
-                src = src.to(self.device)
-                if beam_size == 1:
-                    found = [
-                        [h]
-                        for h in greedy_search(
-                            self.model,
-                            src,
-                            max_len_a=max_len_a,
-                            max_len_b=max_len_b,
-                            length_penalty=length_penalty,
-                            min_len=min_len,
-                        )
-                    ]
-                else:
-                    found = beam_search(
-                        self.model,
-                        src,
-                        beam_size=beam_size,
-                        length_penalty=length_penalty,
-                        max_len_a=max_len_a,
-                        max_len_b=max_len_b,
-                        n_best=n_best,
-                        min_len=min_len,
-                    )
+                found = decode(models, src.to(self.device), config, generator=generator)
                 for i, hyps in zip(idx, found, strict=True):
                     results[i] = hyps
                 bar.update(len(idx))
         return results
 
+    def alignments(
+        self,
+        sources: Sequence[Sequence[int]],
+        found: Sequence[Sequence[Hypothesis]],
+        config: AlignConfig | None = None,
+        *,
+        max_tokens: int = 4096,
+    ) -> list[list[str]]:
+        """Pharaoh word alignments (`litmt.alignment`) of every hypothesis of every source.
+
+        Returns:
+            Per source, one alignment string per hypothesis ("" for an empty source or
+            hypothesis).
+        """
+        if self.model is None:
+            raise ConfigError("alignments need the torch engine (the model's cross-attention)")
+        out = [["" for _ in hyps] for hyps in found]
+        pairs = [(i, j) for i, hyps in enumerate(found) for j, h in enumerate(hyps) if sources[i]]
+        lengths = [max(len(sources[i]), len(found[i][j].tokens) + 1) for i, j in pairs]
+        tags = list(getattr(self.tokenizer, "src_tags", {}))
+        with autocast_context(self.device, self.autocast):
+            for batch in token_batches(lengths, max_tokens) if pairs else []:
+                chosen = [pairs[k] for k in batch]
+                src = [sources[i] for i, _ in chosen]
+                tgt = [found[i][j].tokens for i, j in chosen]
+                links = align_ids(
+                    self.models,
+                    src,
+                    tgt,
+                    [self.tokenizer.src_pieces(s) for s in src],
+                    [self.tokenizer.tgt_pieces(t) for t in tgt],
+                    config,
+                    tags=tags,
+                )
+                for (i, j), link in zip(chosen, links, strict=True):
+                    out[i][j] = pharaoh(link)
+        return out
+
     def translate(
         self,
         sentences: Sequence[str],
+        config: DecodeConfig | None = None,
         *,
-        beam_size: int = 5,
-        length_penalty: float = 1.0,
-        max_len_a: float = 1.2,
-        max_len_b: int = 10,
         max_tokens: int = 4096,
-        n_best: int = 1,
         return_scores: bool = False,
         progress: bool = False,
         first_line: int = 1,
-        min_len: int = 0,
-    ) -> list[str] | list[NBest]:
+        alignment: AlignConfig | None = None,
+        **options: Any,
+    ) -> list[str] | list[NBest] | list[Aligned]:
         """Translate sentences (any order of lengths; output order = input order).
 
         Args:
             sentences: source texts.
-            beam_size: K (1 = greedy).
-            length_penalty: GNMT alpha.
-            max_len_a, max_len_b: output budget a * src_len + b subword tokens.
+            config: decoding settings (`DecodeConfig`; None = the defaults).
             max_tokens: padded source tokens per batch.
-            n_best: hypotheses per sentence (<= beam_size).
             return_scores: return (text, score) pairs.
             progress: show a tqdm bar on stderr.
             first_line: number of the first sentence in warnings ("line N").
-            min_len: no eos before this many subword tokens (the budget still wins).
+            alignment: also return Pharaoh word alignments built this way.
+            options: DecodeConfig fields overriding `config` (e.g. ``beam_size=4``,
+                ``method="sample", n_best=3``).
 
         Returns:
-            With ``n_best == 1`` and not ``return_scores``: one string per sentence. Otherwise,
-            per sentence, a best-first list of (text, length-normalised log-prob score); an
-            empty input gives ``[("", 0.0)]``.
+            With ``n_best == 1``, not ``return_scores`` and no `alignment`: one string per
+            sentence. Otherwise, per sentence, a best-first list of (text, length-normalised
+            log-prob score), or (text, score, alignment) with `alignment`; an empty input
+            gives ``[("", 0.0)]``.
         """
         if isinstance(sentences, str):
             raise ConfigError("translate() takes a list of sentences, not one string")
         ids = [self.prepare(s, f"line {first_line + i}") for i, s in enumerate(sentences)]
-        found = self.search_ids(
-            ids,
-            beam_size=beam_size,
-            length_penalty=length_penalty,
-            max_len_a=max_len_a,
-            max_len_b=max_len_b,
-            max_tokens=max_tokens,
-            n_best=n_best,
-            progress=progress,
-            min_len=min_len,
-        )
+        config = decoding_options(config, options)
+        found = self.search_ids(ids, config, max_tokens=max_tokens, progress=progress)
         if not found:
             return []
-        if n_best == 1 and not return_scores:
+        if alignment is not None:
+            links = self.alignments(ids, found, alignment, max_tokens=max_tokens)
+            aligned: list[Aligned] = []
+            for hyps, link in zip(found, links, strict=True):
+                texts = self.tokenizer.decode_tgt([h.tokens for h in hyps])
+                aligned.append([(t, h.score, a) for t, h, a in zip(texts, hyps, link, strict=True)])
+            return aligned
+        if config.n_best == 1 and not return_scores:
             return self.tokenizer.decode_tgt([hyps[0].tokens for hyps in found])
         out: list[NBest] = []
         for hyps in found:
@@ -364,22 +409,28 @@ def read_text_file(path: str | Path, what: str) -> list[str]:
 # -- the `scripts/translate.py` job ------------------------------------------------------
 
 
-def format_result(result: str | NBest, index: int, n_best: int, scores: bool) -> list[str]:
+def format_result(
+    result: str | NBest | Aligned, index: int, n_best: int, scores: bool
+) -> list[str]:
     """Output lines for one input line.
 
     - ``n_best == 1``: ``hypothesis``, or ``score<TAB>hypothesis`` with `scores`.
     - ``n_best > 1``: exactly `n_best` lines ``index<TAB>score<TAB>hypothesis`` (index =
       0-based input line), best first; missing hypotheses (empty input) are padded with
       empty text and score ``-inf``.
+    - With alignments (`Aligned` results): each line ends with ``<TAB>alignment``
+      (Pharaoh ``0-0 1-2 ...``, source word - target word).
     """
     if isinstance(result, str):
         return [result]
-    entries = list(result) + [("", float("-inf"))] * (n_best - len(result))
+    aligned = bool(result) and len(result[0]) == 3
+    pad = ("", float("-inf"), "") if aligned else ("", float("-inf"))
+    entries: list[tuple] = [*result, *[pad] * (n_best - len(result))]
     lines = []
-    for text, score in entries[:n_best]:
+    for text, score, *alignment in entries[:n_best]:
         cols = [str(index)] if n_best > 1 else []
         cols += [f"{score:.4f}"] if scores else []
-        lines.append("\t".join([*cols, text]))
+        lines.append("\t".join([*cols, text, *alignment]))
     return lines
 
 
@@ -402,25 +453,25 @@ def translate(cfg: DictConfig) -> int:
     ckpt = checkpoint_paths(
         cfg.get("ckpt_path"), run_dir=cfg.get("run_dir"), average_last=cfg.get("average_last")
     )
-    n_best, scores = int(cfg.n_best), bool(cfg.scores) or int(cfg.n_best) > 1
-    options = dict(
-        beam_size=int(cfg.beam_size),
-        length_penalty=float(cfg.length_penalty),
-        max_len_a=float(cfg.max_len_a),
-        max_len_b=int(cfg.max_len_b),
-        min_len=int(cfg.get("min_len", 0)),
-        n_best=n_best,
-        return_scores=scores,
-    )
-    if n_best > options["beam_size"]:
-        raise ConfigError(f"n_best={n_best} needs beam_size >= {n_best}")
+    config = DecodeConfig.from_options(cfg)  # null/absent keys: DecodeConfig's defaults
+    n_best, scores = config.n_best, bool(cfg.scores) or config.n_best > 1
+    options: dict[str, Any] = dict(config=config, return_scores=scores)
+    if cfg.get("print_alignment"):
+        heads = cfg.get("alignment_heads")
+        options["alignment"] = AlignConfig(
+            layer=int(cfg.get("alignment_layer", -1)),
+            heads=None if heads is None else tuple(int(h) for h in heads),
+        )
     text, input_path, output_path = cfg.get("text"), cfg.get("input"), cfg.get("output")
     if text is not None and input_path is not None:
         raise ConfigError("give either text=[...] or input=FILE, not both")
     if input_path is not None and not Path(str(input_path)).is_file():
         raise DataError(f"input file not found: {input_path}")
     translator = Translator.from_checkpoint(
-        ckpt, device=cfg.get("device"), attention=cfg.get("attention")
+        ckpt,
+        device=cfg.get("device"),
+        attention=cfg.get("attention"),
+        ensemble=bool(cfg.get("ensemble")),
     )
     chunk_lines = int(cfg.chunk_lines)
     with ExitStack() as stack:
@@ -456,6 +507,8 @@ def translate(cfg: DictConfig) -> int:
 
 
 __all__ = [
+    "Aligned",
+    "NBest",
     "Translator",
     "format_result",
     "read_lines",

@@ -1,0 +1,128 @@
+"""`DecodeConfig`: every decoding setting, validated, with the project's one set of defaults.
+
+`litmt.decoding.decode` runs it; the searches (`litmt.search`) take their keyword defaults
+from it; job configs override it (`DecodeConfig.from_options`: absent or null keys keep the
+default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from litmt.errors import ConfigError
+
+METHODS = ("beam", "greedy", "sample")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Every decoding setting, with the one set of defaults.
+
+    Attributes:
+        method: "beam", "greedy" or "sample".
+        beam_size: beam width K (method "beam"; 1 gives the greedy result).
+        length_penalty: GNMT alpha: score = log P / ((5 + |y|) / 6) ** alpha (ranking and
+            reported scores).
+        max_len_a, max_len_b: output budget floor(a * source tokens + b), clamped to the
+            model's max_positions - 1 (`litmt.search`).
+        min_len: no eos before this many tokens (the budget still wins).
+        n_best: hypotheses per source: the best n of the beam (<= beam_size), or n samples.
+        top_k: sampling: keep the k most likely tokens (0 = all).
+        top_p: sampling: keep the smallest set of most likely tokens whose probability
+            reaches top_p (1.0 = all).
+        temperature: sampling: divide the logits by this (0 = always the most likely token).
+        seed: sampling: seed of the generator (each `decode` call / `Translator` call starts
+            from it, so a run is reproducible); None = torch's global generator.
+    """
+
+    method: str = "beam"
+    beam_size: int = 5
+    length_penalty: float = 1.0
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    min_len: int = 0
+    n_best: int = 1
+    top_k: int = 0
+    top_p: float = 1.0
+    temperature: float = 1.0
+    seed: int | None = 0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.beam_size < 1:
+            raise ConfigError(f"beam_size must be at least 1, got {self.beam_size}")
+        if self.min_len < 0:
+            raise ConfigError(f"min_len must be >= 0, got {self.min_len}")
+        if self.max_len_a < 0 or self.max_len_b < 0:
+            raise ConfigError(
+                f"max_len_a and max_len_b must be >= 0, got {self.max_len_a}, {self.max_len_b}"
+            )
+        if self.n_best < 1:
+            raise ConfigError(f"n_best must be at least 1, got {self.n_best}")
+        if self.method == "beam" and self.n_best > self.beam_size:
+            raise ConfigError(
+                f"n_best must be between 1 and beam_size={self.beam_size}, got {self.n_best}: "
+                f"n_best={self.n_best} needs beam_size >= {self.n_best}"
+            )
+        if self.method == "greedy" and self.n_best != 1:
+            raise ConfigError(f"greedy decoding gives one hypothesis; n_best={self.n_best}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0 = no cut), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+
+    @classmethod
+    def from_options(
+        cls, options: Mapping[str, Any] | None = None, base: DecodeConfig | None = None
+    ) -> DecodeConfig:
+        """`base` (default: the defaults) with the DecodeConfig fields that `options` sets.
+
+        Keys of `options` that are not fields are ignored (a job config holds other keys
+        too); a field set to None keeps `base`'s value. Works on dicts and DictConfigs.
+        """
+        base = base or cls()
+        if not options:
+            return base
+        changes = {}
+        for f in dataclasses.fields(cls):
+            value = options.get(f.name)
+            if value is not None:
+                kind = type(getattr(cls, f.name))  # every default is set: str, int or float
+                try:
+                    changes[f.name] = kind(value)  # e.g. YAML's 1 for a float field
+                except (TypeError, ValueError):
+                    raise ConfigError(
+                        f"decoding option {f.name} must be of type {kind.__name__}, got {value!r}"
+                    ) from None
+        return dataclasses.replace(base, **changes)
+
+    @property
+    def effective_method(self) -> str:
+        """The search that runs: beam with K = 1 is greedy."""
+        if self.method == "beam" and self.beam_size == 1:
+            return "greedy"
+        return self.method
+
+
+def decoding_options(config: DecodeConfig | None, options: Mapping[str, Any]) -> DecodeConfig:
+    """`config` with keyword `options` (DecodeConfig fields; None = keep) applied.
+
+    Raises:
+        ConfigError: a key that is not a decoding option.
+    """
+    names = {f.name for f in dataclasses.fields(DecodeConfig)}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise ConfigError(
+            f"unknown decoding option(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+        )
+    return DecodeConfig.from_options(options, base=config)
+
+
+__all__ = ["METHODS", "DecodeConfig", "decoding_options"]
