@@ -144,3 +144,16 @@ def test_translate_job_samples_n_per_line_reproducibly(tmp_path_factory, tmp_pat
     assert run(tmp_path / "b.de", 4) == lines
     with pytest.raises(ConfigError, match="temperature must be >= 0"):
         DecodeConfig(method="sample", temperature=-0.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sampling_and_ensembles_on_cuda():
+    """The generator lives on the GPU; an ensemble's states stay there."""
+    model, src = random_model().cuda(), sources().cuda()
+    first = sample(model, src, n_best=3, seed=2)
+    assert tokens(first) == tokens(sample(model, src, n_best=3, seed=2))
+    greedy = greedy_search(model, src)
+    assert [h[0].tokens for h in sample(model, src, temperature=0.0)] == [g.tokens for g in greedy]
+    pair = decode([model, copy.deepcopy(model)], src, DecodeConfig(beam_size=3))
+    assert tokens(pair) == tokens(decode(model, src, DecodeConfig(beam_size=3)))
