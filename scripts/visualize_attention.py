@@ -6,22 +6,7 @@
 See conf/visualize_attention.yaml for every option.
 """
 
-from __future__ import annotations
-
-import hydra
-from omegaconf import DictConfig
-
-from litmt.cli import log_to_stderr, run_cli
-
-
-@hydra.main(config_path="../conf", config_name="visualize_attention", version_base="1.3")
-@run_cli
-def main(cfg: DictConfig) -> None:
-    log_to_stderr()
-    from litmt.visualize import visualize
-
-    visualize(cfg)
-
+from litmt.cli import run_script
 
 if __name__ == "__main__":
-    main()
+    run_script("visualize_attention", "litmt.visualize:visualize")

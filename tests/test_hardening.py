@@ -22,7 +22,7 @@ from litmt.config_check import (
 from litmt.errors import ConfigError
 
 CONF = REPO / "conf"
-SCRIPTS = ("train.py", "evaluate.py", "translate.py")
+SCRIPTS = ("train.py", "evaluate.py", "translate.py", "score.py")
 
 
 def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:

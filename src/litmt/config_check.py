@@ -77,24 +77,26 @@ def check_command_line(
 ) -> None:
     """`check_group_overrides` on ``sys.argv[1:]``; a mistake prints one line and exits 2.
 
-    Call it in a script right before the ``@hydra.main`` function::
-
-        if __name__ == "__main__":
-            check_command_line()
-            main()
+    Call it right before the ``@hydra.main`` function runs (`litmt.cli.run_script` does).
 
     Args:
         argv: the arguments (default ``sys.argv[1:]``).
-        conf_dir: the config directory (default: ``../conf`` next to the running script, as
-            in ``@hydra.main(config_path="../conf")``, else the repository's ``conf/``).
+        conf_dir: the config directory (default: `script_conf_dir`).
     """
     from litmt.cli import cli_errors
 
-    if conf_dir is None:
-        beside = Path(sys.argv[0]).resolve().parent.parent / "conf"
-        conf_dir = beside if beside.is_dir() else CONF_DIR
     with cli_errors():
-        check_group_overrides(sys.argv[1:] if argv is None else argv, conf_dir)
+        check_group_overrides(
+            sys.argv[1:] if argv is None else argv,
+            script_conf_dir() if conf_dir is None else conf_dir,
+        )
+
+
+def script_conf_dir() -> Path:
+    """The running script's config directory: ``../conf`` next to it (as
+    ``@hydra.main(config_path="../conf")`` resolves it), else the repository's ``conf/``."""
+    beside = Path(sys.argv[0]).resolve().parent.parent / "conf"
+    return beside if beside.is_dir() else CONF_DIR
 
 
 def _is_rank_zero() -> bool:
