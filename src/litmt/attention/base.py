@@ -356,3 +356,63 @@ def causal_padded_attention(
         *(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask, dropout_p=dropout_p
     )  # (B, H, Tq, D)
     return out.transpose(1, 2)
+
+
+class PackedKernel(AttentionKernel):
+    """A fused library kernel that serves key padding by packing the real rows (`unpad`).
+
+    The shared `forward` of `flash` and `xformers`; a subclass supplies three library calls:
+
+    - `dense`: no padding mask, the (B, T, H, D) tensors as they are;
+    - `packed_keys`: padding, not causal: every query row against its own row's packed keys;
+    - `packed_causal`: causal + padding (self-attention): queries packed like the keys, so
+      query i still sees exactly the real keys j <= i; padded query rows return 0.
+
+    Causal + padding with Tq != Tk (a chunk against a padded cache) runs exactly through sdpa
+    (`causal_padded_attention`). N below is the number of real (non-padding) keys.
+    """
+
+    def dense(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float) -> Tensor:
+        """No padding: q (B, Tq, H, D), k, v (B, Tk, H, D) -> (B, Tq, H, D)."""
+        raise NotImplementedError
+
+    def packed_keys(
+        self, q: Tensor, k: Tensor, v: Tensor, cu_k: Tensor, max_k: int, dropout_p: float
+    ) -> Tensor:
+        """q (B, Tq, H, D) over packed k, v (N, H, D), row b's keys at cu_k[b]:cu_k[b+1]
+        (cu_k (B+1,) int32, longest row max_k); returns (B, Tq, H, D)."""
+        raise NotImplementedError
+
+    def packed_causal(
+        self, q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, dropout_p: float
+    ) -> Tensor:
+        """Causal attention of packed q, k, v (N, H, D) within each row of cu (B+1,); (N, H, D)."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> Tensor:
+        """Attend `q` (B, Tq, H, D) over `k`, `v` (B, Tk, H, D); return (B, Tq, H, D)."""
+        self.check_inputs(q)
+        b, tq, h, d = q.shape
+        tk = k.size(1)
+        kpm = safe_padding_mask(key_padding_mask)
+        if kpm is None:
+            return self.dense(q, k, v, causal, dropout_p)
+        keep = ~kpm  # (B, Tk)
+        if causal and tq != tk:
+            return causal_padded_attention(q, k, v, keep, dropout_p)
+        k_p, index, cu_k, max_k = unpad(k, keep)  # (N, H, D)
+        v_p = v.reshape(b * tk, h, d).index_select(0, index)  # (N, H, D)
+        if not causal:
+            return self.packed_keys(q, k_p, v_p, cu_k, max_k, dropout_p)
+        q_p = q.reshape(b * tq, h, d).index_select(0, index)  # queries packed like the keys
+        out_p = self.packed_causal(q_p, k_p, v_p, cu_k, max_k, dropout_p)  # (N, H, D)
+        return pad_rows(out_p, index, b, tq)  # (B, Tq, H, D), padded rows 0

@@ -19,18 +19,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from litmt.attention.base import (
-    HALF_DTYPES,
-    AttentionKernel,
-    BackendSupport,
-    causal_padded_attention,
-    pad_rows,
-    safe_padding_mask,
-    unpad,
-)
+from litmt.attention.base import HALF_DTYPES, BackendSupport, PackedKernel
 
 
-class FlashAttention(AttentionKernel):
+class FlashAttention(PackedKernel):
     """FlashAttention-2 kernels; padding via the variable-length (packed) API."""
 
     name = "flash"
@@ -49,35 +41,22 @@ class FlashAttention(AttentionKernel):
 
         self._func, self._varlen = flash_attn_func, flash_attn_varlen_func
 
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        key_padding_mask: Tensor | None = None,
-        causal: bool = False,
-        dropout_p: float = 0.0,
+    def dense(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float) -> Tensor:
+        """``flash_attn_func`` on (B, T, H, D), our layout; returns (B, Tq, H, D)."""
+        return self._func(q, k, v, dropout_p=dropout_p, causal=causal)
+
+    def packed_keys(
+        self, q: Tensor, k: Tensor, v: Tensor, cu_k: Tensor, max_k: int, dropout_p: float
     ) -> Tensor:
-        """Attend `q` (B, Tq, H, D) over `k`, `v` (B, Tk, H, D); return (B, Tq, H, D)."""
-        self.check_inputs(q)
+        """Every query row, (B*Tq, H, D) with uniform cu_seqlens, against the packed keys."""
         b, tq, h, d = q.shape
-        tk = k.size(1)
-        kpm = safe_padding_mask(key_padding_mask)
-        if kpm is None:
-            return self._func(q, k, v, dropout_p=dropout_p, causal=causal)  # (B, Tq, H, D)
-        keep = ~kpm  # (B, Tk)
-        if causal and tq != tk:
-            return causal_padded_attention(q, k, v, keep, dropout_p)
-        k_p, index, cu_k, max_k = unpad(k, keep)  # (N, H, D)
-        v_p = v.reshape(b * tk, h, d).index_select(0, index)  # (N, H, D)
-        if not causal:
-            q_p = q.reshape(b * tq, h, d)  # every query row, (B*Tq, H, D)
-            cu_q = torch.arange(0, (b + 1) * tq, tq, dtype=torch.int32, device=q.device)
-            out = self._varlen(q_p, k_p, v_p, cu_q, cu_k, tq, max_k, dropout_p=dropout_p)
-            return out.view(b, tq, h, d)
-        q_p = q.reshape(b * tq, h, d).index_select(0, index)  # queries packed like the keys
-        out_p = self._varlen(
-            q_p, k_p, v_p, cu_k, cu_k, max_k, max_k, dropout_p=dropout_p, causal=True
-        )  # (N, H, D)
-        return pad_rows(out_p, index, b, tq)  # (B, Tq, H, D), padded rows 0
+        q_p = q.reshape(b * tq, h, d)  # (B*Tq, H, D)
+        cu_q = torch.arange(0, (b + 1) * tq, tq, dtype=torch.int32, device=q.device)  # (B+1,)
+        out = self._varlen(q_p, k, v, cu_q, cu_k, tq, max_k, dropout_p=dropout_p)
+        return out.view(b, tq, h, d)
+
+    def packed_causal(
+        self, q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, dropout_p: float
+    ) -> Tensor:
+        """``flash_attn_varlen_func`` with causal=True on (N, H, D); returns (N, H, D)."""
+        return self._varlen(q, k, v, cu, cu, max_len, max_len, dropout_p=dropout_p, causal=True)

@@ -26,17 +26,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from litmt.attention.base import (
-    AttentionKernel,
-    BackendSupport,
-    causal_padded_attention,
-    pad_rows,
-    safe_padding_mask,
-    unpad,
-)
+from litmt.attention.base import BackendSupport, PackedKernel
 
 
-class XFormersAttention(AttentionKernel):
+class XFormersAttention(PackedKernel):
     """xFormers memory-efficient attention (CUTLASS / flash / CK kernels, chosen by xformers)."""
 
     name = "xformers"
@@ -60,43 +53,33 @@ class XFormersAttention(AttentionKernel):
         cls = getattr(self._bias, cls_name)
         return cls.from_seqlens(q_seqlen=q_lens, kv_seqlen=k_lens, device=device)
 
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        key_padding_mask: Tensor | None = None,
-        causal: bool = False,
-        dropout_p: float = 0.0,
+    def dense(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float) -> Tensor:
+        """(B, T, H, D) as they are, causal through a lower-triangular bias; (B, Tq, H, D)."""
+        bias = None
+        if causal:
+            bias = (
+                self._bias.LowerTriangularMask()
+                if q.size(1) == k.size(1)
+                else self._bias.LowerTriangularFromBottomRightMask()
+            )
+        return self._attend(q, k, v, attn_bias=bias, p=dropout_p)
+
+    def packed_keys(
+        self, q: Tensor, k: Tensor, v: Tensor, cu_k: Tensor, max_k: int, dropout_p: float
     ) -> Tensor:
-        """Attend `q` (B, Tq, H, D) over `k`, `v` (B, Tk, H, D); return (B, Tq, H, D)."""
-        self.check_inputs(q)
+        """The batch as one sequence of blocks; a ``BlockDiagonalMask`` keeps rows apart."""
         b, tq, h, d = q.shape
-        tk = k.size(1)
-        kpm = safe_padding_mask(key_padding_mask)
-        if kpm is None:
-            bias = None
-            if causal:
-                bias = (
-                    self._bias.LowerTriangularMask()
-                    if tq == tk
-                    else self._bias.LowerTriangularFromBottomRightMask()
-                )
-            return self._attend(q, k, v, attn_bias=bias, p=dropout_p)  # (B, Tq, H, D)
-        keep = ~kpm  # (B, Tk)
-        if causal and tq != tk:
-            return causal_padded_attention(q, k, v, keep, dropout_p)
-        k_p, index, _, _ = unpad(k, keep)  # (N, H, D)
-        v_p = v.reshape(b * tk, h, d).index_select(0, index)  # (N, H, D)
-        k_lens = keep.sum(dim=1).tolist()  # from_seqlens takes Python ints
-        if not causal:
-            bias = self._block_diagonal("BlockDiagonalMask", [tq] * b, k_lens, q.device)
-            out = self._attend(
-                q.reshape(1, b * tq, h, d), k_p[None], v_p[None], attn_bias=bias, p=dropout_p
-            )  # (1, B*Tq, H, D)
-            return out.view(b, tq, h, d)
-        q_p = q.reshape(b * tq, h, d).index_select(0, index)  # queries packed like the keys
-        bias = self._block_diagonal("BlockDiagonalCausalMask", k_lens, k_lens, q.device)
-        out_p = self._attend(q_p[None], k_p[None], v_p[None], attn_bias=bias, p=dropout_p)
-        return pad_rows(out_p[0], index, b, tq)  # (B, Tq, H, D), padded rows 0
+        k_lens = cu_k.diff().tolist()  # from_seqlens takes Python ints
+        bias = self._block_diagonal("BlockDiagonalMask", [tq] * b, k_lens, q.device)
+        out = self._attend(
+            q.reshape(1, b * tq, h, d), k[None], v[None], attn_bias=bias, p=dropout_p
+        )
+        return out.view(b, tq, h, d)  # from (1, B*Tq, H, D)
+
+    def packed_causal(
+        self, q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, dropout_p: float
+    ) -> Tensor:
+        """(1, N, H, D) under a ``BlockDiagonalCausalMask``; returns (N, H, D)."""
+        lens = cu.diff().tolist()
+        bias = self._block_diagonal("BlockDiagonalCausalMask", lens, lens, q.device)
+        return self._attend(q[None], k[None], v[None], attn_bias=bias, p=dropout_p)[0]
