@@ -18,7 +18,8 @@ Methods:
 `models` is one `Seq2SeqTransformer` or a list of them (an `litmt.ensemble.Ensemble`: the
 log of the mean of the models' probabilities at every step).
 
-Shapes: B sentences, N samples per sentence, S source length, V target vocabulary.
+Shapes: B sentences, N samples per sentence, R = B*N rows, S source length, V target
+vocabulary.
 """
 
 from __future__ import annotations
@@ -26,10 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.decode_config import METHODS, DecodeConfig, decoding_options
 from litmt.ensemble import Ensemble
 from litmt.models import Seq2SeqTransformer
@@ -38,11 +37,8 @@ from litmt.search import (
     Hypothesis,
     StepModel,
     beam_search,
-    check_source,
-    constrain_eos,
+    decode_rows,
     greedy_search,
-    length_penalty_factor,
-    max_lengths,
 )
 
 _D = DecodeConfig()  # keyword defaults of the functions below
@@ -173,49 +169,28 @@ def sample_search(
     Returns:
         For each source row, its `n` samples sorted by decreasing score.
     """
-    check_source(model, src)
-    bsz, device = src.size(0), src.device
-    if bsz == 0:
-        return []
-    budget = max_lengths(src, PAD_ID, model.config.max_positions, max_len_a, max_len_b)
-    budget = budget.to(device).repeat_interleave(n)  # (B*N,)
-    rows = bsz * n
-    memory, mask = model.encode(src)
-    state = model.init_state(memory, mask, capacity=int(budget.max()) + 1)
-    state.reorder(torch.arange(bsz, device=device).repeat_interleave(n), cross=True)  # B -> B*N
-    tokens = torch.full((rows,), BOS_ID, dtype=torch.long, device=device)  # (B*N,)
-    out = torch.full((rows, int(budget.max()) + 1), PAD_ID, dtype=torch.long, device=device)
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)
-    log_prob = torch.zeros(rows, dtype=torch.float32, device=device)
-    lengths = torch.zeros(rows, dtype=torch.long, device=device)  # incl. eos
-    force_steps = set(budget.tolist())
-    for step in range(out.size(1)):
-        logits = model.decode_step(tokens, state).float()  # (B*N, V)
-        logp = F.log_softmax(logits, dim=-1)  # the model's distribution, for log_prob
-        constrain_eos(logp, step, min_len, EOS_ID, budget if step in force_steps else None)
+
+    def rule(logits: Tensor, logp: Tensor) -> Tensor:
         if temperature == 0:
-            tokens = logp.argmax(dim=-1)
-        else:
-            # the same eos constraints: -inf entries of logp stay -inf in the tempered scores
-            scores = torch.where(torch.isfinite(logp), logits / temperature, NEG_INF)
-            probs = filter_logits(scores, top_k, top_p).softmax(dim=-1)  # (B*N, V)
-            tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B*N,)
-        tokens = tokens.masked_fill(finished, PAD_ID)
-        log_prob += logp.gather(1, tokens[:, None])[:, 0].masked_fill(finished, 0.0)
-        lengths += (~finished).long()
-        out[:, step] = tokens
-        finished |= tokens.eq(EOS_ID)
-        if bool(finished.all()):
-            break
-    score = log_prob / length_penalty_factor(lengths.float(), length_penalty)
-    toks, lps, scs, lens = out.tolist(), log_prob.tolist(), score.tolist(), lengths.tolist()
-    results = []
-    for i in range(bsz):
-        hyps = [
-            Hypothesis(toks[r][: lens[r] - 1], scs[r], lps[r]) for r in range(i * n, (i + 1) * n)
-        ]
-        results.append(sorted(hyps, key=lambda h: h.score, reverse=True))
-    return results
+            return logp.argmax(dim=-1)  # (R,)
+        # the same eos constraints: -inf entries of logp stay -inf in the tempered scores
+        scores = torch.where(torch.isfinite(logp), logits / temperature, NEG_INF)
+        probs = filter_logits(scores, top_k, top_p).softmax(dim=-1)  # (R, V)
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (R,)
+
+    hyps = decode_rows(
+        model,
+        src,
+        n=n,
+        rule=rule,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+        length_penalty=length_penalty,
+        min_len=min_len,
+    )
+    return [
+        sorted(hyps[i : i + n], key=lambda h: h.score, reverse=True) for i in range(0, len(hyps), n)
+    ]
 
 
 __all__ = [

@@ -1,8 +1,9 @@
 """Greedy and batched beam search over `decode_step` (KV-cache decoding); `litmt.decoding.decode`
 is the one entry point that picks a search (and samples) from a `DecodeConfig`.
 
-Shapes: B sentences, K beam size, S source length, t tokens generated so far, V target
-vocabulary, L longest allowed hypothesis (tokens, eos excluded).
+Shapes: B sentences, K beam size, R rows decoded token by token (B*n), S source length,
+t tokens generated so far, V target vocabulary, L longest allowed hypothesis (tokens, eos
+excluded).
 
 Conventions shared by both searches:
 
@@ -18,6 +19,7 @@ Conventions shared by both searches:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -137,7 +139,80 @@ def constrain_eos(logp: Tensor, step: int, min_len: int, eos: int, budget: Tenso
         logp.masked_fill_(at_budget & ~keep, NEG_INF)
 
 
+TokenRule = Callable[[Tensor, Tensor], Tensor]
+"""``rule(logits, logp) -> tokens``: the next token (R,) of each row from the step's logits
+(R, V) and their log-softmax under the length constraints (R, V) (-inf where forbidden)."""
+
+
+def _argmax(logits: Tensor, logp: Tensor) -> Tensor:
+    return logp.argmax(dim=-1)  # (R,)
+
+
 @torch.no_grad()
+def decode_rows(
+    model: StepModel,
+    src: Tensor,
+    *,
+    n: int = 1,
+    rule: TokenRule = _argmax,
+    max_len_a: float = _D.max_len_a,
+    max_len_b: int = _D.max_len_b,
+    length_penalty: float = _D.length_penalty,
+    min_len: int = _D.min_len,
+) -> list[Hypothesis]:
+    """Decode `n` rows per source (R = B * n rows) one token at a time with `rule`.
+
+    The encoder runs once per source; its state is fanned out to the n rows. Stops as soon as
+    every row has emitted eos. A hypothesis's ``log_prob`` is the model's own
+    log-probability of its tokens, ``score`` its GNMT normalisation.
+
+    Args:
+        model: the model, in eval mode (or an `Ensemble`).
+        src: (B, S) source ids, right-padded with `pad_id`.
+        n: rows per source.
+        rule: picks each row's next token (default: the most likely one, greedy).
+        max_len_a, max_len_b: output budget a * src_len + b (see module docstring).
+        length_penalty: alpha, used only for the reported `score`.
+        min_len: no eos before this many tokens (see module docstring).
+
+    Returns:
+        R hypotheses, row r decoding source r // n.
+    """
+    check_source(model, src)
+    _check_min_len(min_len)
+    bsz, device = src.size(0), src.device
+    if bsz == 0:
+        return []
+    budget = max_lengths(src, PAD_ID, model.config.max_positions, max_len_a, max_len_b)
+    budget = budget.to(device).repeat_interleave(n)  # (R,)
+    rows = bsz * n
+    memory, mask = model.encode(src)
+    state = model.init_state(memory, mask, capacity=int(budget.max()) + 1)
+    if n > 1:
+        state.reorder(torch.arange(bsz, device=device).repeat_interleave(n), cross=True)  # B -> R
+    tokens = torch.full((rows,), BOS_ID, dtype=torch.long, device=device)  # (R,)
+    out = torch.full((rows, int(budget.max()) + 1), PAD_ID, dtype=torch.long, device=device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)  # (R,)
+    log_prob = torch.zeros(rows, dtype=torch.float32, device=device)  # (R,)
+    lengths = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) incl. eos
+    force_steps = set(budget.tolist())  # steps at which some row must emit eos
+    for step in range(out.size(1)):
+        logits = model.decode_step(tokens, state).float()  # (R, V)
+        logp = F.log_softmax(logits, dim=-1)  # the model's distribution, for log_prob
+        constrain_eos(logp, step, min_len, EOS_ID, budget if step in force_steps else None)
+        tokens = rule(logits, logp).masked_fill(finished, PAD_ID)  # (R,)
+        log_prob += logp.gather(1, tokens[:, None])[:, 0].masked_fill(finished, 0.0)
+        lengths += (~finished).long()
+        out[:, step] = tokens
+        finished |= tokens.eq(EOS_ID)
+        if bool(finished.all()):  # the one host sync per step
+            break
+    score = log_prob / length_penalty_factor(lengths.float(), length_penalty)
+    toks, lps, scs, lens = out.tolist(), log_prob.tolist(), score.tolist(), lengths.tolist()
+    # row[: n - 1] drops eos and the padding after it
+    return [Hypothesis(toks[r][: lens[r] - 1], scs[r], lps[r]) for r in range(rows)]
+
+
 def greedy_search(
     model: StepModel,
     src: Tensor,
@@ -147,7 +222,7 @@ def greedy_search(
     length_penalty: float = _D.length_penalty,
     min_len: int = _D.min_len,
 ) -> list[Hypothesis]:
-    """Batched greedy decoding; stops as soon as every row has emitted eos.
+    """Batched greedy decoding (`decode_rows` with one row per source, argmax).
 
     Args:
         model: the model, in eval mode.
@@ -159,36 +234,14 @@ def greedy_search(
     Returns:
         One `Hypothesis` per source row, in input order.
     """
-    check_source(model, src)
-    _check_min_len(min_len)
-    cfg = model.config
-    bsz, device = src.size(0), src.device
-    if bsz == 0:
-        return []
-    budget = max_lengths(src, PAD_ID, cfg.max_positions, max_len_a, max_len_b).to(device)
-    memory, mask = model.encode(src)
-    state = model.init_state(memory, mask, capacity=int(budget.max()) + 1)
-    tokens = torch.full((bsz,), BOS_ID, dtype=torch.long, device=device)  # (B,)
-    out = torch.full((bsz, int(budget.max()) + 1), PAD_ID, dtype=torch.long, device=device)
-    finished = torch.zeros(bsz, dtype=torch.bool, device=device)  # (B,)
-    log_prob = torch.zeros(bsz, dtype=torch.float32, device=device)  # (B,)
-    lengths = torch.zeros(bsz, dtype=torch.long, device=device)  # (B,) incl. eos
-    force_steps = set(budget.tolist())  # steps at which some row must emit eos
-    for step in range(out.size(1)):
-        logp = F.log_softmax(model.decode_step(tokens, state).float(), dim=-1)  # (B, V)
-        constrain_eos(logp, step, min_len, EOS_ID, budget if step in force_steps else None)
-        tokens = logp.argmax(dim=-1)  # (B,)
-        tokens = tokens.masked_fill(finished, PAD_ID)
-        log_prob += logp.gather(1, tokens[:, None])[:, 0].masked_fill(finished, 0.0)
-        lengths += (~finished).long()
-        out[:, step] = tokens
-        finished |= tokens.eq(EOS_ID)
-        if bool(finished.all()):  # the one host sync per step
-            break
-    score = log_prob / length_penalty_factor(lengths.float(), length_penalty)
-    rows, lps, scs, lens = out.tolist(), log_prob.tolist(), score.tolist(), lengths.tolist()
-    # row[: n - 1] drops eos and the padding after it
-    return [Hypothesis(rows[i][: lens[i] - 1], scs[i], lps[i]) for i in range(bsz)]
+    return decode_rows(
+        model,
+        src,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+        length_penalty=length_penalty,
+        min_len=min_len,
+    )
 
 
 @torch.no_grad()
