@@ -372,6 +372,8 @@ def cached_export(ckpt_path: str | Path, cache_dir: str | Path, quantization: st
 def export(cfg: Any) -> Path:
     """The `scripts/export.py` job: ``ckpt_path``, ``out``, ``quantization``, ``force``, ``decoding``.
 
+    Prints the export directory on stdout (the job's one line of data).
+
     Returns:
         The export directory.
     """
@@ -382,13 +384,15 @@ def export(cfg: Any) -> Path:
     ckpt = cfg.ckpt_path
     ckpt = [str(p) for p in ckpt] if not isinstance(ckpt, str) else ckpt
     decoding = dict(cfg.get("decoding") or {})
-    return export_model(
+    out = export_model(
         ckpt,
         str(cfg.out),
         quantization=str(cfg.get("quantization") or "none"),
         force=bool(cfg.get("force", False)),
         decoding=decoding,
     )
+    print(out, flush=True)
+    return out
 
 
 __all__ = [
