@@ -14,7 +14,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from train_utils import compose_train, run_train_script, tiny_overrides, write_toy_corpus
+from train_utils import (
+    TWO_CPU_RANKS,
+    compose_train,
+    free_port,
+    run_train_script,
+    tiny_overrides,
+    write_toy_corpus,
+)
 
 from litmt.callbacks import TranslationScorer, gather_hypotheses
 from litmt.checkpoint import load_checkpoint
@@ -39,11 +46,7 @@ def _gather_worker(rank: int, world: int, port: int, out: str) -> None:
 
 def test_gather_hypotheses_across_two_gloo_ranks(tmp_path: Path) -> None:
     """Fast: both ranks get every hypothesis once, in corpus order; partial runs get None."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # fork: the children reuse the imported modules (spawn would re-import lightning twice)
     mp.start_processes(
         _gather_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True, start_method="fork"
@@ -65,9 +68,7 @@ def test_two_process_ddp_trains_scores_like_one_process_and_sees_each_example_on
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 400, "valid": 30, "test": 10})
     over = [
         *tiny_overrides(corpus, tmp_path),
-        "trainer=ddp",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
+        *TWO_CPU_RANKS,
         "data.max_tokens=256",  # ~8 steps an epoch per rank
         f"trainer.max_epochs={EPOCHS}",
         f"trainer.check_val_every_n_epoch={EPOCHS // 2}",
@@ -124,9 +125,7 @@ def test_sigterm_under_ddp_saves_on_every_rank_then_resumes(tmp_path: Path) -> N
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 200, "valid": 8, "test": 8})
     over = [
         *tiny_overrides(corpus, tmp_path),
-        "trainer=ddp",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
+        *TWO_CPU_RANKS,
         "trainer.max_steps=12",
         "test_after_training=false",
         "+callbacks.record._target_=probe_callbacks.RecordBatches",

@@ -13,7 +13,6 @@ import functools
 import json
 import math
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
+from train_utils import free_port
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import LitmtError
@@ -254,9 +254,7 @@ def test_two_gloo_ranks_with_accumulation_give_the_one_process_gradient(tmp_path
     assert_grads_equal(one_process.grads, want)
 
     per_rank = [[batches[0], batches[2]], [batches[1], batches[3]]]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
         fit(
@@ -345,9 +343,7 @@ def test_fsdp_clipping_uses_the_norm_over_every_shard(tmp_path: Path) -> None:
     """The FSDP branch of `clip_gradients` on CPU (2 gloo ranks). Lightning cannot run FSDP on
     a CPU (`_AcceleratorConnector._check_strategy_and_fallback` requires CUDA), so the branch
     is called directly on torch's `FullyShardedDataParallel` root."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     max_norm = 0.05
     mp.start_processes(
         _fsdp_worker,

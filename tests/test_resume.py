@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import DictConfig
 from train_utils import compose_train, run_train_script, tiny_overrides, write_toy_corpus
 
 from litmt.checkpoint import load_checkpoint
@@ -43,6 +44,24 @@ def overrides(corpus: Path, out: Path, run: str) -> list[str]:
 def records(run_dir: Path) -> list[dict]:
     path = run_dir / "record" / "rank0.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if '"loss"' in line]
+
+
+def compose_run(corpus: Path, out: Path, run: str, *extra: str) -> DictConfig:
+    """The in-process config of `overrides` + `extra`, writing to out/run (no Hydra job)."""
+    over = [*overrides(corpus, out, run), *extra]
+    cfg = compose_train([o for o in over if not o.startswith("hydra.")], out)
+    cfg.paths.output_dir = str(out / run)
+    return cfg
+
+
+def train_until_sigterm_at_step_5(corpus: Path, out: Path, run: str, *extra: str) -> dict:
+    """Train run `run` in process with SIGTERM at step 5: it exits 143; returns last.ckpt."""
+    kill = ["+callbacks.kill._target_=probe_callbacks.KillAtStep", "+callbacks.kill.step=5"]
+    cfg = compose_run(corpus, out, run, *extra, *kill, "+callbacks.kill.sig=SIGTERM")
+    with pytest.raises(SystemExit) as exc:
+        train(cfg)
+    assert exc.value.code == EXIT_SIGTERM
+    return load_checkpoint(out / run / "checkpoints" / "last.ckpt")
 
 
 def assert_continues(resumed: list[dict], reference: list[dict], start: int) -> None:
@@ -121,13 +140,11 @@ def test_nan_loss_stops_with_one_line_and_keeps_the_last_checkpoint(tmp_path: Pa
 
 def test_nan_gradients_stop_before_the_update(tmp_path: Path) -> None:
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 120, "valid": 6, "test": 6})
-    over = [
-        *overrides(corpus, tmp_path, "nan_grad"),
+    inject = [
         "+callbacks.nan._target_=probe_callbacks.InjectNonFiniteGrad",
         "+callbacks.nan.step=5",
     ]
-    cfg = compose_train([o for o in over if not o.startswith("hydra.")], tmp_path)
-    cfg.paths.output_dir = str(tmp_path / "nan_grad")
+    cfg = compose_run(corpus, tmp_path, "nan_grad", *inject)
     with pytest.raises(
         LitmtError, match=r"^the gradients became non-finite \(norm nan\) at step 5;"
     ):
@@ -141,18 +158,7 @@ def test_sigterm_in_process_saves_at_the_step_and_exits_143(tmp_path: Path) -> N
     """Fast variant of the SIGTERM test (the signal goes to this pytest process, where the
     callback's handler is installed for the duration of `fit`)."""
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 120, "valid": 6, "test": 6})
-    over = [
-        *overrides(corpus, tmp_path, "term"),
-        "+callbacks.kill._target_=probe_callbacks.KillAtStep",
-        "+callbacks.kill.step=5",
-        "+callbacks.kill.sig=SIGTERM",
-    ]
-    cfg = compose_train([o for o in over if not o.startswith("hydra.")], tmp_path)
-    cfg.paths.output_dir = str(tmp_path / "term")
-    with pytest.raises(SystemExit) as exc:
-        train(cfg)
-    assert exc.value.code == EXIT_SIGTERM
-    assert load_checkpoint(tmp_path / "term" / "checkpoints" / "last.ckpt")["global_step"] == 6
+    assert train_until_sigterm_at_step_5(corpus, tmp_path, "term")["global_step"] == 6
 
 
 def test_resume_in_process_continues_exactly(tmp_path: Path) -> None:
@@ -160,10 +166,7 @@ def test_resume_in_process_continues_exactly(tmp_path: Path) -> None:
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 120, "valid": 6, "test": 6})
 
     def run(name: str, max_steps: int) -> list[dict]:
-        over = [*overrides(corpus, tmp_path, name), f"trainer.max_steps={max_steps}"]
-        cfg = compose_train([o for o in over if not o.startswith("hydra.")], tmp_path)
-        cfg.paths.output_dir = str(tmp_path / name)
-        train(cfg)
+        train(compose_run(corpus, tmp_path, name, f"trainer.max_steps={max_steps}"))
         return records(tmp_path / name)
 
     reference = run("reference", MAX_STEPS)
@@ -180,18 +183,9 @@ def test_sigterm_mid_accumulation_saves_after_the_whole_optimizer_step(tmp_path:
     """With 2 micro-batches per step, SIGTERM at the first micro-batch of step 5 waits for
     the second one: last.ckpt holds 6 whole steps, and both micro-batches of step 5 ran."""
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 120, "valid": 6, "test": 6})
-    over = [
-        *overrides(corpus, tmp_path, "accum"),
-        "trainer.accumulate_grad_batches=2",
-        "+callbacks.kill._target_=probe_callbacks.KillAtStep",
-        "+callbacks.kill.step=5",
-        "+callbacks.kill.sig=SIGTERM",
-    ]
-    cfg = compose_train([o for o in over if not o.startswith("hydra.")], tmp_path)
-    cfg.paths.output_dir = str(tmp_path / "accum")
-    with pytest.raises(SystemExit) as exc:
-        train(cfg)
-    assert exc.value.code == EXIT_SIGTERM
-    assert load_checkpoint(tmp_path / "accum" / "checkpoints" / "last.ckpt")["global_step"] == 6
+    ckpt = train_until_sigterm_at_step_5(
+        corpus, tmp_path, "accum", "trainer.accumulate_grad_batches=2"
+    )
+    assert ckpt["global_step"] == 6
     steps = [r["step"] for r in records(tmp_path / "accum")]
     assert steps == [s for s in range(6) for _ in range(2)]  # 2 micro-batches per step

@@ -10,6 +10,8 @@ from omegaconf import DictConfig, open_dict
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
+# two DDP processes on the CPU (gloo backend): the trainer overrides of the multi-process tests
+TWO_CPU_RANKS = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
 
 WORDS = [
     "a",
@@ -98,6 +100,15 @@ def compose_train(overrides: list[str], out: Path) -> DictConfig:
     with open_dict(cfg):
         cfg.paths.output_dir = str(out / "run")
     return cfg
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1: MASTER_PORT for a test's gloo process group."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def script_env() -> dict[str, str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
-from train_utils import REPO, script_env, tiny_overrides, write_toy_corpus
+from train_utils import (
+    REPO,
+    TWO_CPU_RANKS,
+    free_port,
+    script_env,
+    tiny_overrides,
+    write_toy_corpus,
+)
 
 from litmt.data import TranslationDataModule
 from litmt.data.datamodule import launch_ranks
@@ -70,19 +76,11 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_gloo_ranks_started_together_train_the_tokenizer_once(tmp_path: Path) -> None:
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 120, "valid": 8, "test": 8})
     over = [
         *tiny_overrides(corpus, tmp_path),
-        "trainer=ddp",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
+        *TWO_CPU_RANKS,
         "trainer.max_steps=1",
         "trainer.val_check_interval=1",
         "trainer.limit_val_batches=1",
@@ -92,7 +90,7 @@ def test_two_gloo_ranks_started_together_train_the_tokenizer_once(tmp_path: Path
     ]
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in (0, 1):
         env = {
