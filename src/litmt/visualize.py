@@ -32,9 +32,12 @@ from torch import Tensor
 
 from litmt.attention import backend_support
 from litmt.data.tokenizer import BOS_ID, Tokenizer
+from litmt.decode_config import DecodeConfig
 from litmt.errors import ConfigError
 from litmt.models import ATTENTION_SITES, Seq2SeqTransformer, TransformerConfig
 from litmt.search import greedy_search
+
+_D = DecodeConfig()  # the project's decoding defaults
 
 log = logging.getLogger("litmt.visualize")
 
@@ -76,8 +79,8 @@ def collect_attention(
     sentence: str,
     *,
     target: str | None = None,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
+    max_len_a: float = _D.max_len_a,
+    max_len_b: int = _D.max_len_b,
 ) -> AttentionMaps:
     """Run one sentence through the model, recording every attention map.
 
@@ -86,7 +89,7 @@ def collect_attention(
         tokenizer: its tokenizer.
         sentence: source text.
         target: target text to force-decode; None = the model's greedy translation.
-        max_len_a, max_len_b: greedy output budget.
+        max_len_a, max_len_b: greedy output budget (default: `DecodeConfig`'s).
     """
     cfg = model.config
     device = next(model.parameters()).device

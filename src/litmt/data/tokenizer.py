@@ -89,7 +89,7 @@ def _load(model: bytes) -> spm.SentencePieceProcessor:
 
 def user_defined_pieces(model: bytes) -> dict[str, int]:
     """The user-defined symbols of a serialized sentencepiece model: piece -> id."""
-    from sentencepiece import sentencepiece_model_pb2  # needs protobuf (a wandb dependency)
+    from sentencepiece import sentencepiece_model_pb2  # needs protobuf (pyproject dependency)
 
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(model)
