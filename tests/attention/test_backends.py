@@ -495,6 +495,11 @@ def test_positional_patterns_are_refused_across_sequences(backend, options):
         ("sparse", {"mode": "dense"}, "unknown mode 'dense'; valid modes: fixed, strided"),
         ("sparse", {"stride": 2, "summary": 3}, "summary=3 must not exceed stride=2"),
         ("flex", {"sparse": "random"}, "unknown sparse mode 'random'"),
+        (
+            "flex",
+            {"sparse": "fixed", "sparse_stride": 2, "sparse_summary": 3},
+            "sparse_summary=3 must not exceed sparse_stride=2",
+        ),
         ("linear", {"chunk_size": 0}, "option chunk_size must be an integer >= 1"),
     ],
 )

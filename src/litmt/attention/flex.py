@@ -53,7 +53,7 @@ from litmt.attention.base import (
     reject_unknown_options,
     safe_padding_mask,
 )
-from litmt.attention.sparse import SPARSE_MODES, block_layout
+from litmt.attention.sparse import block_layout, layout_options
 from litmt.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -162,15 +162,10 @@ class FlexAttention(AttentionKernel):
         reject_unknown_options(self.name, unknown, _FLEX_OPTIONS)
         self._flex = _flex_module()
         self.window = None if window is None else int_option("window", window, self.name, 0)
-        if sparse is not None and sparse not in SPARSE_MODES:
-            raise BackendError(
-                f"attention backend 'flex': unknown sparse mode '{sparse}'; valid: "
-                f"{', '.join(SPARSE_MODES)} or null"
-            )
         self.sparse = sparse
-        self.sparse_block_size = int_option("sparse_block_size", sparse_block_size, self.name, 1)
-        self.sparse_stride = int_option("sparse_stride", sparse_stride, self.name, 1)
-        self.sparse_summary = int_option("sparse_summary", sparse_summary, self.name, 1)
+        self.sparse_block_size, self.sparse_stride, self.sparse_summary = layout_options(
+            self.name, sparse, sparse_block_size, sparse_stride, sparse_summary, prefix="sparse_"
+        )
         self.compile = bool(compile)
         self.kernel_block_size = int_option("kernel_block_size", kernel_block_size, self.name, 16)
         if self.window is not None or self.sparse is not None:

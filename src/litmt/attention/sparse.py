@@ -38,6 +38,48 @@ from litmt.errors import BackendError
 SPARSE_MODES = ("fixed", "strided")
 
 
+def layout_options(
+    backend: str,
+    mode: str | None,
+    block_size: Any,
+    stride: Any,
+    summary: Any,
+    *,
+    prefix: str = "",
+) -> tuple[int, int, int]:
+    """Check the options of a block-sparse layout, for `sparse` and for flex's ``sparse_*``.
+
+    Args:
+        backend: the backend named in the errors.
+        mode: one of `SPARSE_MODES`; None (flex only) = no sparse layout, whose numbers are
+            then checked as integers only.
+        block_size, stride, summary: tokens per block, stride in blocks, summary blocks.
+        prefix: the options' name prefix in `backend` (flex: ``"sparse_"``).
+
+    Returns:
+        block_size, stride, summary as ints.
+
+    Raises:
+        BackendError: an unknown mode, a number below 1, or summary > stride.
+    """
+    if mode is not None and mode not in SPARSE_MODES:
+        what, null = (f"{prefix.removesuffix('_')} mode", " or null") if prefix else ("mode", "")
+        raise BackendError(
+            f"attention backend '{backend}': unknown {what} '{mode}'; "
+            f"valid modes: {', '.join(SPARSE_MODES)}{null}"
+        )
+    block_size, stride, summary = (
+        int_option(prefix + name, value, backend, 1)
+        for name, value in (("block_size", block_size), ("stride", stride), ("summary", summary))
+    )
+    if mode is not None and summary > stride:
+        raise BackendError(
+            f"attention backend '{backend}': {prefix}summary={summary} must not exceed "
+            f"{prefix}stride={stride}"
+        )
+    return block_size, stride, summary
+
+
 def block_layout(
     query_blocks: Tensor,
     n_key_blocks: int,
@@ -101,19 +143,10 @@ class SparseAttention(AttentionKernel):
     ) -> None:
         super().__init__()
         reject_unknown_options(self.name, unknown, ("mode", "block_size", "stride", "summary"))
-        if mode not in SPARSE_MODES:
-            raise BackendError(
-                f"attention backend 'sparse': unknown mode '{mode}'; valid modes: "
-                f"{', '.join(SPARSE_MODES)}"
-            )
         self.mode = mode
-        self.block_size = int_option("block_size", block_size, self.name, 1)
-        self.stride = int_option("stride", stride, self.name, 1)
-        self.summary = int_option("summary", summary, self.name, 1)
-        if self.summary > self.stride:
-            raise BackendError(
-                f"attention backend 'sparse': summary={summary} must not exceed stride={stride}"
-            )
+        self.block_size, self.stride, self.summary = layout_options(
+            self.name, mode, block_size, stride, summary
+        )
 
     def forward(
         self,
