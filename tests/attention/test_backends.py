@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from attention_cases import CASES, make_inputs
 from emulations import allow_cpu_fp32
 from emulations import flash_attn as flash_emulation
 from emulations import transformer_engine as te_emulation
@@ -34,27 +35,6 @@ from litmt.models.transformer import Seq2SeqTransformer
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 EMULATIONS = {"flash": flash_emulation, "xformers": xformers_emulation, "te": te_emulation}
-
-CASES = {
-    "self": dict(tq=9, tk=9, lengths=None, causal=False),
-    "cross": dict(tq=5, tk=11, lengths=None, causal=False),
-    "padding": dict(tq=7, tk=7, lengths=[7, 3, 5], causal=False),
-    "cross_padding": dict(tq=4, tk=10, lengths=[10, 2, 6], causal=False),
-    "causal": dict(tq=8, tk=8, lengths=None, causal=True),
-    "causal_padding": dict(tq=8, tk=8, lengths=[8, 4, 6], causal=True),
-    "decode_step": dict(tq=1, tk=12, lengths=None, causal=False),
-    "decode_chunk": dict(tq=3, tk=12, lengths=None, causal=True),
-}
-
-
-def make_inputs(case: dict, b: int = 3, h: int = 2, d: int = 16):
-    q = torch.randn(b, case["tq"], h, d)
-    k, v = torch.randn(b, case["tk"], h, d), torch.randn(b, case["tk"], h, d)
-    mask = None
-    if case["lengths"]:
-        lengths = torch.tensor(case["lengths"])
-        mask = torch.arange(case["tk"])[None, :] >= lengths[:, None]  # (B, Tk) True = pad
-    return q, k, v, mask
 
 
 def dense_reference(q, k, v, allowed):

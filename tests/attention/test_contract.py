@@ -7,6 +7,8 @@ import math
 
 import pytest
 import torch
+from attention_cases import CASES as ALL_CASES
+from attention_cases import lengths_mask, make_inputs
 
 from litmt.attention import backend_support, build_backend, list_backends
 from litmt.attention.base import AttentionRequest
@@ -30,18 +32,8 @@ def reference(q, k, v, key_padding_mask=None, causal=False):
     return out.permute(0, 2, 1, 3).float()
 
 
-def lengths_mask(lengths, t):
-    return torch.arange(t)[None, :] >= torch.tensor(lengths)[:, None]  # True = pad
-
-
-CASES = {
-    "self": dict(tq=9, tk=9, lengths=None, causal=False),
-    "cross_tq_ne_tk": dict(tq=5, tk=11, lengths=None, causal=False),
-    "padding": dict(tq=7, tk=7, lengths=[7, 3, 5], causal=False),
-    "cross_padding": dict(tq=4, tk=10, lengths=[10, 2, 6], causal=False),
-    "causal": dict(tq=8, tk=8, lengths=None, causal=True),
-    "causal_padding": dict(tq=8, tk=8, lengths=[8, 4, 6], causal=True),
-}
+# the reference aligns a causal mask top-left: the cases with Tq == Tk or without causal
+CASES = {name: c for name, c in ALL_CASES.items() if not name.startswith("decode")}
 
 
 @pytest.mark.parametrize("backend", EXACT)
@@ -49,9 +41,7 @@ CASES = {
 def test_matches_reference(backend, case):
     c = CASES[case]
     b, h, d = 3, 4, 16
-    q = torch.randn(b, c["tq"], h, d)
-    k, v = torch.randn(b, c["tk"], h, d), torch.randn(b, c["tk"], h, d)
-    mask = lengths_mask(c["lengths"], c["tk"]) if c["lengths"] else None
+    q, k, v, mask = make_inputs(c, b, h, d)
     out = build_backend(backend)(q, k, v, key_padding_mask=mask, causal=c["causal"])
     assert out.shape == (b, c["tq"], h, d)
     assert torch.isfinite(out).all(), "outputs (also at padded query positions) must be finite"
@@ -105,10 +95,7 @@ WEIGHT_CASES = ["self", "padding", "causal", "causal_padding", "decode_chunk"]
 
 def weight_inputs(case: str):
     c = {**CASES, "decode_chunk": dict(tq=3, tk=10, lengths=None, causal=True)}[case]
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(3, c["tq"], 2, 8, generator=g)
-    k, v = torch.randn(3, c["tk"], 2, 8, generator=g), torch.randn(3, c["tk"], 2, 8, generator=g)
-    mask = lengths_mask(c["lengths"], c["tk"]) if c["lengths"] else None
+    q, k, v, mask = make_inputs(c, 3, 2, 8, generator=torch.Generator().manual_seed(0))
     return q, k, v, mask, c["causal"]
 
 
