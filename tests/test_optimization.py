@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tiny_model import tiny_config
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 from train_utils import free_port
@@ -28,7 +29,6 @@ from train_utils import free_port
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import LitmtError
 from litmt.lit_module import TranslationModule, clip_gradients, label_smoothed_nll
-from litmt.models import TransformerConfig
 
 VOCAB = 24
 SMOOTHING = 0.1
@@ -38,14 +38,8 @@ Batch = dict[str, Any]
 def tiny_module() -> TranslationModule:
     """A 1+1-layer model without dropout (the gradient is deterministic), SGD."""
     torch.manual_seed(0)
-    config = TransformerConfig(
-        src_vocab_size=VOCAB,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_encoder_layers=1,
-        n_decoder_layers=1,
-        dropout=0.0,
+    config = tiny_config(
+        src_vocab_size=VOCAB, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1
     )
     module = TranslationModule(
         config,

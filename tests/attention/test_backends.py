@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tiny_model
 import torch
 import torch.nn.functional as F
 from attention_cases import CASES, make_inputs
@@ -600,14 +601,9 @@ def reverse_batch(generator: torch.Generator, batch: int = 32, vocab: int = 12):
 @pytest.mark.parametrize(("backend", "options"), [("local", {"window": 2}), ("linear", {})])
 def test_tiny_model_with_approximate_encoder_attention_learns_to_reverse(backend, options):
     torch.manual_seed(0)
-    cfg = TransformerConfig(
+    cfg = tiny_model.tiny_config(
         src_vocab_size=12,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        n_encoder_layers=2,
         n_decoder_layers=1,
-        dropout=0.0,
         max_positions=16,
         attention=AttentionConfig(encoder_self=backend, encoder_self_options=options),
     )

@@ -15,6 +15,7 @@ import importlib.util
 
 import pytest
 import torch
+from tiny_model import tiny_config
 
 from litmt.attention import build_backend
 from litmt.attention.auto import choose_backend
@@ -204,18 +205,15 @@ def test_te_model_forward_with_target_as_long_as_the_source():
     """The training call site: a bf16 model forward, T == S, ragged sources; logits vs math."""
     require("te")
     from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-    from litmt.models import Seq2SeqTransformer, TransformerConfig
+    from litmt.models import Seq2SeqTransformer
     from litmt.models.config import AttentionConfig
 
     torch.manual_seed(0)
-    cfg = TransformerConfig(
+    cfg = tiny_config(
         src_vocab_size=64,
         d_model=128,
         n_heads=2,
         d_ff=256,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        dropout=0.0,
         attention=AttentionConfig(encoder_self="te", decoder_self="te", cross="te"),
     )
     model = Seq2SeqTransformer(cfg).to("cuda", torch.bfloat16).eval()

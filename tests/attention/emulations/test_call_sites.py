@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from tiny_model import tiny_config
 
 from litmt.attention import build_backend, get_backend_class
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from litmt.models import Seq2SeqTransformer, TransformerConfig
+from litmt.models import Seq2SeqTransformer
 from litmt.models.attention import MultiHeadAttention
 from litmt.models.config import AttentionConfig
 from litmt.search import beam_search, greedy_search
@@ -77,14 +78,11 @@ SITES: dict[int, str] = {}  # id(kernel) -> its site (kernels of every model bui
 def tiny_model(backend: str, vocab: int = 24) -> Seq2SeqTransformer:
     """A 2-layer model with `backend` at every site (D = 8: flash needs a multiple of 8)."""
     torch.manual_seed(0)
-    cfg = TransformerConfig(
+    cfg = tiny_config(
         src_vocab_size=vocab,
         d_model=16,
         n_heads=2,
         d_ff=32,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        dropout=0.0,
         max_positions=32,
         attention=AttentionConfig(encoder_self=backend, decoder_self=backend, cross=backend),
     )
