@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from tiny_checkpoint import _batch, corpus, tiny_checkpoint_path
+from tiny_checkpoint import tiny_config as translator_config
 from tiny_model import tiny_config
 
 from litmt.checkpoint import save_model_checkpoint
@@ -20,7 +21,7 @@ from litmt.engines import load_translator
 from litmt.ensemble import Ensemble
 from litmt.errors import ConfigError
 from litmt.evaluate import evaluate
-from litmt.models import Seq2SeqTransformer, TransformerConfig
+from litmt.models import Seq2SeqTransformer
 from litmt.translate import Translator
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -88,17 +89,7 @@ def train_member(tokenizer: Tokenizer, seed: int, out: Path, steps: int = 60) ->
     """Another tiny translator (as `tiny_checkpoint.build_tiny_checkpoint`), own seed."""
     torch.manual_seed(seed)
     en, de = corpus()
-    config = TransformerConfig(
-        src_vocab_size=tokenizer.src_vocab_size,
-        d_model=64,
-        n_heads=4,
-        d_ff=128,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        dropout=0.0,
-        max_positions=48,
-    )
-    model = Seq2SeqTransformer(config)
+    model = Seq2SeqTransformer(translator_config(tokenizer.src_vocab_size))
     src_ids, tgt_ids = tokenizer.encode_src(en), tokenizer.encode_tgt(de)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     rng = random.Random(seed)

@@ -395,11 +395,10 @@ def test_decode_steps_match_the_full_causal_pass(backend, options):
 
 # -- build-time errors ------------------------------------------------------------------
 def tiny_config(**attention) -> TransformerConfig:
-    return TransformerConfig(
+    """`tiny_model.tiny_config` with 16 tokens, one layer a side and these `AttentionConfig`
+    fields."""
+    return tiny_model.tiny_config(
         src_vocab_size=16,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
         n_encoder_layers=1,
         n_decoder_layers=1,
         attention=AttentionConfig(**attention),
