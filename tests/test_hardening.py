@@ -177,26 +177,25 @@ def test_a_run_directory_without_last_ckpt_is_refused_not_overwritten(tmp_path, 
 # -- trainer.devices larger than what exists (case 12) -------------------------------------
 
 
-def test_more_devices_than_the_machine_has_is_refused():
+@pytest.mark.parametrize(
+    ("accelerator", "devices", "cuda", "cpus", "message"),
+    [
+        ("cpu", 64, 0, 2, "trainer.devices=64 with trainer.accelerator=cpu starts one process "
+         "per device, but this machine has 2 CPU core(s); lower trainer.devices to at most 2"),
+        ("auto", 4, 0, 16, "trainer.devices=4 but this machine has no CUDA GPU, so it would "
+         "start 4 CPU processes; use trainer.devices=1, or trainer.accelerator=cpu to train "
+         "with several CPU processes on purpose"),
+        ("gpu", 2, 1, 16, "trainer.devices=2 but this machine has 1 CUDA GPU(s); lower "
+         "trainer.devices, or train on the CPU with trainer=cpu"),
+    ],
+)  # fmt: skip
+def test_more_devices_than_the_machine_has_is_refused(accelerator, devices, cuda, cpus, message):
     with pytest.raises(ConfigError) as exc:
-        check_devices("cpu", 64, cuda_count=0, cpu_count=2)
-    assert one_line(exc) == (
-        "trainer.devices=64 with trainer.accelerator=cpu starts one process per device, but "
-        "this machine has 2 CPU core(s); lower trainer.devices to at most 2"
-    )
-    with pytest.raises(ConfigError) as exc:
-        check_devices("auto", 4, cuda_count=0, cpu_count=16)
-    assert one_line(exc) == (
-        "trainer.devices=4 but this machine has no CUDA GPU, so it would start 4 CPU "
-        "processes; use trainer.devices=1, or trainer.accelerator=cpu to train with several "
-        "CPU processes on purpose"
-    )
-    with pytest.raises(ConfigError) as exc:
-        check_devices("gpu", 2, cuda_count=1, cpu_count=16)
-    assert one_line(exc) == (
-        "trainer.devices=2 but this machine has 1 CUDA GPU(s); lower trainer.devices, or train "
-        "on the CPU with trainer=cpu"
-    )
+        check_devices(accelerator, devices, cuda_count=cuda, cpu_count=cpus)
+    assert one_line(exc) == message
+
+
+def test_device_lists_and_zero_devices_are_refused():
     with pytest.raises(ConfigError, match=r"trainer.devices=\[0, 1, 2\] but this machine has 2"):
         check_devices("auto", [0, 1, 2], cuda_count=2, cpu_count=16)
     with pytest.raises(ConfigError, match=r"trainer.devices=0 selects no device"):

@@ -96,13 +96,16 @@ def test_invalid_utf8_names_file_and_line(tmp_path: Path) -> None:
     assert f"{tmp_path / 'train.de'}: invalid UTF-8 at line 3" in msg
 
 
+def jsonl_corpus(tmp_path: Path, row: dict, tgt: str, layout: str = "columns") -> ParallelCorpus:
+    """An en→`tgt` corpus whose train.jsonl holds one `row`."""
+    (tmp_path / "train.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
+    return ParallelCorpus(
+        "en", tgt, dir=tmp_path, format="jsonl", layout=layout, hf_cache_dir=str(tmp_path / "hf")
+    )
+
+
 def test_unknown_column(tmp_path: Path) -> None:
-    (tmp_path / "train.jsonl").write_text(
-        json.dumps({"en": "a", "fr": "b"}) + "\n", encoding="utf-8"
-    )
-    corpus = ParallelCorpus(
-        "en", "de", dir=tmp_path, format="jsonl", hf_cache_dir=str(tmp_path / "hf")
-    )
+    corpus = jsonl_corpus(tmp_path, {"en": "a", "fr": "b"}, "de")
     with pytest.raises(DataError) as exc:
         corpus.load("train")
     msg = one_line(exc)
@@ -113,11 +116,7 @@ def test_unknown_column(tmp_path: Path) -> None:
 
 def test_unknown_language_in_translation_column(tmp_path: Path) -> None:
     row = {"translation": {"en": "a", "de": "b"}}
-    (tmp_path / "train.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
-    corpus = ParallelCorpus(
-        "en", "fr", dir=tmp_path, format="jsonl", layout="translation",
-        hf_cache_dir=str(tmp_path / "hf"),
-    )  # fmt: skip
+    corpus = jsonl_corpus(tmp_path, row, "fr", layout="translation")
     with pytest.raises(DataError) as exc:
         corpus.load("train")
     msg = one_line(exc)
@@ -126,13 +125,7 @@ def test_unknown_language_in_translation_column(tmp_path: Path) -> None:
 
 
 def test_missing_translation_column(tmp_path: Path) -> None:
-    (tmp_path / "train.jsonl").write_text(
-        json.dumps({"en": "a", "de": "b"}) + "\n", encoding="utf-8"
-    )
-    corpus = ParallelCorpus(
-        "en", "de", dir=tmp_path, format="jsonl", layout="translation",
-        hf_cache_dir=str(tmp_path / "hf"),
-    )  # fmt: skip
+    corpus = jsonl_corpus(tmp_path, {"en": "a", "de": "b"}, "de", layout="translation")
     with pytest.raises(DataError, match=r"no column 'translation' \(columns: en, de\)"):
         corpus.load("train")
 
