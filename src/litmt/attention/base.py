@@ -358,18 +358,51 @@ def causal_padded_attention(
     return out.transpose(1, 2)
 
 
-class PackedKernel(AttentionKernel):
-    """A fused library kernel that serves key padding by packing the real rows (`unpad`).
+class FusedKernel(AttentionKernel):
+    """A library kernel (`flash`, `xformers`, `te`): the shared `forward` around `attend`.
 
-    The shared `forward` of `flash` and `xformers`; a subclass supplies three library calls:
+    `forward` refuses inputs outside `support` (`check_inputs`), un-masks fully padded rows
+    (`safe_padding_mask`) and runs causal + padding with Tq != Tk (a chunk against a padded
+    cache), which the libraries align differently, exactly through sdpa
+    (`causal_padded_attention`). Every other call goes to the subclass's `attend`.
+    """
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, kpm: Tensor | None, causal: bool, dropout_p: float
+    ) -> Tensor:
+        """The library call: q (B, Tq, H, D), k, v (B, Tk, H, D), kpm (B, Tk) True = padding
+        (never a fully padded row) or None; returns (B, Tq, H, D)."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> Tensor:
+        """Attend `q` (B, Tq, H, D) over `k`, `v` (B, Tk, H, D); return (B, Tq, H, D)."""
+        self.check_inputs(q)
+        kpm = safe_padding_mask(key_padding_mask)
+        if kpm is not None and causal and q.size(1) != k.size(1):
+            return causal_padded_attention(q, k, v, ~kpm, dropout_p)
+        return self.attend(q, k, v, kpm, causal, dropout_p)
+
+
+class PackedKernel(FusedKernel):
+    """A fused kernel that serves key padding by packing the real rows (`unpad`).
+
+    The shared `attend` of `flash` and `xformers`; a subclass supplies three library calls:
 
     - `dense`: no padding mask, the (B, T, H, D) tensors as they are;
     - `packed_keys`: padding, not causal: every query row against its own row's packed keys;
     - `packed_causal`: causal + padding (self-attention): queries packed like the keys, so
       query i still sees exactly the real keys j <= i; padded query rows return 0.
 
-    Causal + padding with Tq != Tk (a chunk against a padded cache) runs exactly through sdpa
-    (`causal_padded_attention`). N below is the number of real (non-padding) keys.
+    N below is the number of real (non-padding) keys.
     """
 
     def dense(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float) -> Tensor:
@@ -389,26 +422,15 @@ class PackedKernel(AttentionKernel):
         """Causal attention of packed q, k, v (N, H, D) within each row of cu (B+1,); (N, H, D)."""
         raise NotImplementedError
 
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        key_padding_mask: Tensor | None = None,
-        causal: bool = False,
-        dropout_p: float = 0.0,
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, kpm: Tensor | None, causal: bool, dropout_p: float
     ) -> Tensor:
-        """Attend `q` (B, Tq, H, D) over `k`, `v` (B, Tk, H, D); return (B, Tq, H, D)."""
-        self.check_inputs(q)
-        b, tq, h, d = q.shape
-        tk = k.size(1)
-        kpm = safe_padding_mask(key_padding_mask)
+        """`dense` without padding, else the packed calls; returns (B, Tq, H, D)."""
         if kpm is None:
             return self.dense(q, k, v, causal, dropout_p)
+        b, tq, h, d = q.shape
+        tk = k.size(1)
         keep = ~kpm  # (B, Tk)
-        if causal and tq != tk:
-            return causal_padded_attention(q, k, v, keep, dropout_p)
         k_p, index, cu_k, max_k = unpad(k, keep)  # (N, H, D)
         v_p = v.reshape(b * tk, h, d).index_select(0, index)  # (N, H, D)
         if not causal:

@@ -46,19 +46,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from litmt.attention.base import (
-    HALF_DTYPES,
-    AttentionKernel,
-    BackendSupport,
-    causal_padded_attention,
-    safe_padding_mask,
-)
+from litmt.attention.base import HALF_DTYPES, BackendSupport, FusedKernel
 from litmt.errors import BackendError
 
 FP8_FORMATS = ("HYBRID", "E4M3")
 
 
-class TEAttention(AttentionKernel):
+class TEAttention(FusedKernel):
     """Transformer Engine ``DotProductAttention`` with layout, type and mask set per call."""
 
     name = "te"
@@ -100,30 +94,19 @@ class TEAttention(AttentionKernel):
         one_sequence = causal or self.self_attention is True
         return "self" if one_sequence and tq == tk else "cross"
 
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        key_padding_mask: Tensor | None = None,
-        causal: bool = False,
-        dropout_p: float = 0.0,
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, kpm: Tensor | None, causal: bool, dropout_p: float
     ) -> Tensor:
-        """Attend `q` (B, Tq, H, D) over `k`, `v` (B, Tk, H, D); return (B, Tq, H, D)."""
-        self.check_inputs(q)
+        """``DotProductAttention`` with TE's mask type and mask for this call; (B, Tq, H, D)."""
         b, tq, h, d = q.shape
         tk = k.size(1)
         attention_type = self.attention_type(tq, tk, causal)
-        kpm = safe_padding_mask(key_padding_mask)
         mask: Tensor | tuple[Tensor, Tensor] | None = None
         if kpm is None:
             mask_type = "no_mask"
             if causal:
                 mask_type = "causal" if tq == tk else "causal_bottom_right"
-        elif causal and tq != tk:
-            return causal_padded_attention(q, k, v, ~kpm, dropout_p)  # (B, Tq, H, D)
-        else:
+        else:  # causal only with Tq == Tk here (FusedKernel.forward)
             kv_mask = kpm[:, None, None, :]  # (B, 1, 1, Tk), True = masked out
             if attention_type == "self":
                 mask = kv_mask  # queries are the keys: they share the padding
