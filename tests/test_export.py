@@ -22,6 +22,7 @@ from litmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, TokenizerSettings  #
 from litmt.engines import CT2Translator, load_translator  # noqa: E402
 from litmt.errors import ConfigError  # noqa: E402
 from litmt.export import ExportError, export_model, read_metadata  # noqa: E402
+from litmt.metrics import corpus_bleu  # noqa: E402
 from litmt.models import Seq2SeqTransformer, TransformerConfig  # noqa: E402
 from litmt.translate import Translator  # noqa: E402
 
@@ -304,3 +305,49 @@ def test_incremental_decoding_of_position_variants_matches(ckpt, tmp_path, name)
         ref = torch_engine.search_ids(ids, **options)
         got = ct2_engine.search_ids(ids, **options)
         assert [h[0].tokens for h in got] == [h[0].tokens for h in ref]
+
+
+def test_translator_from_pretrained_chooses_the_engine(ckpt, export_dir):
+    assert isinstance(Translator.from_pretrained(export_dir, engine="ct2"), CT2Translator)
+    assert type(Translator.from_pretrained(ckpt, device="cpu")) is Translator
+
+
+def _script(name: str, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / name), *overrides],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_translate_and_evaluate_jobs_on_the_ct2_engine(ckpt, export_dir, tmp_path):
+    en, de = corpus(seed=1)
+    src, ref = tmp_path / "t.en", tmp_path / "t.de"
+    src.write_text("\n".join(en[:30]) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(de[:30]) + "\n", encoding="utf-8")
+    common = [f"input={src}", "beam_size=3", "threads=1"]
+    by_torch = _script("translate.py", f"ckpt_path={ckpt}", *common)
+    by_ct2 = _script("translate.py", f"ckpt_path={export_dir}", "engine=ct2", *common)
+    assert by_torch.returncode == 0 and by_ct2.returncode == 0, by_ct2.stderr
+    assert by_ct2.stdout == by_torch.stdout and len(by_ct2.stdout.splitlines()) == 30
+    expected = corpus_bleu(by_torch.stdout.splitlines(), de[:30])
+    ev = _script(
+        "evaluate.py", f"ckpt_path={export_dir}", "engine=ct2", f"src_file={src}",
+        f"ref_file={ref}", "beam_size=3", "progress=false", "threads=1",
+    )  # fmt: skip
+    assert ev.returncode == 0, ev.stderr
+    bleu = next(line for line in ev.stdout.splitlines() if line.startswith("BLEU"))
+    assert float(bleu.split(" = ")[1].split()[0]) == pytest.approx(expected, abs=0.01)
+    # a .ckpt on engine=ct2 is converted into ct2_cache once
+    cached = _script(
+        "translate.py", f"ckpt_path={ckpt}", "engine=ct2", f"ct2_cache={tmp_path / 'cache'}",
+        'text=["A red dog runs."]', "beam_size=3", "threads=1",
+    )  # fmt: skip
+    assert cached.returncode == 0, cached.stderr
+    reference = Translator.from_checkpoint(ckpt, device="cpu")
+    assert cached.stdout.splitlines() == reference.translate(["A red dog runs."], beam_size=3)
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    wrong = _script("translate.py", f"ckpt_path={export_dir}", 'text=["A dog."]')
+    assert wrong.returncode == 2
+    assert wrong.stderr.strip().splitlines() == [
+        f"error: {export_dir} is a CTranslate2 export: decode it with engine=ct2"
+    ]

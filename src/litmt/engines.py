@@ -328,7 +328,7 @@ def engine_options(cfg: Any) -> dict[str, Any]:
     """`load_translator` keyword arguments from a job config (translate/evaluate/serve keys).
 
     Keys: ``engine``, ``device``, ``attention``, ``threads``, ``ct2_cache``,
-    ``quantization`` (missing ones take their defaults).
+    ``quantization``, ``ensemble`` (missing ones take their defaults).
     """
     return {
         "engine": str(cfg.get("engine") or "torch"),
@@ -337,6 +337,7 @@ def engine_options(cfg: Any) -> dict[str, Any]:
         "threads": int(cfg.get("threads") or 0),
         "cache_dir": cfg.get("ct2_cache"),
         "quantization": str(cfg.get("quantization") or "none"),
+        "ensemble": bool(cfg.get("ensemble")),
     }
 
 

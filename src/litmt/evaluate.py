@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from litmt.checkpoint import checkpoint_paths, load_model, save_model_checkpoint
 from litmt.decoding import DecodeConfig
+from litmt.engines import engine_options
 from litmt.errors import ConfigError, DataError
 from litmt.metrics import corpus_scores
 from litmt.translate import Translator, read_text_file
@@ -103,12 +104,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     )
     sources, references, label = load_eval_data(cfg)
     ensemble = bool(cfg.get("ensemble"))
-    translator = Translator.from_checkpoint(
-        paths,
-        device=cfg.get("device"),
-        attention=cfg.get("attention"),
-        ensemble=ensemble,
-    )
+    translator = Translator.from_pretrained(paths, **engine_options(cfg))
     data_cfg = cfg.get("data")
     if data_cfg is not None and (
         data_cfg.get("src_lang") != translator.src_lang

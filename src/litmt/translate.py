@@ -103,6 +103,17 @@ class Translator:
         self.autocast: torch.dtype | None = None  # decode under this autocast (None = fp32)
 
     @classmethod
+    def from_pretrained(
+        cls, path: str | Path | Sequence[str | Path], *, engine: str = "torch", **options: Any
+    ) -> Translator:
+        """A translator on `engine`: "torch" (`from_checkpoint`) or "ct2" (CTranslate2: an
+        export directory or a ``.ckpt`` converted on first use); `litmt.engines.load_translator`.
+        """
+        from litmt.engines import load_translator  # engines builds on this module
+
+        return load_translator(path, engine=engine, **options)
+
+    @classmethod
     def from_checkpoint(
         cls,
         path: str | Path | Sequence[str | Path],
@@ -467,12 +478,9 @@ def translate(cfg: DictConfig) -> int:
         raise ConfigError("give either text=[...] or input=FILE, not both")
     if input_path is not None and not Path(str(input_path)).is_file():
         raise DataError(f"input file not found: {input_path}")
-    translator = Translator.from_checkpoint(
-        ckpt,
-        device=cfg.get("device"),
-        attention=cfg.get("attention"),
-        ensemble=bool(cfg.get("ensemble")),
-    )
+    from litmt.engines import engine_options  # engines builds on this module
+
+    translator = Translator.from_pretrained(ckpt, **engine_options(cfg))
     chunk_lines = int(cfg.chunk_lines)
     with ExitStack() as stack:
         lines: Iterable[str]
