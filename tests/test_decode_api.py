@@ -157,3 +157,6 @@ def test_options_merge_rules():
         decoding_options(None, {"beam": 5})
     with pytest.raises(ConfigError, match="beam_size must be of type int"):
         DecodeConfig.from_options({"beam_size": "five"})
+    with pytest.raises(ConfigError, match=r"beam_size must be a whole number, got 1\.7"):
+        DecodeConfig.from_options({"beam_size": 1.7})  # int() would truncate it to 1
+    assert DecodeConfig.from_options({"beam_size": 4.0}).beam_size == 4

@@ -94,6 +94,10 @@ class DecodeConfig:
             value = options.get(f.name)
             if value is not None:
                 kind = type(getattr(cls, f.name))  # every default is set: str, int or float
+                if kind is int and isinstance(value, float) and not value.is_integer():
+                    raise ConfigError(
+                        f"decoding option {f.name} must be a whole number, got {value!r}"
+                    )
                 try:
                     changes[f.name] = kind(value)  # e.g. YAML's 1 for a float field
                 except (TypeError, ValueError):
