@@ -106,7 +106,7 @@ def test_edge_conventions(scorer, caplog):
         [[], [], [5, 6], [5, 6]], [[], [7], [7] * (limit + 1), [7] * limit], length_penalty=1.0
     )
     assert (found[0].log_prob, found[0].score) == (0.0, 0.0)  # Translator: "" for "", no model
-    assert found[1].log_prob == -math.inf
+    assert found[1].log_prob == -math.inf and "empty source with a 1-subword target" in caplog.text
     assert found[2].log_prob == -math.inf and "more than the model's maximum" in caplog.text
     assert math.isfinite(found[3].log_prob)
 

@@ -138,6 +138,10 @@ class Scorer:
             if not s:
                 if not t:
                     results[i] = PairScore(0.0, 0.0, 0)
+                else:
+                    log.warning(
+                        "pair %d: empty source with a %d-subword target; scored -inf", i + 1, len(t)
+                    )
             elif len(t) > limit:
                 log.warning(
                     "pair %d: the target has %d subwords, more than the model's maximum of "
