@@ -111,6 +111,24 @@ def test_edge_conventions(scorer, caplog):
     assert math.isfinite(found[3].log_prob)
 
 
+def test_force_decoding_runs_under_the_translators_autocast(scorer, monkeypatch):
+    # a flash/te checkpoint on CUDA computes in half only: score in the Translator's autocast
+    import contextlib
+
+    import litmt.score
+
+    entered = []
+
+    def spy(device, dtype):
+        entered.append(dtype)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(litmt.score, "autocast_context", spy)
+    monkeypatch.setattr(scorer.translator, "autocast", torch.bfloat16)
+    scorer.score_ids([[5, 6]], [[7]], length_penalty=1.0)
+    assert entered == [torch.bfloat16]
+
+
 def _write(path, lines):
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path

@@ -173,6 +173,31 @@ def test_validation_logs_a_cross_attention_heatmap_to_offline_wandb(tmp_path, mo
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
         monkeypatch.setenv(name, "http://192.0.2.1:9")  # RFC 5737: nothing answers there
     monkeypatch.setenv("WANDB_BASE_URL", "http://192.0.2.1:9")
+    # the heatmap is drawn inside the precision plugin's forward_context (its autocast)
+    import contextlib
+
+    from lightning.pytorch.plugins.precision import Precision
+
+    import litmt.visualize
+
+    inside, drawn_inside = [], []
+    plain_context, plain_figure = Precision.forward_context, litmt.visualize.cross_attention_figure
+
+    @contextlib.contextmanager
+    def spy_context(self):
+        inside.append(True)
+        try:
+            with plain_context(self):
+                yield
+        finally:
+            inside.pop()
+
+    def spy_figure(*args, **kwargs):
+        drawn_inside.append(bool(inside))
+        return plain_figure(*args, **kwargs)
+
+    monkeypatch.setattr(Precision, "forward_context", spy_context)
+    monkeypatch.setattr(litmt.visualize, "cross_attention_figure", spy_figure)
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 100, "valid": 10, "test": 10})
     over = [o for o in tiny_overrides(corpus, tmp_path) if o != "logger=csv"]  # default: W&B + CSV
     train(compose_train([*over, "trainer.max_epochs=1", "test_after_training=false"], tmp_path))
@@ -180,6 +205,7 @@ def test_validation_logs_a_cross_attention_heatmap_to_offline_wandb(tmp_path, mo
     assert list(wandb_dir.glob("offline-run-*")) and not list(wandb_dir.glob("run-*"))
     pngs = list(wandb_dir.rglob("media/images/valid/cross_attention_*.png"))
     assert len(pngs) == 1, "no heatmap image in the offline W&B run"
+    assert drawn_inside == [True], drawn_inside
     with Image.open(pngs[0]) as img:
         rgb = np.asarray(img.convert("RGB"), dtype=np.int16)  # (height, width, 3)
     height, width, _ = rgb.shape

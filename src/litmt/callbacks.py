@@ -338,9 +338,13 @@ class AttentionHeatmap(L.Callback):
         from litmt.visualize import cross_attention_figure
 
         try:
-            fig = cross_attention_figure(
-                pl_module.model, pl_module.tokenizer, sources[self.sentence]
-            )
+            # outside the step hooks Lightning runs no autocast: enter the precision plugin's
+            # own (Precision.forward_context, lightning/pytorch/plugins/precision/precision.py)
+            # so that a half-only kernel (flash, te) gets its dtype
+            with trainer.precision_plugin.forward_context():
+                fig = cross_attention_figure(
+                    pl_module.model, pl_module.tokenizer, sources[self.sentence]
+                )
         except LitmtError as exc:  # e.g. an attention backend that cannot return weights
             log.warning("skipping the attention heatmap: %s", exc)
             return

@@ -41,6 +41,7 @@ from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.decoding import DecodeConfig
 from litmt.errors import DataError
 from litmt.models import Seq2SeqTransformer
+from litmt.precision import autocast_context
 from litmt.search import length_penalty_factor
 from litmt.translate import Translator, read_text_file, token_batches
 
@@ -157,7 +158,9 @@ class Scorer:
         for batch in token_batches(lengths, max_tokens):
             idx = [todo[j] for j in batch]
             src = _padded([sources[i] for i in idx], PAD_ID).to(device)  # (B, S)
-            totals = force_decode(model, src, [targets[i] for i in idx]).tolist()
+            # the Translator's autocast: a flash/te checkpoint's kernel computes in half only
+            with autocast_context(device, self.translator.autocast):
+                totals = force_decode(model, src, [targets[i] for i in idx]).tolist()
             for i, total in zip(idx, totals, strict=True):
                 n = len(targets[i]) + 1  # eos included, as in the searches
                 norm = total / float(length_penalty_factor(float(n), length_penalty))
