@@ -307,6 +307,17 @@ def test_incremental_decoding_of_position_variants_matches(ckpt, tmp_path, name)
         assert [h[0].tokens for h in got] == [h[0].tokens for h in ref]
 
 
+def test_ct2_only_options_on_the_torch_engine_are_logged(ckpt, tmp_path, caplog):
+    load_translator(ckpt, engine="torch", device="cpu")
+    assert "ignored by engine=torch" not in caplog.text  # defaults: nothing to report
+    load_translator(
+        ckpt, engine="torch", device="cpu", cache_dir=tmp_path, quantization="int8", threads=2
+    )
+    lines = [r.getMessage() for r in caplog.records if "ignored by engine=torch" in r.getMessage()]
+    assert len(lines) == 1
+    assert "threads=2" in lines[0] and "ct2_cache=" in lines[0] and "quantization=int8" in lines[0]
+
+
 def test_translator_from_pretrained_chooses_the_engine(ckpt, export_dir):
     assert isinstance(Translator.from_pretrained(export_dir, engine="ct2"), CT2Translator)
     assert type(Translator.from_pretrained(ckpt, device="cpu")) is Translator

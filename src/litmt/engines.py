@@ -298,6 +298,18 @@ def load_translator(
     if engine == "torch":
         if isinstance(path, str | Path) and is_export_dir(path):
             raise ConfigError(f"{path} is a CTranslate2 export: decode it with engine=ct2")
+        ignored = {
+            "threads": threads if threads > 0 else None,
+            "compute_type": compute_type if compute_type != "default" else None,
+            "ct2_cache": cache_dir,
+            "quantization": quantization if quantization != "none" else None,
+        }
+        ignored = {key: value for key, value in ignored.items() if value is not None}
+        if ignored:
+            log.warning(
+                "%s ignored by engine=torch (ct2-only options)",
+                ", ".join(f"{key}={value}" for key, value in ignored.items()),
+            )
         return Translator.from_checkpoint(
             path, device=device, attention=attention, ensemble=ensemble
         )
