@@ -241,10 +241,25 @@ def test_ct2_export_is_served_without_attention(ckpt, tmp_path, reference):
         assert r.status_code == 501 and "serve a .ckpt" in r.json()["error"]
 
 
-def test_checkpoint_on_ct2_engine_keeps_the_attention_route(ckpt, tmp_path, reference):
+def test_checkpoint_on_ct2_engine_keeps_the_attention_route(ckpt, tmp_path, reference, monkeypatch):
     pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
+    import contextlib
+
+    import torch
+
+    import litmt.precision
+
+    threads, entered = [], []
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)  # the explorer's torch model
+
+    def spy(device, dtype):  # the attention maps run in the torch Translator's autocast
+        entered.append(dtype)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(litmt.precision, "autocast_context", spy)
     settings = ServeSettings(decoding=DECODING)
     app = build_server_app(ckpt, engine="ct2", threads=1, settings=settings, cache_dir=tmp_path)
+    assert threads == [1]
     assert len(list(tmp_path.iterdir())) == 1  # converted into the cache on first use
     with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=60) as c:
         assert c.get("/health").json()["engine"] == "ct2"
@@ -252,6 +267,7 @@ def test_checkpoint_on_ct2_engine_keeps_the_attention_route(ckpt, tmp_path, refe
         assert r.json() == {"translatedText": reference.translate(SENTENCES[1:2], **DECODING)[0]}
         r = c.post("/attention", json={"q": SENTENCES[1]})
         assert r.status_code == 200 and r.json()["layers"] == 2
+    assert entered == [None]  # a sdpa checkpoint on the CPU: fp32, no autocast
 
 
 class _Flaky:

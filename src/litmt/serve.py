@@ -333,17 +333,20 @@ def create_app(
 
 
 def _attention_maps(translator: Any, sentence: str, options: dict[str, Any]) -> Any:
+    from litmt.precision import autocast_context
     from litmt.visualize import collect_attention
 
     cleaned = " ".join(sentence.split())  # one line: the page sends one sentence
     config = DecodeConfig.from_options(options)  # null/absent keys: DecodeConfig's defaults
-    return collect_attention(
-        translator.model,
-        translator.tokenizer,
-        cleaned,
-        max_len_a=config.max_len_a,
-        max_len_b=config.max_len_b,
-    )
+    # the Translator's autocast: a flash/te checkpoint's kernel computes in half only
+    with autocast_context(translator.device, translator.autocast):
+        return collect_attention(
+            translator.model,
+            translator.tokenizer,
+            cleaned,
+            max_len_a=config.max_len_a,
+            max_len_b=config.max_len_b,
+        )
 
 
 def _index(value: Any, n: int, what: str) -> int | None:
@@ -443,23 +446,24 @@ def build_server_app(
     from litmt.export import is_export_dir
 
     path = Path(model)
-    if threads > 0 and engine == "torch":
-        import torch
-
-        torch.set_num_threads(threads)
     if is_export_dir(path) and engine != "ct2":
         log.info("%s is a CTranslate2 export: serving it with engine=ct2", path)
         engine = "ct2"
+    explorer = attention and not is_export_dir(path)  # /attention runs a torch model
+    if threads > 0 and (engine == "torch" or explorer):
+        import torch
+
+        torch.set_num_threads(threads)
     translator = load_translator(
         path,
         engine=engine,
         device=device,
-        threads=threads,
+        threads=threads if engine == "ct2" else 0,  # torch's threads: set above
         cache_dir=cache_dir,
         quantization=quantization,
     )
     attention_model = None
-    if attention and not is_export_dir(path):
+    if explorer:
         attention_model = (
             translator
             if engine == "torch"
