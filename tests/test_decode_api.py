@@ -19,6 +19,7 @@ import litmt.lit_module
 import litmt.translate
 from litmt.decoding import DecodeConfig, decode, decoding_options
 from litmt.errors import ConfigError
+from litmt.export import DEFAULT_DECODING
 from litmt.models import Seq2SeqTransformer
 from litmt.search import beam_search, greedy_search
 from litmt.translate import Translator
@@ -56,6 +57,8 @@ def test_job_configs_resolve_to_the_dataclass_defaults():
     assert DecodeConfig.from_options(compose_cfg("translate")) == DEFAULTS
     assert DecodeConfig.from_options(compose_cfg("evaluate")) == DEFAULTS
     assert DecodeConfig.from_options(compose_cfg("serve").decoding) == DEFAULTS
+    assert DecodeConfig.from_options(compose_cfg("export").decoding) == DEFAULTS
+    assert {k: getattr(DEFAULTS, k) for k in DEFAULT_DECODING} == DEFAULT_DECODING
     score = compose_cfg("score")
     assert DecodeConfig.from_options(score).length_penalty == DEFAULTS.length_penalty
     # the validation callback overrides one field, on purpose (greedy validation is fast)
@@ -72,7 +75,14 @@ def test_a_yaml_override_reaches_the_config():
 
 @pytest.mark.parametrize(
     "path",
-    ["translate.yaml", "evaluate.yaml", "serve.yaml", "score.yaml", "callbacks/default.yaml"],
+    [
+        "translate.yaml",
+        "evaluate.yaml",
+        "serve.yaml",
+        "score.yaml",
+        "export.yaml",
+        "callbacks/default.yaml",
+    ],
 )
 def test_defaults_quoted_in_yaml_comments_are_the_dataclass_ones(path):
     """A YAML may quote a default as ``[value]`` in a comment; it must be the real one."""

@@ -55,6 +55,7 @@ from torch import nn
 from litmt.attention import backend_support, build_backend
 from litmt.checkpoint import load_model
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from litmt.decode_config import DecodeConfig
 from litmt.errors import BackendError, ConfigError, LitmtError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
@@ -66,7 +67,15 @@ EXPORT_FORMAT = 1
 QUANTIZATIONS = ("none", "int8", "int8_float32", "int8_float16", "float16", "bfloat16")
 # litmt special ids -> the pieces CTranslate2's vocabulary conventions use for them.
 CT2_SPECIAL_PIECES = {PAD_ID: "<blank>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
-DEFAULT_DECODING = {"beam_size": 5, "length_penalty": 1.0, "max_len_a": 1.2, "max_len_b": 10}
+# The decoding defaults litmt.json records: these DecodeConfig fields, DecodeConfig's defaults.
+DECODING_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b")
+DEFAULT_DECODING = {key: getattr(DecodeConfig(), key) for key in DECODING_KEYS}
+
+
+def _decoding_defaults(decoding: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`DEFAULT_DECODING` with the keys `decoding` sets (None = keep), type-checked."""
+    config = DecodeConfig.from_options(decoding)  # ConfigError for a mistyped value
+    return {key: getattr(config, key) for key in DECODING_KEYS}
 
 
 class ExportError(LitmtError, ValueError):
@@ -278,7 +287,7 @@ def export_model(
         quantization: one of `QUANTIZATIONS` (weights stored as int8, float16, ...).
         force: replace an existing `out`.
         decoding: decoding defaults written to the metadata (beam_size, length_penalty,
-            max_len_a, max_len_b); missing keys take `DEFAULT_DECODING`.
+            max_len_a, max_len_b); missing or None keys take `DEFAULT_DECODING`.
 
     Returns:
         `out`.
@@ -308,7 +317,7 @@ def export_model(
         "max_positions": loaded.model.config.max_positions,
         "joint_vocabulary": loaded.tokenizer.joint,
         "special_tokens": {str(i): p for i, p in CT2_SPECIAL_PIECES.items()},
-        "decoding": {**DEFAULT_DECODING, **dict(decoding or {})},
+        "decoding": _decoding_defaults(decoding),
         "model_config": loaded.model.config.to_dict(),
     }
     # Write next to `out`, then rename: a failed export leaves no half-written directory.
