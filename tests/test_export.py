@@ -318,6 +318,18 @@ def test_ct2_only_options_on_the_torch_engine_are_logged(ckpt, tmp_path, caplog)
     assert "threads=2" in lines[0] and "ct2_cache=" in lines[0] and "quantization=int8" in lines[0]
 
 
+def test_ct2_engine_decodes_with_the_exports_defaults(ckpt, tmp_path):
+    out = export_model(ckpt, tmp_path / "short", decoding={"max_len_a": 0.0, "max_len_b": 2})
+    ct2 = CT2Translator(out)
+    assert (ct2.default_config.max_len_a, ct2.default_config.max_len_b) == (0.0, 2)
+    assert ct2.default_config.beam_size == 5  # a key the export leaves null: litmt's default
+    src = [ct2.prepare(s) for s in held_sentences()[:4]]
+    assert max(len(h[0].tokens) for h in ct2.search_ids(src)) <= 2  # litmt.json's budget
+    wider = ct2.search_ids(src, max_len_b=12)  # an explicit option wins
+    assert max(len(h[0].tokens) for h in wider) > 2
+    assert ct2.translate(["A dog."]) == ct2.translate(["A dog."], max_len_a=0.0, max_len_b=2)
+
+
 def test_translator_from_pretrained_chooses_the_engine(ckpt, export_dir):
     assert isinstance(Translator.from_pretrained(export_dir, engine="ct2"), CT2Translator)
     assert type(Translator.from_pretrained(ckpt, device="cpu")) is Translator

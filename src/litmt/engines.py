@@ -121,6 +121,8 @@ class CT2Translator(Translator):
         self.model = None  # no torch model: the search runs in CTranslate2
         self.device = torch.device(str(device))  # where CTranslate2 runs (for messages)
         self.autocast = None  # the torch engine's decode precision: unused here
+        # the export's decoding defaults (litmt.json) are the base options override
+        self.default_config = DecodeConfig.from_options(self.meta.get("decoding"))
         self.tokenizer = Tokenizer.load(self.model_dir)
         self.src_lang, self.tgt_lang = self.meta["src_lang"], self.meta["tgt_lang"]
         self._src_pieces = ct2_vocabulary(self.tokenizer, "src")
@@ -173,7 +175,7 @@ class CT2Translator(Translator):
         `config` / `options` as `Translator.search_ids` (validated by `DecodeConfig`); beam
         and greedy only.
         """
-        config = decoding_options(config, options)
+        config = decoding_options(config or self.default_config, options)
         if config.effective_method == "sample":
             raise ConfigError("engine=ct2 does not sample; use engine=torch for method=sample")
         beam_size, n_best, min_len = config.beam_size, config.n_best, config.min_len

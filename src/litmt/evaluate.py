@@ -117,7 +117,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             data_cfg.get("src_lang"),
             data_cfg.get("tgt_lang"),
         )
-    config = DecodeConfig.from_options(cfg)  # null/absent keys: DecodeConfig's defaults
+    # null/absent keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
+    config = DecodeConfig.from_options(cfg, base=translator.default_config)
     log.info(
         "decoding %d sentences (%s) with %s on %s",
         len(sources),

@@ -101,6 +101,8 @@ class Translator:
         self.model = self.models[0]
         self.tokenizer, self.src_lang, self.tgt_lang = tokenizer, src_lang, tgt_lang
         self.autocast: torch.dtype | None = None  # decode under this autocast (None = fp32)
+        # the base that decoding options override (an export carries its own, engines.py)
+        self.default_config = DecodeConfig()
 
     @classmethod
     def from_pretrained(
@@ -227,7 +229,7 @@ class Translator:
         Empty sources give ``[Hypothesis([], 0.0, 0.0)]`` without running the model. Sampling
         draws from one generator seeded with ``config.seed`` per call.
         """
-        config = decoding_options(config, options)
+        config = decoding_options(config or self.default_config, options)
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
         todo = [i for i, ids in enumerate(sources) if len(ids) > 0]
         pad = self.model.pad_id
@@ -323,7 +325,7 @@ class Translator:
         if isinstance(sentences, str):
             raise ConfigError("translate() takes a list of sentences, not one string")
         ids = [self.prepare(s, f"line {first_line + i}") for i, s in enumerate(sentences)]
-        config = decoding_options(config, options)
+        config = decoding_options(config or self.default_config, options)
         found = self.search_ids(ids, config, max_tokens=max_tokens, progress=progress)
         if not found:
             return []
@@ -481,6 +483,8 @@ def translate(cfg: DictConfig) -> int:
     from litmt.engines import engine_options  # engines builds on this module
 
     translator = Translator.from_pretrained(ckpt, **engine_options(cfg))
+    # null keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
+    options["config"] = DecodeConfig.from_options(cfg, base=translator.default_config)
     chunk_lines = int(cfg.chunk_lines)
     with ExitStack() as stack:
         lines: Iterable[str]
