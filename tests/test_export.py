@@ -67,6 +67,19 @@ def test_ct2_float32_greedy_equals_litmt_greedy_token_for_token(engines):
             assert b[0].score == pytest.approx(a[0].score, abs=1e-3)
 
 
+
+def test_parallel_budget_groups_give_the_same_results_in_input_order(engines, export_dir):
+    """threads=2 on the CPU decodes the per-budget groups concurrently (inter_threads=2)."""
+    torch_engine, serial = engines
+    parallel = CT2Translator(export_dir, threads=2)
+    assert parallel.ct2.num_translators == 2  # two groups in flight at once
+    ids = [torch_engine.prepare(s) for s in held_sentences()[::2]]
+    assert len({len(i) for i in ids}) > 3  # several budget groups
+    for options in (dict(beam_size=1), dict(beam_size=4, n_best=2)):
+        want = serial.search_ids(ids, **options)
+        got = parallel.search_ids(ids, **options)
+        assert [[h.tokens for h in r] for r in got] == [[h.tokens for h in r] for r in want]
+
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
 def test_beam_length_penalty_and_nbest_mean_the_same_on_both_engines(engines, alpha):
     """CTranslate2 divides by len**alpha, litmt by GNMT ((5+n)/6)**alpha: the engine rescores."""

@@ -83,6 +83,20 @@ def output_budgets(
     return budget.clamp(min=0, max=max_positions - 1).tolist()
 
 
+def _thread_options(device_kind: str, threads: int) -> dict[str, int]:
+    """CTranslate2 thread options for `threads` CPU threads (0: CTranslate2's defaults).
+
+    On the CPU, ``inter_threads=threads, intra_threads=1`` runs `threads` batches at once;
+    the per-budget groups of `CT2Translator.search_ids` are small, so this is measured to
+    be faster than one batch at a time over `threads` intra-op threads.
+    """
+    if threads <= 0:
+        return {}
+    if device_kind == "cpu":
+        return {"inter_threads": threads, "intra_threads": 1}
+    return {"intra_threads": threads}
+
+
 class CT2Translator(Translator):
     """A `Translator` running a CTranslate2 export (same `translate`/`search_ids` options).
 
@@ -90,7 +104,9 @@ class CT2Translator(Translator):
         model_dir: a directory written by `litmt.export.export_model`.
         device: "cpu", "cuda", or None/"auto" (CUDA when CTranslate2 sees a GPU).
         compute_type: CTranslate2 compute type; "default" keeps the export's quantization.
-        threads: intra-op threads (0 = CTranslate2's default).
+        threads: CPU threads (0 = CTranslate2's default). On the CPU they run that many
+            batches at once, one thread each (``inter_threads``): the search decodes its
+            per-budget groups in parallel, which beats splitting each small batch's GEMMs.
     """
 
     def __init__(
@@ -116,7 +132,7 @@ class CT2Translator(Translator):
             device=kind,
             device_index=int(index or 0),
             compute_type=compute_type,
-            intra_threads=int(threads),
+            **_thread_options(kind, int(threads)),
         )
         self.model = None  # no torch model: the search runs in CTranslate2
         self.device = torch.device(str(device))  # where CTranslate2 runs (for messages)
@@ -194,11 +210,12 @@ class CT2Translator(Translator):
         rescore = beam_size > 1 and length_penalty != 0
         with tqdm(total=len(sources), disable=not progress, file=sys.stderr, unit="sent") as bar:
             bar.update(len(sources) - len(todo))
+            pending = []  # every group is submitted first: CTranslate2 decodes them in parallel
             for budget, idx in sorted(groups.items()):
                 if budget == 0:  # only eos is allowed: the empty translation
                     bar.update(len(idx))
                     continue
-                found = self.ct2.translate_batch(
+                futures = self.ct2.translate_batch(
                     [[self._src_pieces[t] for t in sources[i]] for i in idx],
                     max_batch_size=max_tokens,
                     batch_type="tokens",
@@ -209,7 +226,11 @@ class CT2Translator(Translator):
                     max_input_length=0,
                     max_decoding_length=budget,
                     min_decoding_length=min(min_len, budget),
+                    asynchronous=True,
                 )
+                pending.append((budget, idx, futures))
+            for budget, idx, futures in pending:
+                found = [f.result() for f in futures]
                 hyps = [self._log_probs(res, length_penalty, rescore, budget) for res in found]
                 self._add_forced_eos(idx, sources, hyps, budget)
                 for i, sentence in zip(idx, hyps, strict=True):
