@@ -309,7 +309,7 @@ def load_translator(
         engine: "torch" or "ct2".
         device: "cpu", "cuda", ... or None for CUDA when available.
         attention: torch only: decode with this kernel everywhere.
-        threads: ct2 only: intra-op threads (torch uses torch's own setting).
+        threads: ct2 only: CPU threads, see `_thread_options` (torch uses torch's own setting).
         compute_type: ct2 only: CTranslate2 compute type ("default" = as exported).
         cache_dir: ct2 only: where checkpoints are converted (default `default_cache_dir`).
         quantization: ct2 only: quantization of a checkpoint converted on first use.
