@@ -67,7 +67,6 @@ def test_ct2_float32_greedy_equals_litmt_greedy_token_for_token(engines):
             assert b[0].score == pytest.approx(a[0].score, abs=1e-3)
 
 
-
 def test_parallel_budget_groups_give_the_same_results_in_input_order(engines, export_dir):
     """threads=2 on the CPU decodes the per-budget groups concurrently (inter_threads=2)."""
     torch_engine, serial = engines
@@ -79,6 +78,7 @@ def test_parallel_budget_groups_give_the_same_results_in_input_order(engines, ex
         want = serial.search_ids(ids, **options)
         got = parallel.search_ids(ids, **options)
         assert [[h.tokens for h in r] for r in got] == [[h.tokens for h in r] for r in want]
+
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
 def test_beam_length_penalty_and_nbest_mean_the_same_on_both_engines(engines, alpha):
