@@ -21,6 +21,7 @@ from litmt.callbacks import PreemptionCheckpoint
 from litmt.checkpoint import atomic_save, check_compatible, load_checkpoint
 from litmt.config_check import check_devices, check_run_dir
 from litmt.errors import ConfigError, LitmtError
+from litmt.finalize import check_finalize_config, finalize, flat_metrics, summary_lines
 from litmt.finetune import model_config_for, prepare_model, setup_init_from
 from litmt.precision import (
     FP8_ROW_MULTIPLE,
@@ -151,6 +152,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     check_run_dir(
         output_dir, ckpt_path=cfg.get("ckpt_path"), overwrite=bool(cfg.get("overwrite", False))
     )
+    check_finalize_config(cfg)  # fail now, not after the training hour
 
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
     init = setup_init_from(cfg, datamodule)  # init_from: its weights come later, its tokenizer now
@@ -222,6 +224,18 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             module, datamodule=datamodule, ckpt_path=best or None, weights_only=weights_only
         )
         metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
+        if best and trainer.is_global_zero and cfg.get("finalize"):
+            # average the best checkpoints, choose beam/length penalty on valid, score test
+            report = finalize(
+                cfg.finalize,
+                best_k_models=getattr(checkpoint_cb, "best_k_models", {}),
+                best=best,
+                corpus=datamodule.corpus,
+                output_dir=output_dir,
+            )
+            metrics.update(flat_metrics(report))
+            for line in summary_lines(report):
+                print(line)
     metrics["best_checkpoint"] = best
     metrics["last_checkpoint"] = last
     metrics["output_dir"] = str(output_dir)

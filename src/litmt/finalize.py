@@ -1,0 +1,234 @@
+"""The end of a training run (`finalize` config): average the best checkpoints, choose the
+beam size and length penalty on the valid split, score test, write ``scores.json``.
+
+Order, so that test never influences a choice:
+
+1. average the `average_best` checkpoints with the highest validation BLEU
+   (`litmt.evaluate.average_checkpoints`) into ``<checkpoints>/avg_best{N}.ckpt``;
+2. decode **valid** with every (beam size, length penalty) of the grid, using the average
+   (the best checkpoint when averaging is off), and keep the point with the highest BLEU
+   (ties: the first in grid order);
+3. decode **test** with the best checkpoint and the average, each greedy and with the choice.
+
+Data come from the training datamodule's corpus (`ParallelCorpus.load`); decoding is
+`Translator.translate`, scoring `litmt.metrics.corpus_scores` (sacreBLEU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from litmt.decode_config import DecodeConfig
+from litmt.errors import ConfigError
+from litmt.evaluate import average_checkpoints
+from litmt.metrics import corpus_scores
+from litmt.translate import Translator
+
+log = logging.getLogger("litmt.finalize")
+
+SCORES_FILE = "scores.json"
+GREEDY = DecodeConfig(beam_size=1)  # beam 1 gives the greedy result (litmt.decode_config)
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split's raw text: its name ("valid", "test"), sources and references."""
+
+    name: str
+    sources: list[str]
+    references: list[str]
+
+
+def check_finalize_config(cfg: DictConfig) -> None:
+    """Fail before training (not an hour later) on a `finalize` block that cannot run.
+
+    Raises:
+        ConfigError: `average_best` is negative or above `model_checkpoint.save_top_k`, or
+        the grid has only one of its two lists.
+    """
+    fin = cfg.get("finalize")
+    if not fin:
+        return
+    n = int(fin.get("average_best") or 0)
+    if n < 0:
+        raise ConfigError(f"finalize.average_best must be >= 0 (0 = off), got {n}")
+    top_k = (cfg.get("callbacks") or {}).get("model_checkpoint", {}) or {}
+    top_k = top_k.get("save_top_k")
+    if n > 1 and top_k is not None and top_k != -1 and n > int(top_k):
+        raise ConfigError(
+            f"finalize.average_best={n} but callbacks.model_checkpoint.save_top_k={top_k} keeps "
+            f"fewer checkpoints; set save_top_k >= {n}"
+        )
+    beams, penalties = list(fin.get("beam_sizes") or []), list(fin.get("length_penalties") or [])
+    if bool(beams) != bool(penalties):
+        raise ConfigError(
+            "finalize.beam_sizes and finalize.length_penalties go together: give both or neither"
+        )
+
+
+def best_checkpoints(best_k_models: Mapping[str, Any], n: int) -> list[str]:
+    """The `n` existing checkpoints with the highest validation score, best first.
+
+    Args:
+        best_k_models: `ModelCheckpoint.best_k_models` ({path: monitored score}, mode max).
+        n: how many.
+    """
+    ranked = sorted(best_k_models.items(), key=lambda kv: float(kv[1]), reverse=True)
+    return [str(p) for p, _ in ranked if Path(p).is_file()][:n]
+
+
+def score_split(
+    translator: Translator, split: Split, config: DecodeConfig, max_tokens: int
+) -> dict[str, float]:
+    """Decode `split` with `config` and score it: {"bleu": ..., "chrf": ...} (sacreBLEU)."""
+    hyps = translator.translate(split.sources, config, max_tokens=max_tokens)
+    results = corpus_scores(hyps, split.references, metrics=("bleu", "chrf"))  # type: ignore[arg-type]
+    return {key: r.score for key, r in results.items()}
+
+
+def choose_decoding(
+    translator: Translator,
+    valid: Split,
+    beam_sizes: Sequence[int],
+    length_penalties: Sequence[float],
+    max_tokens: int,
+) -> tuple[DecodeConfig, list[dict[str, Any]]]:
+    """Decode `valid` at every (beam size, length penalty) and keep the highest BLEU.
+
+    Returns:
+        (the chosen DecodeConfig, one {"beam_size", "length_penalty", "bleu", "chrf"} per point)
+    """
+    grid: list[dict[str, Any]] = []
+    for beam, alpha in itertools.product(beam_sizes, length_penalties):
+        config = DecodeConfig(beam_size=int(beam), length_penalty=float(alpha))
+        scores = score_split(translator, valid, config, max_tokens)
+        grid.append({"beam_size": int(beam), "length_penalty": float(alpha), **scores})
+        log.info("valid, beam %d, length penalty %.2f: BLEU %.2f", beam, alpha, scores["bleu"])
+    best = max(grid, key=lambda g: g["bleu"])  # max keeps the first of equal scores
+    return DecodeConfig(beam_size=best["beam_size"], length_penalty=best["length_penalty"]), grid
+
+
+def finalize(
+    fin: DictConfig,
+    *,
+    best_k_models: Mapping[str, Any],
+    best: str,
+    corpus: Any,
+    output_dir: Path,
+) -> dict[str, Any]:
+    """Run the steps of the module docstring; write and return the ``scores.json`` report.
+
+    Args:
+        fin: the `finalize` config (average_best, beam_sizes, length_penalties, max_tokens).
+        best_k_models: `ModelCheckpoint.best_k_models` of the run.
+        best: the best checkpoint (the one `trainer.test` used).
+        corpus: the datamodule's `ParallelCorpus` (``load(split)`` gives src/tgt columns).
+        output_dir: the run directory; the average goes next to `best`.
+    """
+    max_tokens = int(fin.get("max_tokens") or 4096)
+    n = int(fin.get("average_best") or 0)
+    beams, penalties = list(fin.get("beam_sizes") or []), list(fin.get("length_penalties") or [])
+    models: dict[str, list[str]] = {"best": [best]}
+    average: str | None = None
+    if n > 1:
+        paths = best_checkpoints(best_k_models, n)
+        if len(paths) < 2:
+            log.info("finalize: %d checkpoint(s) kept, nothing to average", len(paths))
+        else:
+            if len(paths) < n:
+                log.info("finalize: only %d checkpoints kept; averaging those", len(paths))
+            average = str(Path(best).parent / f"avg_best{n}.ckpt")
+            average_checkpoints(paths, average)
+            log.info("finalize: averaged %s → %s", ", ".join(paths), average)
+            models["average"] = paths
+    report: dict[str, Any] = {
+        "best_checkpoint": best,
+        "average_checkpoint": average,
+        "averaged_from": models.get("average", []),
+        "valid_grid": [],
+        "chosen": None,
+        "test": {},
+    }
+    if len(models) == 1 and not beams:
+        log.info("finalize: no averaging and an empty beam grid; nothing to do")
+        return report
+
+    def split(name: str) -> Split:
+        ds = corpus.load(name)
+        return Split(name, list(ds["src"]), list(ds["tgt"]))
+
+    translators = {
+        key: Translator.from_checkpoint(average if key == "average" else best) for key in models
+    }
+    chosen: DecodeConfig | None = None
+    if beams:
+        chooser = translators["average" if "average" in translators else "best"]
+        chosen, report["valid_grid"] = choose_decoding(
+            chooser, split("valid"), beams, penalties, max_tokens
+        )
+        report["chosen"] = dataclasses.asdict(chosen)
+    test = split("test")
+    decodings = {"greedy": GREEDY, **({"chosen": chosen} if chosen is not None else {})}
+    for key, translator in translators.items():
+        report["test"][key] = {
+            name: score_split(translator, test, config, max_tokens)
+            for name, config in decodings.items()
+        }
+    report["decoding"] = {name: dataclasses.asdict(c) for name, c in decodings.items()}
+    path = output_dir / SCORES_FILE
+    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    report["scores_file"] = str(path)
+    return report
+
+
+def summary_lines(report: Mapping[str, Any]) -> list[str]:
+    """The final log lines: the choice and one line of test scores per model and decoding."""
+    lines = []
+    if report.get("chosen"):
+        c = report["chosen"]
+        lines.append(
+            f"chosen on valid: beam {c['beam_size']}, length penalty {c['length_penalty']}"
+        )
+    for model, by_decoding in report.get("test", {}).items():
+        for decoding, s in by_decoding.items():
+            lines.append(f"test {model} {decoding}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}")
+    if report.get("scores_file"):
+        lines.append(f"scores: {report['scores_file']}")
+    return lines
+
+
+def flat_metrics(report: Mapping[str, Any]) -> dict[str, Any]:
+    """`train()`'s extra metrics: ``final/<model>/<decoding>/<bleu|chrf>`` and the paths."""
+    out: dict[str, Any] = {
+        f"final/{model}/{decoding}/{metric}": value
+        for model, by_decoding in report.get("test", {}).items()
+        for decoding, scores in by_decoding.items()
+        for metric, value in scores.items()
+    }
+    if report.get("chosen"):
+        out["final/beam_size"] = report["chosen"]["beam_size"]
+        out["final/length_penalty"] = report["chosen"]["length_penalty"]
+    out["average_checkpoint"] = report.get("average_checkpoint")
+    out["scores_file"] = report.get("scores_file")
+    return out
+
+
+__all__ = [
+    "Split",
+    "best_checkpoints",
+    "check_finalize_config",
+    "choose_decoding",
+    "finalize",
+    "flat_metrics",
+    "score_split",
+    "summary_lines",
+]
