@@ -46,6 +46,66 @@ def test_schedules_warm_up_then_decay():
     assert cos(9) == pytest.approx(1.0) and cos(109) == pytest.approx(0.1)
 
 
+def test_cosine_on_the_clock_follows_the_time_fraction_not_the_step():
+    clock = {"p": 0.0}
+    fn = lr_lambda("cosine", 10, None, min_lr_ratio=0.1, time_progress=lambda: clock["p"])
+    assert fn(4) == pytest.approx(0.5)  # warmup ramp while the clock has barely moved
+    clock["p"] = 0.5
+    assert fn(4) == pytest.approx(0.5) and fn(1000) == pytest.approx(0.55)  # 0.1 + 0.9 * 0.5
+    clock["p"] = 1.0
+    assert fn(20) == pytest.approx(0.1) and fn(100_000) == pytest.approx(0.1)
+    clock["p"] = 1.7  # a run past its budget (final validation) stays at the floor
+    assert fn(20) == pytest.approx(0.1)
+
+
+def _lr_of_a_run(tmp_path, extra):
+    corpus = write_toy_corpus(tmp_path / "corpus")
+    cfg = compose_train(
+        [
+            *tiny_overrides(corpus, tmp_path),
+            "module.scheduler.name=cosine",
+            "module.scheduler.warmup_steps=2",
+            "module.scheduler.min_lr_ratio=0.0",
+            "test_after_training=false",
+            "trainer.limit_val_batches=0",
+            *extra,
+        ],
+        tmp_path,
+    )
+    train(cfg)
+    with open(next((tmp_path / "run" / "csv").rglob("metrics.csv"))) as f:
+        return [float(r["lr"]) for r in csv.DictReader(f) if r.get("lr")]
+
+
+def test_cosine_without_max_steps_decays_over_trainer_max_time(tmp_path, caplog):
+    # max_epochs 1000 would make the step horizon ~huge; max_time (2 s) ends the run, and the
+    # LR must have reached ~0 by then, through Lightning's own Timer
+    with caplog.at_level("INFO", logger="litmt.lit_module"):
+        lrs = _lr_of_a_run(
+            tmp_path,
+            [
+                "trainer.max_epochs=1000",
+                "trainer.max_time=00:00:00:02",
+                "trainer.log_every_n_steps=1",
+            ],
+        )
+    assert "follows the time budget" in caplog.text
+    assert len(lrs) > 5
+    assert lrs[-1] < 0.1 * max(lrs), f"LR did not decay to the time budget: {lrs[-5:]}"
+
+
+def test_cosine_with_max_steps_keeps_the_step_horizon(tmp_path, caplog):
+    with caplog.at_level("INFO", logger="litmt.lit_module"):
+        lrs = _lr_of_a_run(
+            tmp_path,
+            ["trainer.max_steps=12", "trainer.max_time=00:00:05:00", "trainer.log_every_n_steps=1"],
+        )
+    assert "follows the time budget" not in caplog.text
+    ref = lr_lambda("cosine", 2, 12)
+    peak = max(lrs) / ref(1)
+    assert lrs[-1] == pytest.approx(peak * ref(len(lrs) - 1), rel=1e-4)
+
+
 def test_tiny_model_learns_the_toy_task(tmp_path):
     corpus = write_toy_corpus(tmp_path / "corpus")
     cfg = compose_train(

@@ -44,6 +44,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import Timer
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import Tensor, nn
 
@@ -157,28 +158,40 @@ def label_smoothed_nll(
 
 
 def lr_lambda(
-    name: str, warmup_steps: int, total_steps: int | None, min_lr_ratio: float = 0.0
+    name: str,
+    warmup_steps: int,
+    total_steps: int | None,
+    min_lr_ratio: float = 0.0,
+    time_progress: Callable[[], float] | None = None,
 ) -> Callable[[int], float]:
     """Multiplier of the base LR at optimizer step `step` (0-based).
 
     - inverse_sqrt: linear warmup to 1, then sqrt(warmup / step) (Vaswani et al. 2017).
-    - cosine: linear warmup, then cosine decay to `min_lr_ratio` at `total_steps`.
+    - cosine: linear warmup, then cosine decay to `min_lr_ratio` at `total_steps`. With
+      `time_progress` (a function returning the fraction of the time budget used, 0..1) the
+      decay follows the clock instead: min(warmup ramp, cosine(time fraction)), so a run stopped
+      by `trainer.max_time` ends at `min_lr_ratio` however many steps the machine managed.
     - constant: linear warmup, then 1.
     """
     if name not in SCHEDULERS:
         raise ConfigError(f"unknown scheduler '{name}'; valid names: {', '.join(SCHEDULERS)}")
     warmup = max(1, int(warmup_steps))
 
+    def cosine(progress: float) -> float:
+        progress = min(1.0, max(0.0, progress))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
     def fn(step: int) -> float:
         s = step + 1
+        if name == "cosine" and time_progress is not None:
+            return min(s / warmup, cosine(time_progress()))
         if s < warmup:
             return s / warmup
         if name == "inverse_sqrt":
             return math.sqrt(warmup / s)
         if name == "cosine":
             total = max(warmup + 1, int(total_steps or 0))
-            progress = min(1.0, (s - warmup) / (total - warmup))
-            return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+            return cosine((s - warmup) / (total - warmup))
         return 1.0
 
     return fn
@@ -355,6 +368,15 @@ class TranslationModule(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         self._tick = None
 
+    def _time_budget(self) -> Timer | None:
+        """Lightning's `Timer` when the run is bounded by `trainer.max_time` only (no max_steps)."""
+        if self.trainer.max_steps is not None and self.trainer.max_steps > 0:
+            return None
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, Timer) and callback.time_remaining() is not None:
+                return callback
+        return None
+
     def configure_optimizers(self) -> dict[str, Any]:
         factory = self.optimizer_factory or (
             lambda params: torch.optim.AdamW(params, lr=5e-4, betas=(0.9, 0.98), eps=1e-9)
@@ -362,13 +384,28 @@ class TranslationModule(L.LightningModule):
         optimizer = factory(self.model.parameters())
         sc = self.scheduler_cfg
         total = sc.get("total_steps")
+        time_progress = None
         if sc.get("name", "inverse_sqrt") == "cosine" and not total:
-            total = int(self.trainer.estimated_stepping_batches)
+            timer = self._time_budget()
+            if timer is not None:
+                budget = float(timer.time_elapsed()) + float(timer.time_remaining())
+                log.info(
+                    "cosine LR decay follows the time budget trainer.max_time (%.0f s): the LR "
+                    "reaches min_lr_ratio when the run stops",
+                    budget,
+                )
+
+                def time_progress() -> float:
+                    return float(timer.time_elapsed()) / budget
+
+            else:
+                total = int(self.trainer.estimated_stepping_batches)
         fn = lr_lambda(
             sc.get("name", "inverse_sqrt"),
             sc.get("warmup_steps", 4000),
             total,
             sc.get("min_lr_ratio", 0.0),
+            time_progress,
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
         return {
