@@ -1,8 +1,12 @@
 """Plot a run's learning curve from its CSV log: training loss and validation BLEU vs step.
 
     python scripts/plot_metrics.py logs/multi30k_cpu/runs/RUN [--out curve.png] [--table]
+    python scripts/plot_metrics.py RUN_A RUN_B --labels "recipe A" "recipe B" --budget-min 58
 
-`--table` also prints a markdown table of the validation metrics.
+`--table` also prints a markdown table of the validation metrics. With several runs (an
+ablation), it draws their validation BLEU on one axis against training time, taken as
+step / final step x `--budget-min` (runs bounded by the same `trainer.max_time`), and prints
+each run's best validation BLEU.
 """
 
 from __future__ import annotations
@@ -28,19 +32,16 @@ def read_metrics(run_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path, help="a training run directory")
-    parser.add_argument(
-        "--out", type=Path, default=None, help="PNG path (default: <run_dir>/curve.png)"
-    )
-    parser.add_argument(
-        "--table", action="store_true", help="print the validation metrics as markdown"
-    )
-    args = parser.parse_args()
-    rows = read_metrics(args.run_dir)
+def valid_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows that carry a validation BLEU."""
+    return [r for r in rows if r.get("valid/bleu")]
+
+
+def plot_one(run_dir: Path, out: Path | None, table: bool) -> None:
+    """Training loss and validation BLEU of one run against the optimizer step."""
+    rows = read_metrics(run_dir)
     train = [(int(r["step"]), float(r["train/loss"])) for r in rows if r.get("train/loss")]
-    valid = [r for r in rows if r.get("valid/bleu")]
+    valid = valid_rows(rows)
 
     fig, ax1 = plt.subplots(figsize=(7, 4), dpi=100)
     ax1.plot(*zip(*train, strict=True), color="tab:blue", lw=1, label="train loss")
@@ -54,12 +55,12 @@ def main() -> None:
         color="tab:red",
     )
     ax2.set_ylabel("valid BLEU (greedy)", color="tab:red")
-    ax1.set_title(args.run_dir.name)
+    ax1.set_title(run_dir.name)
     fig.tight_layout()
-    out = args.out or args.run_dir / "curve.png"
+    out = out or run_dir / "curve.png"
     fig.savefig(out)
     print(f"wrote {out}")
-    if args.table:
+    if table:
         print("| epoch | step | valid loss | valid BLEU | valid chrF |")
         print("|---:|---:|---:|---:|---:|")
         for r in valid:
@@ -67,6 +68,59 @@ def main() -> None:
                 f"| {r['epoch']} | {r['step']} | {float(r['valid/loss']):.3f} | "
                 f"{float(r['valid/bleu']):.2f} | {float(r['valid/chrf']):.2f} |"
             )
+
+
+def plot_many(runs: list[Path], labels: list[str], out: Path, budget_min: float) -> None:
+    """Validation BLEU of several runs against training time (step share of the budget)."""
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    print("| run | validations | best valid BLEU (greedy) | at minute |")
+    print("|---|---:|---:|---:|")
+    for run_dir, label in zip(runs, labels, strict=True):
+        rows = read_metrics(run_dir)
+        valid = valid_rows(rows)
+        if not valid:
+            raise SystemExit(f"error: {run_dir} has no validation BLEU in its CSV log")
+        last_step = max(int(r["step"]) for r in rows if r.get("step"))
+        minutes = [int(r["step"]) / last_step * budget_min for r in valid]
+        bleu = [float(r["valid/bleu"]) for r in valid]
+        ax.plot(minutes, bleu, "o-", ms=3, label=label)
+        best = max(range(len(bleu)), key=bleu.__getitem__)
+        print(f"| {label} | {len(bleu)} | {bleu[best]:.2f} | {minutes[best]:.0f} |")
+    ax.set_xlabel(f"training time, minutes (step / final step x {budget_min:g})")
+    ax.set_ylabel("valid BLEU (greedy)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out)
+    print(f"wrote {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", type=Path, nargs="+", help="training run directories")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="PNG path (default: <run_dir>/curve.png)"
+    )
+    parser.add_argument(
+        "--table", action="store_true", help="print the validation metrics as markdown"
+    )
+    parser.add_argument(
+        "--labels", nargs="+", default=None, help="legend labels, one per run (several runs)"
+    )
+    parser.add_argument(
+        "--budget-min",
+        type=float,
+        default=58.0,
+        help="minutes of training of each run, for the time axis (several runs)",
+    )
+    args = parser.parse_args()
+    if len(args.run_dirs) == 1:
+        plot_one(args.run_dirs[0], args.out, args.table)
+        return
+    labels = args.labels or [p.name for p in args.run_dirs]
+    if len(labels) != len(args.run_dirs):
+        parser.error(f"--labels has {len(labels)} names for {len(args.run_dirs)} runs")
+    plot_many(args.run_dirs, labels, args.out or Path("ablation.png"), args.budget_min)
 
 
 if __name__ == "__main__":
