@@ -51,7 +51,7 @@ def _kept_scores(last: str) -> dict[str, float]:
     return {p: float(s) for p, s in kept.items()}
 
 
-def test_run_averages_the_best_two_chooses_on_valid_and_scores_test(tmp_path, monkeypatch):
+def test_run_averages_the_best_two_chooses_on_valid_and_scores_test(tmp_path, monkeypatch, capsys):
     calls = _spy(monkeypatch)
     cfg = compose_train(
         _tiny_run(
@@ -100,6 +100,16 @@ def test_run_averages_the_best_two_chooses_on_valid_and_scores_test(tmp_path, mo
             assert metrics[f"final/{model}/{decoding}/bleu"] == scores["bleu"]
     assert report["decoding"]["greedy"]["beam_size"] == 1
     assert metrics["scores_file"] == str(tmp_path / "run" / "scores.json")
+
+    # the final lines the user reads: the choice with its valid BLEU, then the four test scores
+    printed = capsys.readouterr().out.splitlines()
+    b, a, v = best_point[1], best_point[2], best_point[3]
+    assert f"chosen on valid: beam {b}, length penalty {a} (valid BLEU {v:.2f})" in printed
+    for model in ("best", "average"):
+        for decoding in ("greedy", "chosen"):
+            s = report["test"][model][decoding]
+            line = f"test {model} {decoding}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}"
+            assert line in printed
 
 
 def test_run_with_finalize_off_skips_it(tmp_path, monkeypatch):

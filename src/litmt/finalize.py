@@ -195,8 +195,17 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
     lines = []
     if report.get("chosen"):
         c = report["chosen"]
+        point = next(
+            (
+                g
+                for g in report.get("valid_grid", [])
+                if (g["beam_size"], g["length_penalty"]) == (c["beam_size"], c["length_penalty"])
+            ),
+            None,
+        )
+        valid = f" (valid BLEU {point['bleu']:.2f})" if point else ""
         lines.append(
-            f"chosen on valid: beam {c['beam_size']}, length penalty {c['length_penalty']}"
+            f"chosen on valid: beam {c['beam_size']}, length penalty {c['length_penalty']}{valid}"
         )
     for model, by_decoding in report.get("test", {}).items():
         for decoding, s in by_decoding.items():
