@@ -135,3 +135,29 @@ def test_bad_finalize_config_fails_before_training(tmp_path, overrides, message)
     cfg = compose_train(overrides, tmp_path)  # callbacks.model_checkpoint.save_top_k is 3
     with pytest.raises(ConfigError, match=message):
         check_finalize_config(cfg)
+
+
+def test_the_average_uses_the_top_k_at_the_end_not_the_one_saved_inside_best(tmp_path):
+    """Validation BLEU is scripted (probe_callbacks.ScriptedScorer): best at validation 2, then
+    4 and 5 push validations 1 and 3 out of the top 3. The test stage restores the callbacks
+    from `best`, whose own top-k list ({1, 2}) is stale; the average must still be 2 + 4 + 5."""
+    quality = [0.3, 0.9, 0.5, 0.8, 0.7]
+    cfg = compose_train(
+        _tiny_run(
+            tmp_path,
+            [
+                "callbacks.scorer._target_=probe_callbacks.ScriptedScorer",
+                f"+callbacks.scorer.quality=[{','.join(map(str, quality))}]",
+                "finalize.average_best=3",
+            ],
+            epochs=len(quality),
+        ),
+        tmp_path,
+    )
+    metrics = train(cfg)
+    report = json.loads((tmp_path / "run" / "scores.json").read_text())
+    steps = [load_checkpoint(p)["global_step"] for p in report["averaged_from"]]
+    last_step = load_checkpoint(metrics["last_checkpoint"])["global_step"]
+    per_epoch = last_step // len(quality)
+    assert steps == [2 * per_epoch, 4 * per_epoch, 5 * per_epoch]  # best first
+    assert report["best_checkpoint"] == report["averaged_from"][0]

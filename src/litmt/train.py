@@ -219,6 +219,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     last = getattr(checkpoint_cb, "last_model_path", "") or None
     best = best if best and Path(best).is_file() else None
     last = last if last and Path(last).is_file() else None
+    # copy now: trainer.test(ckpt_path=best) restores the callbacks' state from `best`, whose
+    # best_k_models is the top-k as it stood when `best` was saved (files since deleted)
+    kept = dict(getattr(checkpoint_cb, "best_k_models", {}))
     if cfg.get("test_after_training") and not trainer.interrupted:
         results = trainer.test(
             module, datamodule=datamodule, ckpt_path=best or None, weights_only=weights_only
@@ -228,7 +231,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             # average the best checkpoints, choose beam/length penalty on valid, score test
             report = finalize(
                 cfg.finalize,
-                best_k_models=getattr(checkpoint_cb, "best_k_models", {}),
+                best_k_models=kept,
                 best=best,
                 corpus=datamodule.corpus,
                 output_dir=output_dir,
