@@ -4,11 +4,20 @@ beam/length-penalty choice made on valid only, and the test scores in scores.jso
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from train_utils import compose_train, tiny_overrides, write_toy_corpus
+from train_utils import (
+    REPO,
+    compose_train,
+    run_train_script,
+    script_env,
+    tiny_overrides,
+    write_toy_corpus,
+)
 
 import litmt.finalize
 from litmt.checkpoint import load_checkpoint, model_state_dict
@@ -161,3 +170,58 @@ def test_the_average_uses_the_top_k_at_the_end_not_the_one_saved_inside_best(tmp
     per_epoch = last_step // len(quality)
     assert steps == [2 * per_epoch, 4 * per_epoch, 5 * per_epoch]  # best first
     assert report["best_checkpoint"] == report["averaged_from"][0]
+
+
+def _finalize_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "scripts/finalize.py", *args],
+        cwd=REPO,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_finalize_script_reruns_the_end_step_on_a_finished_run(tmp_path):
+    """scripts/train.py with finalize off, then scripts/finalize.py on its run directory with
+    a 2-best average and a grid: the average is of the two kept checkpoints with the highest
+    valid BLEU (from last.ckpt), the choice is made on valid, the lines are printed."""
+    res = run_train_script(_tiny_run(tmp_path, ["callbacks.model_checkpoint.save_top_k=3"]))
+    assert res.returncode == 0, res.stderr[-2000:]
+    run = tmp_path / "run"
+    assert not (run / "scores.json").exists()
+    kept = _kept_scores(str(run / "checkpoints" / "last.ckpt"))
+    res = _finalize_script(
+        f"run_dir={run}",
+        "finalize.average_best=2",
+        "finalize.beam_sizes=[1,2]",
+        "finalize.length_penalties=[1.0]",
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads((run / "scores.json").read_text())
+    assert report["averaged_from"] == sorted(kept, key=kept.get, reverse=True)[:2]
+    assert report["best_checkpoint"] == report["averaged_from"][0]
+    assert [(g["beam_size"], g["length_penalty"]) for g in report["valid_grid"]] == [
+        (1, 1.0),
+        (2, 1.0),
+    ]
+    lines = res.stdout.splitlines()
+    assert any(line.startswith("chosen on valid: beam ") for line in lines)
+    s = report["test"]["average"]["chosen"]
+    assert f"test average chosen: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}" in lines
+
+
+def test_finalize_script_errors_are_one_line(tmp_path):
+    res = _finalize_script()
+    assert res.returncode == 2
+    assert (
+        res.stderr.strip()
+        == "error: run_dir is required: python scripts/finalize.py run_dir=RUN_DIR"
+    )
+    res = _finalize_script(f"run_dir={tmp_path}")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        f"error: {tmp_path / '.hydra' / 'config.yaml'} not found: run_dir must be a training "
+        "run (the run's saved config)"
+    ]
