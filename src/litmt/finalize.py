@@ -106,11 +106,16 @@ def choose_decoding(
 ) -> tuple[DecodeConfig, list[dict[str, Any]]]:
     """Decode `valid` at every (beam size, length penalty) and keep the highest BLEU.
 
+    Beam size 1 (greedy) is decoded once, with the first length penalty: the penalty does
+    not change a greedy output.
+
     Returns:
         (the chosen DecodeConfig, one {"beam_size", "length_penalty", "bleu", "chrf"} per point)
     """
     grid: list[dict[str, Any]] = []
     for beam, alpha in itertools.product(beam_sizes, length_penalties):
+        if int(beam) == 1 and alpha != length_penalties[0]:
+            continue  # greedy: the length penalty changes only the reported score, not the output
         config = DecodeConfig(beam_size=int(beam), length_penalty=float(alpha))
         scores = score_split(translator, valid, config, max_tokens)
         grid.append({"beam_size": int(beam), "length_penalty": float(alpha), **scores})
