@@ -202,15 +202,9 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
     lines = []
     if report.get("chosen"):
         c = report["chosen"]
-        point = next(
-            (
-                g
-                for g in report.get("valid_grid", [])
-                if (g["beam_size"], g["length_penalty"]) == (c["beam_size"], c["length_penalty"])
-            ),
-            None,
-        )
-        valid = f" (valid BLEU {point['bleu']:.2f})" if point else ""
+        grid = report.get("valid_grid") or []
+        # the choice is the grid's highest valid BLEU (choose_decoding)
+        valid = f" (valid BLEU {max(g['bleu'] for g in grid):.2f})" if grid else ""
         lines.append(
             f"chosen on valid: beam {c['beam_size']}, length penalty {c['length_penalty']}{valid}"
         )
@@ -266,15 +260,13 @@ def finalize_run(cfg: DictConfig) -> dict[str, Any]:
         if not path.is_file():
             raise ConfigError(f"{path} not found: run_dir must be a training run ({what})")
     train_cfg = OmegaConf.load(saved)
+    given = {k: v for k, v in (cfg.get("finalize") or {}).items() if v is not None}
     with open_dict(train_cfg):
         train_cfg.paths.output_dir = str(run)
         if cfg.get("data_dir"):
             train_cfg.data.dir = str(cfg.data_dir)
-        fin = train_cfg.get("finalize") or OmegaConf.create({})
-        for key, value in (cfg.get("finalize") or {}).items():
-            if value is not None:
-                fin[key] = value
-        train_cfg.finalize = fin
+        train_cfg.finalize = OmegaConf.merge(train_cfg.get("finalize") or {}, given)
+    check_finalize_config(train_cfg)
     kept = kept_checkpoints(last)
     if not kept:
         raise ConfigError(f"{last} lists no kept checkpoint that still exists in {last.parent}")

@@ -370,7 +370,7 @@ class TranslationModule(L.LightningModule):
 
     def _time_budget(self) -> Timer | None:
         """Lightning's `Timer` when the run is bounded by `trainer.max_time` only (no max_steps)."""
-        if self.trainer.max_steps is not None and self.trainer.max_steps > 0:
+        if self.trainer.max_steps > 0:
             return None
         for callback in self.trainer.callbacks:
             if isinstance(callback, Timer) and callback.time_remaining() is not None:
