@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from train_utils import (
     REPO,
     compose_train,
@@ -22,7 +24,13 @@ from train_utils import (
 import litmt.finalize
 from litmt.checkpoint import load_checkpoint, model_state_dict
 from litmt.errors import ConfigError
-from litmt.finalize import check_finalize_config
+from litmt.finalize import (
+    check_finalize_config,
+    finalize,
+    finalize_run,
+    flat_metrics,
+    summary_lines,
+)
 from litmt.train import train
 
 SIZES = {"train": 600, "valid": 30, "test": 30}
@@ -39,16 +47,26 @@ def _tiny_run(tmp_path: Path, extra: list[str], epochs: int = 5) -> list[str]:
     ]
 
 
-def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, float, float]]:
-    """Record (split, beam size, length penalty, BLEU) of every decode+score call."""
-    calls: list[tuple[str, int, float, float]] = []
+def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, float, float, str]]:
+    """Record (split, beam size, length penalty, BLEU, checkpoint) of every decode+score call;
+    the checkpoint is the path the scored translator was loaded from."""
+    calls: list[tuple[str, int, float, float, str]] = []
     real = litmt.finalize.score_split
+    real_load = litmt.finalize.Translator.from_checkpoint
+    loaded_from: dict[int, str] = {}
+
+    def load(path, **kwargs):
+        translator = real_load(path, **kwargs)
+        loaded_from[id(translator)] = str(path)
+        return translator
 
     def spy(translator, split, config, max_tokens):
         scores = real(translator, split, config, max_tokens)
-        calls.append((split.name, config.beam_size, config.length_penalty, scores["bleu"]))
+        ckpt = loaded_from[id(translator)]
+        calls.append((split.name, config.beam_size, config.length_penalty, scores["bleu"], ckpt))
         return scores
 
+    monkeypatch.setattr(litmt.finalize.Translator, "from_checkpoint", load)
     monkeypatch.setattr(litmt.finalize, "score_split", spy)
     return calls
 
@@ -94,13 +112,23 @@ def test_run_averages_the_best_two_chooses_on_valid_and_scores_test(tmp_path, mo
     # the grid is decoded on valid only, every point once, before test is touched
     # (greedy once: the length penalty does not change its output)
     grid = [(1, 0.6), (2, 0.6), (2, 1.0)]
-    assert [(s, b, a) for s, b, a, _ in calls[:3]] == [("valid", b, a) for b, a in grid]
+    average, best = report["average_checkpoint"], report["best_checkpoint"]
+    assert [(s, b, a, m) for s, b, a, _, m in calls[:3]] == [
+        ("valid", b, a, average) for b, a in grid
+    ]  # with the average
     assert [g["bleu"] for g in report["valid_grid"]] == [c[3] for c in calls[:3]]
     best_point = max(calls[:3], key=lambda c: c[3])
     chosen = report["chosen"]
     assert (chosen["beam_size"], chosen["length_penalty"]) == best_point[1:3]
-    # then test: best and average, each greedy and with the choice, and nothing else
-    assert [c[:3] for c in calls[3:]] == [("test", 1, 1.0), ("test", *best_point[1:3])] * 2
+    # then test: best and average, each greedy and with the choice, and nothing else; each
+    # model's scores come from decoding that model's checkpoint
+    decodings = [(1, 1.0), best_point[1:3]]
+    assert [(c[0], *c[1:3], c[4]) for c in calls[3:]] == [
+        ("test", *d, ckpt) for ckpt in (best, average) for d in decodings
+    ]
+    for (_, _, _, bleu, ckpt), decoding in zip(calls[3:], ["greedy", "chosen"] * 2, strict=True):
+        model = "best" if ckpt == best else "average"
+        assert report["test"][model][decoding]["bleu"] == bleu
     assert set(report["test"]) == {"best", "average"}
     for model in ("best", "average"):
         assert set(report["test"][model]) == {"greedy", "chosen"}
@@ -120,6 +148,123 @@ def test_run_averages_the_best_two_chooses_on_valid_and_scores_test(tmp_path, mo
             s = report["test"][model][decoding]
             line = f"test {model} {decoding}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}"
             assert line in printed
+
+
+class _Corpus:
+    """A stand-in `ParallelCorpus`: one sentence per split."""
+
+    def load(self, split: str) -> dict[str, list[str]]:
+        return {"src": [f"{split} source"], "tgt": [f"{split} reference"]}
+
+
+def _stub_decoding(monkeypatch: pytest.MonkeyPatch, gain: dict[tuple[int, float], float]):
+    """Replace averaging, loading and decode+score by stubs: every checkpoint scores its own
+    BLEU (avg_best2.ckpt 40, epoch=1 30, else 20), + 5 on test, + `gain` at (beam, penalty).
+    Returns the calls: (checkpoint name, split, beam size, length penalty, max_tokens)."""
+    calls: list[tuple[str, str, int, float, int]] = []
+
+    class Loaded:
+        def __init__(self, path: str) -> None:
+            self.name = Path(path).name
+
+        @classmethod
+        def from_checkpoint(cls, path: str) -> Loaded:
+            return cls(path)
+
+    def bleu(name: str, split: str, beam: int, alpha: float) -> float:
+        base = {"avg_best2.ckpt": 40.0, "epoch=1.ckpt": 30.0}.get(name, 20.0)
+        return base + (5.0 if split == "test" else 0.0) + gain.get((beam, alpha), 0.0)
+
+    def score(translator, split, config, max_tokens):
+        calls.append(
+            (translator.name, split.name, config.beam_size, config.length_penalty, max_tokens)
+        )
+        b = bleu(translator.name, split.name, config.beam_size, config.length_penalty)
+        return {"bleu": b, "chrf": b + 10}
+
+    def average(paths, out):
+        Path(out).write_text(" + ".join(Path(p).name for p in paths))
+
+    monkeypatch.setattr(litmt.finalize, "Translator", Loaded)
+    monkeypatch.setattr(litmt.finalize, "score_split", score)
+    monkeypatch.setattr(litmt.finalize, "average_checkpoints", average)
+    return calls, bleu
+
+
+def _kept_files(tmp_path: Path) -> dict[str, float]:
+    """Three kept checkpoints (empty files) with their valid BLEU: epoch=1 best, then epoch=2."""
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    kept = {str(ckpts / f"epoch={i}.ckpt"): s for i, s in enumerate([20.0, 30.0, 25.0])}
+    for path in kept:
+        Path(path).touch()
+    return kept
+
+
+def test_each_test_line_scores_the_model_it_names(tmp_path, monkeypatch):
+    """Decoding is stubbed so that the best checkpoint and the average score differently: the
+    grid is decoded with the average, "test best" with the best checkpoint, "test average" with
+    avg_best2.ckpt, in scores.json, the printed lines and train()'s metrics alike."""
+    calls, bleu = _stub_decoding(monkeypatch, gain={(4, 0.6): 3.0, (4, 1.0): 1.0})
+    kept = _kept_files(tmp_path)
+    best = str(tmp_path / "checkpoints" / "epoch=1.ckpt")
+    fin = OmegaConf.create(
+        {"average_best": 2, "beam_sizes": [1, 4], "length_penalties": [0.6, 1.0], "max_tokens": 77}
+    )
+    report = finalize(fin, best_k_models=kept, best=best, corpus=_Corpus(), output_dir=tmp_path)
+
+    average = tmp_path / "checkpoints" / "avg_best2.ckpt"
+    assert report["average_checkpoint"] == str(average)
+    assert average.read_text() == "epoch=1.ckpt + epoch=2.ckpt"  # the two best, best first
+    assert report["averaged_from"] == [best, str(tmp_path / "checkpoints" / "epoch=2.ckpt")]
+    grid = [(1, 0.6), (4, 0.6), (4, 1.0)]
+    assert calls[:3] == [("avg_best2.ckpt", "valid", b, a, 77) for b, a in grid]
+    assert [g["bleu"] for g in report["valid_grid"]] == [40.0, 43.0, 41.0]
+    assert report["chosen"]["beam_size"] == 4 and report["chosen"]["length_penalty"] == 0.6
+    expected = {
+        model: {
+            "greedy": {"bleu": bleu(name, "test", 1, 1.0), "chrf": bleu(name, "test", 1, 1.0) + 10},
+            "chosen": {"bleu": bleu(name, "test", 4, 0.6), "chrf": bleu(name, "test", 4, 0.6) + 10},
+        }
+        for model, name in (("best", "epoch=1.ckpt"), ("average", "avg_best2.ckpt"))
+    }
+    assert expected["best"]["greedy"]["bleu"] == 35.0
+    assert expected["average"]["chosen"]["bleu"] == 48.0
+    assert report["test"] == expected
+    assert json.loads((tmp_path / "scores.json").read_text())["test"] == expected
+    assert summary_lines(report) == [
+        "chosen on valid: beam 4, length penalty 0.6 (valid BLEU 43.00)",
+        "test best greedy: BLEU 35.00 chrF 45.00",
+        "test best chosen: BLEU 38.00 chrF 48.00",
+        "test average greedy: BLEU 45.00 chrF 55.00",
+        "test average chosen: BLEU 48.00 chrF 58.00",
+        f"scores: {tmp_path / 'scores.json'}",
+    ]
+    metrics = flat_metrics(report)
+    assert metrics["final/best/chosen/bleu"] == 38.0
+    assert metrics["final/average/greedy/chrf"] == 55.0
+    assert (metrics["final/beam_size"], metrics["final/length_penalty"]) == (4, 0.6)
+
+
+def test_equal_valid_bleu_chooses_the_first_grid_point_and_no_average_uses_best(
+    tmp_path, monkeypatch
+):
+    """Ties on valid go to the first point in grid order; with averaging off the grid is
+    decoded with the best checkpoint and test has the best checkpoint only."""
+    calls, _ = _stub_decoding(monkeypatch, gain={(2, 0.8): 2.0, (4, 0.8): 2.0, (4, 1.2): 2.0})
+    kept = _kept_files(tmp_path)
+    best = str(tmp_path / "checkpoints" / "epoch=1.ckpt")
+    fin = OmegaConf.create(
+        {"average_best": 0, "beam_sizes": [2, 4], "length_penalties": [1.2, 0.8]}
+    )
+    report = finalize(fin, best_k_models=kept, best=best, corpus=_Corpus(), output_dir=tmp_path)
+
+    assert [g["bleu"] for g in report["valid_grid"]] == [30.0, 32.0, 32.0, 32.0]
+    assert report["chosen"]["beam_size"] == 2 and report["chosen"]["length_penalty"] == 0.8
+    assert {c[0] for c in calls} == {"epoch=1.ckpt"}
+    assert report["average_checkpoint"] is None and set(report["test"]) == {"best"}
+    assert not list(tmp_path.rglob("avg_best*.ckpt"))
+    assert {c[4] for c in calls} == {4096}  # the default max_tokens
 
 
 def test_run_with_finalize_off_skips_it(tmp_path, monkeypatch):
@@ -173,6 +318,67 @@ def test_the_average_uses_the_top_k_at_the_end_not_the_one_saved_inside_best(tmp
     assert report["best_checkpoint"] == report["averaged_from"][0]
 
 
+RUN_FINALIZE = {
+    "average_best": 3,
+    "beam_sizes": [1, 3],
+    "length_penalties": [0.8, 1.2],
+    "max_tokens": 123,
+}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "changed"),
+    [
+        ([], {}),
+        (["finalize.average_best=2"], {"average_best": 2}),
+        (["finalize.beam_sizes=[1,5]"], {"beam_sizes": [1, 5]}),
+        (["finalize.length_penalties=[1.0]"], {"length_penalties": [1.0]}),
+        (["finalize.max_tokens=64", "data_dir=/moved/corpus"], {"max_tokens": 64}),
+    ],
+)
+def test_rerun_keeps_the_runs_finalize_keys_the_command_line_does_not_set(
+    tmp_path, monkeypatch, overrides, changed
+):
+    """scripts/finalize.py's config (conf/finalize.yaml: every finalize key null) on a run saved
+    with non-default finalize keys: the end step gets the run's value of every key the command
+    line leaves null, the best kept checkpoint, and the run's data unless data_dir moves it."""
+    run = tmp_path / "run"
+    saved = compose_train(
+        ["data.dir=/run/corpus", *(f"finalize.{k}={v}" for k, v in RUN_FINALIZE.items())],
+        tmp_path,
+    )
+    (run / ".hydra").mkdir(parents=True)
+    OmegaConf.save(saved, run / ".hydra" / "config.yaml")
+    kept = _kept_files(run)
+    gone = str(run / "checkpoints" / "gone.ckpt")
+    kept.update({gone: 99.0})  # deleted since: not a candidate
+    callbacks = {"ModelCheckpoint{'monitor': 'valid/bleu'}": {"best_k_models": kept}}
+    torch.save({"callbacks": callbacks}, run / "checkpoints" / "last.ckpt")
+    got: dict = {}
+
+    def fake_finalize(fin, **kwargs):
+        got.update(fin=OmegaConf.to_container(fin), **kwargs)
+        return {"test": {}}
+
+    def fake_instantiate(data_cfg):
+        got["data_dir"] = data_cfg.dir
+        return type("DataModule", (), {"corpus": "the corpus"})()
+
+    monkeypatch.setattr(litmt.finalize, "finalize", fake_finalize)
+    monkeypatch.setattr(litmt.finalize, "instantiate", fake_instantiate)
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("finalize", overrides=[f"run_dir={run}", *overrides])
+    assert set(cfg.finalize) == set(RUN_FINALIZE)  # the test covers every key
+    finalize_run(cfg)
+
+    assert got["fin"] == {**RUN_FINALIZE, **changed}
+    assert got["best"] == str(run / "checkpoints" / "epoch=1.ckpt")
+    assert got["best_k_models"] == {k: v for k, v in kept.items() if k != gone}
+    assert got["corpus"] == "the corpus" and got["output_dir"] == run
+    moved = "data_dir=/moved/corpus" in overrides
+    assert got["data_dir"] == ("/moved/corpus" if moved else "/run/corpus")
+
+
 def _finalize_script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "scripts/finalize.py", *args],
@@ -185,27 +391,31 @@ def _finalize_script(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_finalize_script_reruns_the_end_step_on_a_finished_run(tmp_path):
-    """scripts/train.py with finalize off, then scripts/finalize.py on its run directory with
-    a 2-best average and a grid: the average is of the two kept checkpoints with the highest
-    valid BLEU (from last.ckpt), the choice is made on valid, the lines are printed."""
-    res = run_train_script(_tiny_run(tmp_path, ["callbacks.model_checkpoint.save_top_k=3"]))
+    """scripts/train.py saving a finalize block (a 2-best average and a grid) but stopping
+    before the end step (test_after_training=false), then scripts/finalize.py on its run
+    directory with one grid key changed: the run's other keys still apply; the average is of
+    the two kept checkpoints with the highest valid BLEU (from last.ckpt), the choice is made
+    on valid, the lines are printed."""
+    saved = [
+        "callbacks.model_checkpoint.save_top_k=3",
+        "test_after_training=false",
+        "finalize.average_best=2",
+        "finalize.beam_sizes=[1,2]",
+        "finalize.length_penalties=[1.0]",
+    ]
+    res = run_train_script(_tiny_run(tmp_path, saved))
     assert res.returncode == 0, res.stderr[-2000:]
     run = tmp_path / "run"
     assert not (run / "scores.json").exists()
     kept = _kept_scores(str(run / "checkpoints" / "last.ckpt"))
-    res = _finalize_script(
-        f"run_dir={run}",
-        "finalize.average_best=2",
-        "finalize.beam_sizes=[1,2]",
-        "finalize.length_penalties=[1.0]",
-    )
+    res = _finalize_script(f"run_dir={run}", "finalize.length_penalties=[0.6]")
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads((run / "scores.json").read_text())
     assert report["averaged_from"] == sorted(kept, key=kept.get, reverse=True)[:2]
     assert report["best_checkpoint"] == report["averaged_from"][0]
     assert [(g["beam_size"], g["length_penalty"]) for g in report["valid_grid"]] == [
-        (1, 1.0),
-        (2, 1.0),
+        (1, 0.6),
+        (2, 0.6),
     ]
     lines = res.stdout.splitlines()
     assert any(line.startswith("chosen on valid: beam ") for line in lines)

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import hydra
+import lightning as L
+import lightning.pytorch.callbacks.timer as lightning_timer
 import numpy as np
 import pytest
 import torch
 import yaml
+from lightning.pytorch.callbacks import Timer
 from PIL import Image
+from tiny_model import tiny_config
 from train_utils import REPO, compose_train, run_train_script, tiny_overrides, write_toy_corpus
 
 from litmt.checkpoint import load_checkpoint
@@ -56,6 +62,44 @@ def test_cosine_on_the_clock_follows_the_time_fraction_not_the_step():
     assert fn(20) == pytest.approx(0.1) and fn(100_000) == pytest.approx(0.1)
     clock["p"] = 1.7  # a run past its budget (final validation) stays at the floor
     assert fn(20) == pytest.approx(0.1)
+
+
+def test_cosine_on_the_clock_after_a_resume_decays_over_the_whole_budget(monkeypatch):
+    """A run resumed with 600 s of its 1000 s trainer.max_time spent: Lightning's Timer restores
+    the elapsed time (before configure_optimizers, as Trainer._run does) and keeps counting on
+    a fake clock. The decay horizon stays the whole 1000 s, not the 400 s left."""
+    clock = {"now": 5000.0}
+    monkeypatch.setattr(lightning_timer, "time", SimpleNamespace(monotonic=lambda: clock["now"]))
+    trainer = L.Trainer(
+        max_time={"seconds": 1000},
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    (timer,) = [c for c in trainer.callbacks if isinstance(c, Timer)]
+    timer.load_state_dict({"time_elapsed": {"train": 600.0, "validate": 40.0}})  # from last.ckpt
+    module = TranslationModule(
+        tiny_config(),
+        tokenizer=None,  # type: ignore[arg-type]  # not needed: no decoding
+        src_lang="en",
+        tgt_lang="de",
+        scheduler={"name": "cosine", "warmup_steps": 10, "min_lr_ratio": 0.1},
+    )
+    module.trainer = trainer
+    scheduler = module.configure_optimizers()["lr_scheduler"]["scheduler"]
+    timer.on_train_start(trainer, module)  # the clock restarts from the restored 600 s
+    fn = scheduler.lr_lambdas[0]
+
+    def cosine(fraction: float) -> float:
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * fraction))
+
+    for spent, fraction in ((0, 0.6), (100, 0.7), (250, 0.85), (400, 1.0)):
+        clock["now"] = 5000.0 + spent
+        assert fn(50_000) == pytest.approx(cosine(fraction)), f"at {600 + spent} s of 1000 s"
+    assert fn(3) == pytest.approx(0.1)  # the warmup ramp (0.4) never lifts it off the floor
 
 
 def _lr_of_a_run(tmp_path, extra):
