@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
-from litmt.decoding import DecodeConfig, decode
+from litmt.decoding.api import decode
+from litmt.decoding.config import DecodeConfig
 from litmt.errors import LitmtError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
@@ -309,7 +310,7 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
 # -- decoding ---------------------------------------------------------------------------
 @torch.inference_mode()
 def litmt_greedy(model: Seq2SeqTransformer, src: Tensor, steps: int) -> Tensor:
-    """`litmt.decoding.decode`, greedy, held to exactly `steps` tokens (min = max length): (B, N).
+    """`litmt.decoding.api.decode`, greedy, held to exactly `steps` tokens (min = max length): (B, N).
 
     It runs one decoder step more than `steps`: the one that emits the forced eos.
     """
@@ -319,7 +320,7 @@ def litmt_greedy(model: Seq2SeqTransformer, src: Tensor, steps: int) -> Tensor:
 
 @torch.inference_mode()
 def litmt_beam(model: Seq2SeqTransformer, src: Tensor, beam: int, steps: int) -> Tensor:
-    """`litmt.decoding.decode`, beam search, held to exactly `steps` tokens: (B, N), best ones.
+    """`litmt.decoding.api.decode`, beam search, held to exactly `steps` tokens: (B, N), best ones.
 
     The library's search as users run it: KV cache, beams sharing their sentence's encoder
     output and cross-attention K/V, first step on one row per sentence, two-pass top-k,

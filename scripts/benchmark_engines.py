@@ -27,11 +27,12 @@ from pathlib import Path
 
 import torch
 
-from litmt.cli import cli_errors
-from litmt.engines import CT2Translator
-from litmt.export import export_model, file_sha256, is_export_dir, read_metadata
+from litmt.cli.exits import cli_errors
+from litmt.data.text import read_text_file
+from litmt.decoding.translator import Translator
+from litmt.deploy.ct2_engine import CT2Translator
+from litmt.deploy.ct2_export import export_model, file_sha256, is_export_dir, read_metadata
 from litmt.metrics import corpus_bleu
-from litmt.translate import Translator, read_text_file
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

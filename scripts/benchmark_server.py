@@ -28,8 +28,8 @@ from pathlib import Path
 
 import httpx
 
-from litmt.cli import cli_errors
-from litmt.translate import read_text_file
+from litmt.cli.exits import cli_errors
+from litmt.data.text import read_text_file
 
 REPO = Path(__file__).resolve().parents[1]
 

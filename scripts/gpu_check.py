@@ -3,7 +3,7 @@
 Runs without Hydra's config tree and without `datasets` (the GPU image may lack both): the
 Multi30k text files are tokenised with litmt's sentencepiece `Tokenizer` straight into
 `TokenizedPairs`, batched by litmt's `TokenBudgetBatchSampler` and `collate`, and trained by
-`TranslationModule` under a Lightning `Trainer`, the same objects `litmt.train` composes.
+`TranslationModule` under a Lightning `Trainer`, the same objects `litmt.cli.train` composes.
 
     python scripts/gpu_check.py --data ../shared/data/multi30k --out OUT [--budget-s 330]
     python scripts/gpu_check.py --smoke --out OUT     # CPU, a toy corpus, a few steps
@@ -34,10 +34,10 @@ from torch.utils.data import DataLoader
 from litmt.data.collate import TokenizedPairs, collate
 from litmt.data.sampler import TokenBudgetBatchSampler
 from litmt.data.tokenizer import Tokenizer, TokenizerSettings
-from litmt.lit_module import TranslationModule
+from litmt.decoding.translator import Translator
 from litmt.metrics import corpus_scores
-from litmt.precision import fp8_precision_plugin, pad_multiple_for
-from litmt.translate import Translator
+from litmt.runtime.precision import fp8_precision_plugin, pad_multiple_for
+from litmt.training.module import TranslationModule
 
 # Kernels that compute exact attention (the approximate ones, local/sparse/linear, are not
 # compared); the optional package each one needs.

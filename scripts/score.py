@@ -4,10 +4,10 @@
     python scripts/score.py ckpt_path=model.ckpt src_file=test.en tgt_file=test.de
     python scripts/score.py ckpt_path=model.ckpt src_file=a.en tgt_file=a.de output=a.scores
 
-See conf/score.yaml for every option and src/litmt/score.py for the exact definitions.
+See conf/score.yaml for every option and src/litmt/decoding/forced.py for the exact definitions.
 """
 
-from litmt.cli import run_script
+from litmt.cli.runner import run_script
 
 if __name__ == "__main__":
-    run_script("score", "litmt.score:score")
+    run_script("score", "litmt.cli.score:score")

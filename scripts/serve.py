@@ -6,7 +6,7 @@
 See conf/serve.yaml for every option.
 """
 
-from litmt.cli import run_script
+from litmt.cli.runner import run_script
 
 if __name__ == "__main__":
-    run_script("serve", "litmt.serve:serve")
+    run_script("serve", "litmt.cli.serve:serve")

@@ -1,7 +1,7 @@
 """Train a translator: `python scripts/train.py [overrides]` (see conf/train.yaml)."""
 
-from litmt.cli import run_script
+from litmt.cli.runner import run_script
 
 if __name__ == "__main__":
     # main() returns valid/bleu: the value Hydra sweepers optimise
-    run_script("train", "litmt.train:train", stderr_logs=False, objective="valid/bleu")
+    run_script("train", "litmt.cli.train:train", stderr_logs=False, objective="valid/bleu")

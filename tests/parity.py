@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-import litmt.search
+import litmt.decoding.search
 from litmt.data.tokenizer import BOS_ID, EOS_ID
 
 # The same hypothesis scored by two computations (engines, batch shapes, CPUs): |difference| of
@@ -114,7 +114,7 @@ def pytest_approx(value: float):
 
 @contextmanager
 def beam_margins() -> Iterator[list[float]]:
-    """Record the smallest decision margin of each `litmt.search.beam_search` step.
+    """Record the smallest decision margin of each `litmt.decoding.search.beam_search` step.
 
     Each step of litmt's beam search ranks candidates by cumulative log-probability and keeps
     the 2K best: which beams live on, which finish and which fall out are all decided by the
@@ -123,7 +123,7 @@ def beam_margins() -> Iterator[list[float]]:
     `NEAR_TIE` may be decided differently by another computation.
     """
     margins: list[float] = []
-    original = litmt.search.topk_rows
+    original = litmt.decoding.search.topk_rows
 
     def recording(x: torch.Tensor, k: int, chunk: int = 64):
         top = x.topk(min(k + 1, x.size(-1)), dim=-1).values  # (R, k + 1), sorted
@@ -133,11 +133,11 @@ def beam_margins() -> Iterator[list[float]]:
                 margins.append(float((row[:-1] - row[1:]).min()))
         return original(x, k, chunk)
 
-    litmt.search.topk_rows = recording
+    litmt.decoding.search.topk_rows = recording
     try:
         yield margins
     finally:
-        litmt.search.topk_rows = original
+        litmt.decoding.search.topk_rows = original
 
 
 def beam_margin(translator, src: Sequence[int], **options) -> float:

@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
-from litmt.callbacks import TranslationScorer
+from litmt.training.callbacks.translation_scorer import TranslationScorer
 
 
 class RecordBatches(L.Callback):

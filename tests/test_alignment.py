@@ -12,12 +12,14 @@ from hydra import compose, initialize_config_dir
 from tiny_checkpoint import tiny_checkpoint_path
 from tiny_model import tiny_config
 
-from litmt.alignment import AlignConfig, align_ids, hard_alignment, pharaoh, word_index
+from litmt.cli.translate import translate
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from litmt.decoding import DecodeConfig, decode
+from litmt.decoding.alignment import AlignConfig, align_ids, hard_alignment, pharaoh, word_index
+from litmt.decoding.api import decode
+from litmt.decoding.config import DecodeConfig
+from litmt.decoding.translator import Translator
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
-from litmt.translate import Translator, translate
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 VOCAB = 24  # ids 4..23 are "words"

@@ -21,14 +21,15 @@ from tiny_checkpoint import corpus, tiny_checkpoint_path
 from torch.utils.data import DataLoader
 from train_utils import compose_train, tiny_overrides, write_toy_corpus
 
-from litmt.callbacks import TranslationScorer
-from litmt.checkpoint import load_checkpoint
+from litmt.checkpoint.io import load_checkpoint
+from litmt.cli.train import train
 from litmt.data.collate import collate
 from litmt.data.tokenizer import Tokenizer
-from litmt.decoding import DecodeConfig, decode
-from litmt.lit_module import TranslationModule
-from litmt.search import greedy_search
-from litmt.train import train
+from litmt.decoding.api import decode
+from litmt.decoding.config import DecodeConfig
+from litmt.decoding.search import greedy_search
+from litmt.training.callbacks.translation_scorer import TranslationScorer
+from litmt.training.module import TranslationModule
 
 N_VALID = 23
 
@@ -131,7 +132,7 @@ PATIENCE = 3
 
 @pytest.fixture(scope="module")
 def scripted_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """`litmt.train.train` with the shipped callbacks config; only the scorer's hypotheses
+    """`litmt.cli.train.train` with the shipped callbacks config; only the scorer's hypotheses
     are scripted (probe_callbacks.ScriptedScorer), so validation BLEU follows QUALITY."""
     out = tmp_path_factory.mktemp("scripted")
     corpus_dir = write_toy_corpus(out / "corpus", {"train": 60, "valid": 12, "test": 6})

@@ -19,18 +19,16 @@ import tiny_checkpoint
 import torch
 from tiny_checkpoint import corpus
 
-from litmt.checkpoint import (
+from litmt.checkpoint.compat import check_compatible, tokenizer_difference
+from litmt.checkpoint.io import (
     META_KEY,
     atomic_save,
-    check_compatible,
-    checkpoint_paths,
     load_checkpoint,
-    load_model,
     model_state_dict,
-    resolve_device,
     save_model_checkpoint,
-    tokenizer_difference,
 )
+from litmt.checkpoint.load import load_model, resolve_device
+from litmt.checkpoint.paths import checkpoint_paths
 from litmt.data.tokenizer import Tokenizer, TokenizerSettings
 from litmt.errors import BackendError, CheckpointError, ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
@@ -223,7 +221,7 @@ def test_a_save_that_fails_halfway_keeps_the_previous_checkpoint(tmp_path, token
 KILL_CHILD = textwrap.dedent(
     """
     import os, sys, time, torch
-    from litmt.checkpoint import atomic_save
+    from litmt.checkpoint.io import atomic_save
 
     real_fsync = os.fsync
 
@@ -240,7 +238,7 @@ KILL_CHILD = textwrap.dedent(
 KILL_EARLY_CHILD = textwrap.dedent(
     """
     import os, sys, time, torch
-    from litmt.checkpoint import atomic_save
+    from litmt.checkpoint.io import atomic_save
 
     real_fdopen = os.fdopen
 
@@ -436,9 +434,9 @@ def test_checkpoint_paths_parses_every_form_the_jobs_accept(tmp_path):
 @pytest.mark.parametrize(
     ("job", "config", "extra"),
     [
-        ("litmt.translate:translate", "translate", []),
-        ("litmt.evaluate:evaluate", "evaluate", []),
-        ("litmt.visualize:visualize", "visualize_attention", ['sentence="A dog."']),
+        ("litmt.cli.translate:translate", "translate", []),
+        ("litmt.cli.evaluate:evaluate", "evaluate", []),
+        ("litmt.cli.visualize:visualize", "visualize_attention", ['sentence="A dog."']),
     ],
 )
 def test_the_jobs_share_the_checkpoint_parser(tmp_path, tokenizer, job, config, extra):

@@ -1,5 +1,5 @@
 """The scripts end to end: subprocess runs of translate.py / evaluate.py, composed-config runs
-of the averaging and heatmap jobs, and the one-line error contract of `litmt.cli`."""
+of the averaging and heatmap jobs, and the one-line error contract of `litmt.cli.runner`."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from PIL import Image
 from tiny_checkpoint import assert_weights_are_the_mean, corpus, other_weights, tiny_checkpoint_path
 
 from litmt import Translator
-from litmt.checkpoint import load_checkpoint, model_state_dict
-from litmt.cli import cli_errors, run_cli
+from litmt.checkpoint.io import load_checkpoint, model_state_dict
+from litmt.cli.average import average
+from litmt.cli.exits import cli_errors, run_cli
+from litmt.cli.translate import translate
+from litmt.cli.visualize import visualize
 from litmt.errors import CheckpointError, ConfigError, DataError
-from litmt.evaluate import average
-from litmt.translate import translate
-from litmt.visualize import visualize
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -23,9 +23,9 @@ from train_utils import (
     write_toy_corpus,
 )
 
-from litmt.callbacks import TranslationScorer, gather_hypotheses
-from litmt.checkpoint import load_checkpoint
-from litmt.lit_module import TranslationModule
+from litmt.checkpoint.io import load_checkpoint
+from litmt.training.callbacks.translation_scorer import TranslationScorer, gather_hypotheses
+from litmt.training.module import TranslationModule
 
 EPOCHS = 20
 REFS = [f"sentence {i}" for i in range(7)]

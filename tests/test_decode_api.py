@@ -15,14 +15,15 @@ from omegaconf import OmegaConf
 from tiny_checkpoint import tiny_checkpoint_path
 from tiny_model import tiny_config
 
-import litmt.lit_module
-import litmt.translate
-from litmt.decoding import DecodeConfig, decode, decoding_options
+import litmt.decoding.translator
+import litmt.training.module
+from litmt.decoding.api import decode
+from litmt.decoding.config import DecodeConfig, decoding_options
+from litmt.decoding.search import beam_search, greedy_search
+from litmt.decoding.translator import Translator
+from litmt.deploy.ct2_export import DEFAULT_DECODING
 from litmt.errors import ConfigError
-from litmt.export import DEFAULT_DECODING
 from litmt.models import Seq2SeqTransformer
-from litmt.search import beam_search, greedy_search
-from litmt.translate import Translator
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -48,8 +49,8 @@ def recorded(monkeypatch) -> list[DecodeConfig]:
         seen.append(config or DecodeConfig())
         return decode(models, src, config, **kw)
 
-    monkeypatch.setattr(litmt.translate, "decode", spy)
-    monkeypatch.setattr(litmt.lit_module, "decode", spy)
+    monkeypatch.setattr(litmt.decoding.translator, "decode", spy)
+    monkeypatch.setattr(litmt.training.module, "decode", spy)
     return seen
 
 
@@ -101,7 +102,7 @@ def test_translator_and_server_and_module_decode_with_the_defaults(translator, r
 
     from fastapi.testclient import TestClient
 
-    from litmt.serve import ServeSettings, create_app
+    from litmt.deploy.server import ServeSettings, create_app
 
     settings = ServeSettings(decoding=dict(compose_cfg("serve").decoding))
     with TestClient(create_app(translator, settings)) as client:
@@ -110,15 +111,15 @@ def test_translator_and_server_and_module_decode_with_the_defaults(translator, r
     assert recorded == [DEFAULTS, DEFAULTS]
 
     module = SimpleNamespace(model=translator.model)
-    litmt.lit_module.TranslationModule.forward(module, torch.tensor([[5, 6, 7]]))  # type: ignore[arg-type]
+    litmt.training.module.TranslationModule.forward(module, torch.tensor([[5, 6, 7]]))  # type: ignore[arg-type]
     assert recorded == [DEFAULTS] * 3
 
 
 def test_validation_decodes_with_the_callback_config(translator, recorded):
-    from litmt.callbacks import TranslationScorer
+    from litmt.training.callbacks.translation_scorer import TranslationScorer
 
     module = SimpleNamespace(model=translator.model)
-    forward = litmt.lit_module.TranslationModule.forward
+    forward = litmt.training.module.TranslationModule.forward
     trainer = SimpleNamespace(model=lambda src, config: forward(module, src, config))  # type: ignore[arg-type]
     pl_module = SimpleNamespace(trainer=trainer, tokenizer=translator.tokenizer)
     scorer = TranslationScorer(beam_size=3, length_penalty=0.6)

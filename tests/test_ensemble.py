@@ -14,15 +14,16 @@ from tiny_checkpoint import _batch, corpus, tiny_checkpoint_path
 from tiny_checkpoint import tiny_config as translator_config
 from tiny_model import tiny_config
 
-from litmt.checkpoint import save_model_checkpoint
+from litmt.checkpoint.io import save_model_checkpoint
+from litmt.cli.evaluate import evaluate
 from litmt.data.tokenizer import BOS_ID, Tokenizer, TokenizerSettings
-from litmt.decoding import DecodeConfig, decode
-from litmt.engines import load_translator
-from litmt.ensemble import Ensemble
+from litmt.decoding.api import decode
+from litmt.decoding.config import DecodeConfig
+from litmt.decoding.ensemble import Ensemble
+from litmt.decoding.translator import Translator
+from litmt.deploy.engines import load_translator
 from litmt.errors import ConfigError
-from litmt.evaluate import evaluate
 from litmt.models import Seq2SeqTransformer
-from litmt.translate import Translator
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 VOCAB = 40

@@ -20,9 +20,11 @@ from tiny_checkpoint import (
     tiny_checkpoint_path,
 )
 
-from litmt.checkpoint import load_checkpoint, model_state_dict, select_last_checkpoints
+from litmt.checkpoint.average import average_checkpoints
+from litmt.checkpoint.io import load_checkpoint, model_state_dict
+from litmt.checkpoint.paths import select_last_checkpoints
+from litmt.cli.evaluate import evaluate
 from litmt.errors import CheckpointError, ConfigError, DataError
-from litmt.evaluate import average_checkpoints, evaluate
 from litmt.metrics import corpus_bleu, corpus_scores
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -248,7 +250,7 @@ def test_evaluate_user_errors(ckpt, test_files, tmp_path, overrides, error, mess
 
 def test_src_and_ref_files_follow_the_line_policy(ckpt, test_files, tmp_path):
     """A BOM, CRLF line ends and no final newline (a file saved on Windows) change nothing:
-    evaluate reads src_file/ref_file with `litmt.translate.read_lines`."""
+    evaluate reads src_file/ref_file with `litmt.data.text.read_lines`."""
     src, ref = test_files
     windows = []
     for path in (src, ref):

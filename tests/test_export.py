@@ -18,15 +18,17 @@ ctranslate2 = pytest.importorskip("ctranslate2", reason="the ct2 extra is not in
 from parity import NEAR_TIE, SCORE_ATOL, assert_greedy_parity, beam_margin  # noqa: E402
 from tiny_checkpoint import corpus, tiny_checkpoint_path  # noqa: E402
 
-from litmt.checkpoint import load_model, save_model_checkpoint  # noqa: E402
+from litmt.checkpoint.io import save_model_checkpoint  # noqa: E402
+from litmt.checkpoint.load import load_model  # noqa: E402
 from litmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, TokenizerSettings  # noqa: E402
-from litmt.engines import CT2Translator, load_translator  # noqa: E402
+from litmt.decoding.forced import Scorer  # noqa: E402
+from litmt.decoding.translator import Translator  # noqa: E402
+from litmt.deploy.ct2_engine import CT2Translator  # noqa: E402
+from litmt.deploy.ct2_export import ExportError, export_model, read_metadata  # noqa: E402
+from litmt.deploy.engines import load_translator  # noqa: E402
 from litmt.errors import ConfigError  # noqa: E402
-from litmt.export import ExportError, export_model, read_metadata  # noqa: E402
 from litmt.metrics import corpus_bleu  # noqa: E402
 from litmt.models import Seq2SeqTransformer, TransformerConfig  # noqa: E402
-from litmt.score import Scorer  # noqa: E402
-from litmt.translate import Translator  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -360,9 +362,9 @@ def test_ct2_engine_decodes_with_the_exports_defaults(ckpt, tmp_path):
     assert ct2.translate(["A dog."]) == ct2.translate(["A dog."], max_len_a=0.0, max_len_b=2)
 
 
-def test_translator_from_pretrained_chooses_the_engine(ckpt, export_dir):
-    assert isinstance(Translator.from_pretrained(export_dir, engine="ct2"), CT2Translator)
-    assert type(Translator.from_pretrained(ckpt, device="cpu")) is Translator
+def test_load_translator_chooses_the_engine(ckpt, export_dir):
+    assert isinstance(load_translator(export_dir, engine="ct2"), CT2Translator)
+    assert type(load_translator(ckpt, device="cpu")) is Translator
 
 
 def _script(name: str, *overrides: str) -> subprocess.CompletedProcess:

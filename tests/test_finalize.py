@@ -1,4 +1,4 @@
-"""The end of a training run (`litmt.finalize`): the average of the best checkpoints, the
+"""The end of a training run (`litmt.training.finalize`): the average of the best checkpoints, the
 beam/length-penalty choice made on valid only, and the test scores in scores.json."""
 
 from __future__ import annotations
@@ -21,17 +21,13 @@ from train_utils import (
     write_toy_corpus,
 )
 
-import litmt.finalize
-from litmt.checkpoint import load_checkpoint, model_state_dict
+import litmt.cli.finalize
+import litmt.training.finalize
+from litmt.checkpoint.io import load_checkpoint, model_state_dict
+from litmt.cli.finalize import finalize_run
+from litmt.cli.train import train
 from litmt.errors import ConfigError
-from litmt.finalize import (
-    check_finalize_config,
-    finalize,
-    finalize_run,
-    flat_metrics,
-    summary_lines,
-)
-from litmt.train import train
+from litmt.training.finalize import check_finalize_config, finalize, flat_metrics, summary_lines
 
 SIZES = {"train": 600, "valid": 30, "test": 30}
 
@@ -51,8 +47,8 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, float, float, 
     """Record (split, beam size, length penalty, BLEU, checkpoint) of every decode+score call;
     the checkpoint is the path the scored translator was loaded from."""
     calls: list[tuple[str, int, float, float, str]] = []
-    real = litmt.finalize.score_split
-    real_load = litmt.finalize.Translator.from_checkpoint
+    real = litmt.training.finalize.score_split
+    real_load = litmt.training.finalize.Translator.from_checkpoint
     loaded_from: dict[int, str] = {}
 
     def load(path, **kwargs):
@@ -66,8 +62,8 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, float, float, 
         calls.append((split.name, config.beam_size, config.length_penalty, scores["bleu"], ckpt))
         return scores
 
-    monkeypatch.setattr(litmt.finalize.Translator, "from_checkpoint", load)
-    monkeypatch.setattr(litmt.finalize, "score_split", spy)
+    monkeypatch.setattr(litmt.training.finalize.Translator, "from_checkpoint", load)
+    monkeypatch.setattr(litmt.training.finalize, "score_split", spy)
     return calls
 
 
@@ -185,9 +181,9 @@ def _stub_decoding(monkeypatch: pytest.MonkeyPatch, gain: dict[tuple[int, float]
     def average(paths, out):
         Path(out).write_text(" + ".join(Path(p).name for p in paths))
 
-    monkeypatch.setattr(litmt.finalize, "Translator", Loaded)
-    monkeypatch.setattr(litmt.finalize, "score_split", score)
-    monkeypatch.setattr(litmt.finalize, "average_checkpoints", average)
+    monkeypatch.setattr(litmt.training.finalize, "Translator", Loaded)
+    monkeypatch.setattr(litmt.training.finalize, "score_split", score)
+    monkeypatch.setattr(litmt.training.finalize, "average_checkpoints", average)
     return calls, bleu
 
 
@@ -364,8 +360,8 @@ def test_rerun_keeps_the_runs_finalize_keys_the_command_line_does_not_set(
         got["data_dir"] = data_cfg.dir
         return type("DataModule", (), {"corpus": "the corpus"})()
 
-    monkeypatch.setattr(litmt.finalize, "finalize", fake_finalize)
-    monkeypatch.setattr(litmt.finalize, "instantiate", fake_instantiate)
+    monkeypatch.setattr(litmt.cli.finalize, "finalize", fake_finalize)
+    monkeypatch.setattr(litmt.cli.finalize, "instantiate", fake_instantiate)
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("finalize", overrides=[f"run_dir={run}", *overrides])
     assert set(cfg.finalize) == set(RUN_FINALIZE)  # the test covers every key

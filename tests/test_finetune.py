@@ -14,12 +14,13 @@ import torch.nn.functional as F
 from tiny_checkpoint import corpus, tiny_checkpoint_path
 from train_utils import REPO, compose_train, script_env, tiny_overrides
 
-from litmt.checkpoint import load_checkpoint, load_model
+from litmt.checkpoint.io import load_checkpoint
+from litmt.checkpoint.load import load_model
+from litmt.cli.train import train
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import CheckpointError, ConfigError
-from litmt.finetune import freeze, load_weights, read_init_checkpoint
 from litmt.models import Seq2SeqTransformer, TransformerConfig
-from litmt.train import train
+from litmt.training.finetune import freeze, load_weights, read_init_checkpoint
 
 STEPS = 40
 
@@ -209,7 +210,7 @@ def test_auto_builds_model_only_when_the_command_line_sets_its_shape(
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
 
-    from litmt.finetune import command_line_sets_model, model_config
+    from litmt.training.finetune import command_line_sets_model, model_config
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=overrides, return_hydra_config=True)

@@ -15,15 +15,15 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from litmt.checkpoint import META_KEY, load_checkpoint, save_model_checkpoint
+from litmt.checkpoint.io import META_KEY, load_checkpoint, save_model_checkpoint
 from litmt.data.collate import TokenizedPairs, collate
 from litmt.data.sampler import TokenBudgetBatchSampler
 from litmt.data.tokenizer import Tokenizer, TokenizerSettings
-from litmt.lit_module import TranslationModule
+from litmt.decoding.search import greedy_search
+from litmt.decoding.translator import Translator
 from litmt.models import Seq2SeqTransformer, TransformerConfig
-from litmt.precision import fp8_disabled, fp8_precision_plugin, pad_multiple_for
-from litmt.search import greedy_search
-from litmt.translate import Translator
+from litmt.runtime.precision import fp8_disabled, fp8_precision_plugin, pad_multiple_for
+from litmt.training.module import TranslationModule
 
 pytestmark = [
     pytest.mark.gpu,

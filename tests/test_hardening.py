@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from train_utils import REPO, compose_train, tiny_overrides, write_toy_corpus
 
-from litmt.config_check import (
+from litmt.cli.config_check import (
     check_command_line,
     check_devices,
     check_group_overrides,
@@ -38,7 +38,7 @@ def test_a_user_error_wrapped_by_hydra_instantiate_is_one_line_exit_2(capsys):
     import hydra
     from omegaconf import OmegaConf
 
-    from litmt.cli import cli_errors
+    from litmt.cli.exits import cli_errors
 
     cfg = OmegaConf.create(
         {"_target_": "litmt.models.TransformerConfig", "src_vocab_size": 64, "positional": "alibi"}
@@ -243,7 +243,7 @@ def test_train_script_refuses_too_many_devices(accelerator, devices, message, tm
 
 
 def _train_losses(corpus: Path, out: Path, steps: int) -> list[float]:
-    from litmt.train import train
+    from litmt.cli.train import train
 
     cfg = compose_train(
         [
@@ -275,7 +275,7 @@ def test_same_seed_and_data_give_identical_losses_for_50_steps(tmp_path):
 
 def test_a_different_seed_gives_different_losses(tmp_path):
     """Control for the test above: the comparison can fail."""
-    from litmt.train import train
+    from litmt.cli.train import train
 
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 100, "valid": 5, "test": 5})
     losses = []
@@ -298,12 +298,12 @@ def test_a_different_seed_gives_different_losses(tmp_path):
     assert losses[0] != losses[1]
 
 
-# -- the training entry point (cases 7 and 11 end to end, once litmt.train calls the checks) ---
+# -- the training entry point (cases 7 and 11 end to end, once litmt.cli.train calls the checks) ---
 
 
 def _wired(name: str) -> None:
-    assert name in (REPO / "src" / "litmt" / "train.py").read_text(), (
-        f"litmt.train must call {name}"
+    assert name in (REPO / "src" / "litmt" / "cli" / "train.py").read_text(), (
+        f"litmt.cli.train must call {name}"
     )
 
 
@@ -312,7 +312,7 @@ def _one_epoch(corpus: Path, out: Path, *extra: str):
         [*tiny_overrides(corpus, out), "trainer.max_epochs=1", "test_after_training=false", *extra],
         out,
     )
-    from litmt.train import train
+    from litmt.cli.train import train
 
     return train(cfg)
 

@@ -1,4 +1,4 @@
-"""One test per Lightning internal that `litmt.lightning_compat` wraps: when a Lightning
+"""One test per Lightning internal that `litmt.runtime.lightning_compat` wraps: when a Lightning
 release renames or changes one of them, the test of that function fails here."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from litmt.lightning_compat import (
+from litmt.runtime.lightning_compat import (
     set_received_sigterm,
     sigterm_handlers_besides_lightning,
     uses_distributed_sampler,

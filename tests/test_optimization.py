@@ -28,7 +28,9 @@ from train_utils import free_port
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import LitmtError
-from litmt.lit_module import TranslationModule, clip_gradients, label_smoothed_nll
+from litmt.training.grad import clip_gradients
+from litmt.training.losses import label_smoothed_nll
+from litmt.training.module import TranslationModule
 
 VOCAB = 24
 SMOOTHING = 0.1

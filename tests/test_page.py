@@ -21,8 +21,8 @@ sync_api = pytest.importorskip(
 
 from tiny_checkpoint import tiny_checkpoint_path  # noqa: E402
 
-from litmt.serve import ServerThread, ServeSettings, build_server_app  # noqa: E402
-from litmt.translate import Translator  # noqa: E402
+from litmt.decoding.translator import Translator  # noqa: E402
+from litmt.deploy.server import ServerThread, ServeSettings, build_server_app  # noqa: E402
 
 SENTENCE = "A young bird sings outside."
 

@@ -15,7 +15,7 @@ from torch import nn
 from train_utils import compose_train
 
 from litmt.errors import ConfigError
-from litmt.precision import (
+from litmt.runtime.precision import (
     InferencePlan,
     compute_dtype,
     configure_precision,
@@ -68,7 +68,7 @@ def test_unknown_precision_is_a_config_error() -> None:
 def test_module_setup_validates_kernels_in_the_te_compute_dtype(precision: str) -> None:
     """A half-only kernel (flash, te) is validated against bf16/fp16 under FP8, not fp32
     (the old `split("-")[0]` mapping gave "transformer" → float32 and the kernels refused)."""
-    from litmt.lit_module import TranslationModule
+    from litmt.training.module import TranslationModule
 
     cfg = {"src_vocab_size": 32, "tgt_vocab_size": 32, "d_model": 16, "n_heads": 2, "d_ff": 32,
            "n_encoder_layers": 1, "n_decoder_layers": 1}  # fmt: skip
@@ -97,7 +97,7 @@ def test_flash_validation_passes_under_fp8_through_the_real_checks(
     """attention=flash on an (emulated) sm90 GPU under trainer.precision=transformer-engine:
     `Seq2SeqTransformer.validate_backends` gets bf16, which flash serves (it refused the
     float32 the old mapping gave, with "does not run in float32")."""
-    from litmt.lit_module import TranslationModule
+    from litmt.training.module import TranslationModule
 
     fake = types.ModuleType("flash_attn")  # construction imports it; no kernel runs here
     fake.flash_attn_func = fake.flash_attn_varlen_func = lambda *a, **k: None
@@ -150,9 +150,9 @@ def test_default_config_is_auto_and_resolves_to_fp32_on_this_cpu(
     assert cfg.trainer.precision == "auto"
     if torch.cuda.is_available():
         pytest.skip("this checks the CPU default")
-    with caplog.at_level(logging.INFO, logger="litmt.precision"):
+    with caplog.at_level(logging.INFO, logger="litmt.runtime.precision"):
         assert configure_precision(cfg.trainer.precision, cfg.trainer.accelerator) == "32-true"
-    lines = [r.getMessage() for r in caplog.records if r.name == "litmt.precision"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "litmt.runtime.precision"]
     assert len(lines) == 1 and lines[0].startswith("precision: 32-true (auto")
 
 
@@ -166,7 +166,7 @@ def test_auto_on_a_mocked_cuda_gpu_sets_tf32_and_logs(
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
-        with caplog.at_level(logging.INFO, logger="litmt.precision"):
+        with caplog.at_level(logging.INFO, logger="litmt.runtime.precision"):
             assert configure_precision("auto", "auto") == "16-mixed"
         assert torch.get_float32_matmul_precision() == "high"
     finally:
@@ -175,7 +175,7 @@ def test_auto_on_a_mocked_cuda_gpu_sets_tf32_and_logs(
 
 
 def test_build_trainer_resolves_auto_on_cpu(tmp_path: Path) -> None:
-    from litmt.train import build_trainer
+    from litmt.cli.train import build_trainer
 
     if torch.cuda.is_available():
         pytest.skip("this checks the CPU default")
@@ -240,7 +240,7 @@ def fake_te(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_fp8_conversion_keeps_the_output_projection_tied(fake_te) -> None:
-    from litmt.precision import fp8_precision_plugin
+    from litmt.runtime.precision import fp8_precision_plugin
 
     model = _Tied()
     plugin = fp8_precision_plugin("transformer-engine")
@@ -254,7 +254,7 @@ def test_fp8_conversion_keeps_the_output_projection_tied(fake_te) -> None:
 def test_fp8_refuses_a_linear_lightning_converts_but_te_cannot_run(fake_te) -> None:
     """in_features 24: Lightning's rule (in % 8, out % 16) converts it; TE's FP8 GEMM needs
     the last input dimension % 16 and would assert on the first batch."""
-    from litmt.precision import fp8_precision_plugin
+    from litmt.runtime.precision import fp8_precision_plugin
 
     model = nn.Sequential(nn.Linear(16, 24), nn.ReLU(), nn.Linear(24, 32))
     with pytest.raises(ConfigError, match=r"^FP8: layer 2 has in_features=24, which Transformer"):
@@ -277,7 +277,7 @@ def test_build_trainer_uses_the_tied_fp8_plugin(
 ) -> None:
     """trainer.precision=transformer-engine(-float16) builds litmt's plugin (tied weights stay
     tied) with Lightning's weights dtype for the string, not Lightning's plain plugin."""
-    import litmt.train as train_mod
+    import litmt.cli.train as train_mod
 
     monkeypatch.setattr(train_mod, "check_precision", lambda precision: None)  # TE is faked
     for name, dtype in (("transformer-engine", torch.bfloat16),
@@ -298,7 +298,7 @@ def test_hide_tied_linears_restores_the_layers() -> None:
 
 
 def test_fp8_state_dict_loads_into_a_plain_model(fake_te) -> None:
-    from litmt.precision import fp8_precision_plugin
+    from litmt.runtime.precision import fp8_precision_plugin
 
     converted = fp8_precision_plugin("transformer-engine").convert_module(_Tied())
     state = converted.state_dict()
@@ -366,7 +366,7 @@ def tokenizer():
 
 
 def _save(path: Path, tokenizer, extra_state: bool = False, **attention: str) -> Path:
-    from litmt.checkpoint import save_model_checkpoint
+    from litmt.checkpoint.io import save_model_checkpoint
     from litmt.models import Seq2SeqTransformer, TransformerConfig
 
     config = TransformerConfig(
@@ -388,7 +388,7 @@ def _save(path: Path, tokenizer, extra_state: bool = False, **attention: str) ->
 def test_fp8_checkpoint_with_extra_state_loads_for_decoding_and_averaging(
     tmp_path: Path, tokenizer
 ) -> None:
-    from litmt.checkpoint import load_model
+    from litmt.checkpoint.load import load_model
 
     path = _save(tmp_path / "fp8.ckpt", tokenizer, extra_state=True)
     loaded = load_model(path, "cpu")  # strict load_state_dict: no unexpected keys
@@ -403,7 +403,7 @@ def test_checkpoint_of_a_kernel_that_cannot_run_here_translates_with_sdpa_and_on
     """A `flash` checkpoint where flash cannot serve float32 (here: the CPU, with flash-attn
     installed as far as the kernel knows): decoding switches to sdpa with one log line
     instead of raising."""
-    from litmt.translate import Translator
+    from litmt.decoding.translator import Translator
 
     if torch.cuda.is_available():
         pytest.skip("checks the CPU path; the GPU path is tests/test_gpu_precision.py")
@@ -411,7 +411,7 @@ def test_checkpoint_of_a_kernel_that_cannot_run_here_translates_with_sdpa_and_on
     fake.flash_attn_func = fake.flash_attn_varlen_func = lambda *a, **k: None
     monkeypatch.setitem(sys.modules, "flash_attn", fake)
     path = _save(tmp_path / "flash.ckpt", tokenizer, encoder_self="flash", cross="flash")
-    with caplog.at_level(logging.INFO, logger="litmt.translate"):
+    with caplog.at_level(logging.INFO, logger="litmt.decoding.translator"):
         translator = Translator.from_checkpoint(path, device="cpu")
     assert translator.model.config.attention.encoder_self == "sdpa"
     assert translator.autocast is None
@@ -424,9 +424,9 @@ def test_checkpoint_of_a_kernel_that_cannot_run_here_translates_with_sdpa_and_on
 
 
 def test_checkpoint_records_the_training_precision() -> None:
-    from litmt.checkpoint import META_KEY
-    from litmt.lit_module import TranslationModule
-    from litmt.precision import precision_name
+    from litmt.checkpoint.io import META_KEY
+    from litmt.runtime.precision import precision_name
+    from litmt.training.module import TranslationModule
 
     cfg = {"src_vocab_size": 32, "tgt_vocab_size": 32, "d_model": 16, "n_heads": 2, "d_ff": 32,
            "n_encoder_layers": 1, "n_decoder_layers": 1}  # fmt: skip

@@ -15,9 +15,9 @@ import torch
 from omegaconf import DictConfig
 from train_utils import compose_train, run_train_script, tiny_overrides, write_toy_corpus
 
-from litmt.checkpoint import load_checkpoint
+from litmt.checkpoint.io import load_checkpoint
+from litmt.cli.train import EXIT_SIGTERM, train
 from litmt.errors import LitmtError
-from litmt.train import EXIT_SIGTERM, train
 
 MAX_STEPS, EVERY = 12, 4
 RECORD = "+callbacks.record._target_=probe_callbacks.RecordBatches"

@@ -13,12 +13,13 @@ from hydra import compose, initialize_config_dir
 from tiny_checkpoint import tiny_checkpoint_path
 from tiny_model import tiny_config
 
+from litmt.cli.translate import translate
 from litmt.data.tokenizer import BOS_ID, EOS_ID
-from litmt.decoding import DecodeConfig, decode, filter_logits
+from litmt.decoding.api import decode, filter_logits
+from litmt.decoding.config import DecodeConfig
+from litmt.decoding.search import greedy_search
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
-from litmt.search import greedy_search
-from litmt.translate import translate
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 VOCAB = 40
@@ -56,7 +57,7 @@ def test_a_fixed_seed_reproduces_the_samples_and_another_seed_does_not():
 
 
 def test_a_sample_reports_the_models_own_log_probability():
-    """log_prob is the model's (temperature 1, no cut), as `litmt.score` would give it."""
+    """log_prob is the model's (temperature 1, no cut), as `litmt.decoding.forced` would give it."""
     model, src = random_model(), sources()[:2]
     reference = copy.deepcopy(model).double()  # float64 full passes
     found = sample(model, src, n_best=2, seed=0, temperature=1.5, top_k=20)

@@ -12,9 +12,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from train_utils import CONF, compose_train, run_train_script, tiny_overrides, write_toy_corpus
 
-from litmt.checkpoint import load_checkpoint
+from litmt.checkpoint.io import load_checkpoint
+from litmt.cli.train import build_trainer, train
 from litmt.errors import ConfigError
-from litmt.train import build_trainer, train
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -114,7 +114,7 @@ def _needs_datasets() -> None:
 @pytest.mark.gpu
 @needs_cuda
 def test_16_mixed_on_gpu_uses_loss_scaling(tmp_path: Path, monkeypatch) -> None:
-    import litmt.train as train_mod
+    import litmt.cli.train as train_mod
 
     captured = {}
 

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from tiny_checkpoint import corpus, tiny_checkpoint_path
 from train_utils import REPO, script_env
 
-from litmt.score import Scorer
-from litmt.search import beam_search
+from litmt.decoding.forced import Scorer
+from litmt.decoding.search import beam_search
 
 ALPHA = 0.6  # a length penalty that is neither 0 nor 1, so the normalising length matters
 
@@ -56,7 +56,7 @@ def reference_scores(
         with torch.no_grad():
             logp = F.log_softmax(model(src, tgt_in)[0].double(), dim=-1)  # (T, V)
         total = float(logp[torch.arange(len(gold)), gold].sum())
-        n = len(y) + 1  # eos counts in the length, as in litmt.search
+        n = len(y) + 1  # eos counts in the length, as in litmt.decoding.search
         out.append((total, total / ((5 + n) / 6) ** alpha))
     return out
 
@@ -115,7 +115,7 @@ def test_force_decoding_runs_under_the_translators_autocast(scorer, monkeypatch)
     # a flash/te checkpoint on CUDA computes in half only: score in the Translator's autocast
     import contextlib
 
-    import litmt.score
+    import litmt.decoding.forced
 
     entered = []
 
@@ -123,7 +123,7 @@ def test_force_decoding_runs_under_the_translators_autocast(scorer, monkeypatch)
         entered.append(dtype)
         return contextlib.nullcontext()
 
-    monkeypatch.setattr(litmt.score, "autocast_context", spy)
+    monkeypatch.setattr(litmt.decoding.forced, "autocast_context", spy)
     monkeypatch.setattr(scorer.translator, "autocast", torch.bfloat16)
     scorer.score_ids([[5, 6]], [[7]], length_penalty=1.0)
     assert entered == [torch.bfloat16]

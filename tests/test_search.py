@@ -9,16 +9,17 @@ import torch
 from tiny_model import tiny_config
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from litmt.decoding import DecodeConfig, decode
-from litmt.errors import ConfigError
-from litmt.models import Seq2SeqTransformer
-from litmt.search import (
+from litmt.decoding.api import decode
+from litmt.decoding.config import DecodeConfig
+from litmt.decoding.search import (
     beam_search,
     greedy_search,
     length_penalty_factor,
     max_lengths,
     topk_rows,
 )
+from litmt.errors import ConfigError
+from litmt.models import Seq2SeqTransformer
 
 VOCAB = 40
 

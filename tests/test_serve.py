@@ -20,9 +20,9 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 from tiny_checkpoint import tiny_checkpoint_path  # noqa: E402
 
+from litmt.decoding.translator import Translator  # noqa: E402
+from litmt.deploy.server import ServerThread, ServeSettings, build_server_app, create_app  # noqa: E402
 from litmt.errors import ConfigError  # noqa: E402
-from litmt.serve import ServerThread, ServeSettings, build_server_app, create_app  # noqa: E402
-from litmt.translate import Translator  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DECODING = {"beam_size": 2, "max_len_a": 1.2, "max_len_b": 10}
@@ -229,7 +229,7 @@ def test_page_is_served(client):
 
 def test_ct2_export_is_served_without_attention(ckpt, tmp_path, reference):
     pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
-    from litmt.export import export_model
+    from litmt.deploy.ct2_export import export_model
 
     out = export_model(ckpt, tmp_path / "ct2")
     app = build_server_app(out, settings=ServeSettings(decoding=DECODING), threads=1)
@@ -247,7 +247,7 @@ def test_checkpoint_on_ct2_engine_keeps_the_attention_route(ckpt, tmp_path, refe
 
     import torch
 
-    import litmt.precision
+    import litmt.runtime.precision
 
     threads, entered = [], []
     monkeypatch.setattr(torch, "set_num_threads", threads.append)  # the explorer's torch model
@@ -256,7 +256,7 @@ def test_checkpoint_on_ct2_engine_keeps_the_attention_route(ckpt, tmp_path, refe
         entered.append(dtype)
         return contextlib.nullcontext()
 
-    monkeypatch.setattr(litmt.precision, "autocast_context", spy)
+    monkeypatch.setattr(litmt.runtime.precision, "autocast_context", spy)
     settings = ServeSettings(decoding=DECODING)
     app = build_server_app(ckpt, engine="ct2", threads=1, settings=settings, cache_dir=tmp_path)
     assert threads == [1]
@@ -365,7 +365,7 @@ def _run_batcher(fn, requests: list[list[str]], *, max_batch: int, max_wait_ms: 
     import asyncio
     from concurrent.futures import ThreadPoolExecutor as Pool
 
-    from litmt.batching import DynamicBatcher
+    from litmt.deploy.request_batcher import DynamicBatcher
 
     async def main():
         with Pool(1) as pool:

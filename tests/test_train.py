@@ -23,9 +23,11 @@ from PIL import Image
 from tiny_model import tiny_config
 from train_utils import REPO, compose_train, run_train_script, tiny_overrides, write_toy_corpus
 
-from litmt.checkpoint import load_checkpoint
-from litmt.lit_module import TranslationModule, label_smoothed_nll, lr_lambda
-from litmt.train import train
+from litmt.checkpoint.io import load_checkpoint
+from litmt.cli.train import train
+from litmt.training.losses import label_smoothed_nll
+from litmt.training.module import TranslationModule
+from litmt.training.schedules import lr_lambda
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
 
@@ -124,7 +126,7 @@ def _lr_of_a_run(tmp_path, extra):
 def test_cosine_without_max_steps_decays_over_trainer_max_time(tmp_path, caplog):
     # max_epochs 1000 would make the step horizon ~huge; max_time (2 s) ends the run, and the
     # LR must have reached ~0 by then, through Lightning's own Timer
-    with caplog.at_level("INFO", logger="litmt.lit_module"):
+    with caplog.at_level("INFO", logger="litmt.training.schedules"):
         lrs = _lr_of_a_run(
             tmp_path,
             [
@@ -139,7 +141,7 @@ def test_cosine_without_max_steps_decays_over_trainer_max_time(tmp_path, caplog)
 
 
 def test_cosine_with_max_steps_keeps_the_step_horizon(tmp_path, caplog):
-    with caplog.at_level("INFO", logger="litmt.lit_module"):
+    with caplog.at_level("INFO", logger="litmt.training.schedules"):
         lrs = _lr_of_a_run(
             tmp_path,
             ["trainer.max_steps=12", "trainer.max_time=00:00:05:00", "trainer.log_every_n_steps=1"],
@@ -176,7 +178,7 @@ def test_every_experiment_composes_and_instantiates(experiment, tmp_path):
     cfg = compose_train([f"experiment={experiment}"], tmp_path)
     dm = hydra.utils.instantiate(cfg.data)
     assert dm.src_lang and dm.tgt_lang
-    from litmt.train import RUNTIME_MODEL_KEYS
+    from litmt.cli.train import RUNTIME_MODEL_KEYS
 
     model_cfg = {k: v for k, v in cfg.model.items() if k not in RUNTIME_MODEL_KEYS}
     model_cfg.update(src_vocab_size=1000, tgt_vocab_size=1000, attention=dict(cfg.model.attention))
@@ -256,7 +258,7 @@ def test_multirun_over_attention_backends(tmp_path):
     assert sorted(run_dirs) == [str(tmp_path / "sweep" / n) for n in ("0", "1")]
     used = {}
     for run in map(Path, run_dirs):
-        assert (run / "train.log").is_file()  # the job is named train, not after litmt.cli
+        assert (run / "train.log").is_file()  # the job is named train, not after litmt.cli.runner
         (override,) = [
             o
             for o in yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text())
@@ -282,10 +284,13 @@ def test_validation_logs_a_cross_attention_heatmap_to_offline_wandb(tmp_path, mo
 
     from lightning.pytorch.plugins.precision import Precision
 
-    import litmt.visualize
+    import litmt.decoding.attention_maps
 
     inside, drawn_inside = [], []
-    plain_context, plain_figure = Precision.forward_context, litmt.visualize.cross_attention_figure
+    plain_context, plain_figure = (
+        Precision.forward_context,
+        litmt.decoding.attention_maps.cross_attention_figure,
+    )
 
     @contextlib.contextmanager
     def spy_context(self):
@@ -301,7 +306,7 @@ def test_validation_logs_a_cross_attention_heatmap_to_offline_wandb(tmp_path, mo
         return plain_figure(*args, **kwargs)
 
     monkeypatch.setattr(Precision, "forward_context", spy_context)
-    monkeypatch.setattr(litmt.visualize, "cross_attention_figure", spy_figure)
+    monkeypatch.setattr(litmt.decoding.attention_maps, "cross_attention_figure", spy_figure)
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 100, "valid": 10, "test": 10})
     over = [o for o in tiny_overrides(corpus, tmp_path) if o != "logger=csv"]  # default: W&B + CSV
     train(compose_train([*over, "trainer.max_epochs=1", "test_after_training=false"], tmp_path))

@@ -11,15 +11,11 @@ from parity import SCORE_ATOL
 from tiny_checkpoint import corpus
 
 from litmt import Translator
-from litmt.decoding import decode
+from litmt.cli.translate import format_result
+from litmt.data.text import read_lines, read_text_file, strip_line_end
+from litmt.decoding.api import decode
+from litmt.decoding.translator import token_batches
 from litmt.errors import CheckpointError, ConfigError, DataError
-from litmt.translate import (
-    format_result,
-    read_lines,
-    read_text_file,
-    strip_line_end,
-    token_batches,
-)
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +56,7 @@ def test_output_order_does_not_depend_on_batching(translator):
 
 def test_empty_and_whitespace_inputs_give_empty_outputs_without_the_model(translator, monkeypatch):
     calls = []
-    import litmt.translate as mod
+    import litmt.decoding.translator as mod
 
     def spy(models, src, config=None, **kw):
         calls.append(src.size(0))

@@ -8,17 +8,17 @@ import torch
 from PIL import Image
 from tiny_checkpoint import tiny_checkpoint_path
 
-from litmt.checkpoint import load_model
+from litmt.checkpoint.load import load_model
+from litmt.cli.visualize import restore_weight_kernels
 from litmt.data.tokenizer import BOS_ID
-from litmt.errors import ConfigError
-from litmt.models import Seq2SeqTransformer
-from litmt.visualize import (
+from litmt.decoding.attention_maps import (
     attention_figure,
     collect_attention,
     cross_attention_figure,
     plot_attention,
-    restore_weight_kernels,
 )
+from litmt.errors import ConfigError
+from litmt.models import Seq2SeqTransformer
 
 SENTENCE = "A big dog sleeps outside."
 

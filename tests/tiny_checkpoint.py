@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from litmt.checkpoint import save_model_checkpoint
+from litmt.checkpoint.io import save_model_checkpoint
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 

@@ -12,11 +12,11 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> Any:
     # Lazy: `import litmt` stays light; `from litmt import Translator` loads the decoder stack.
     if name == "Translator":
-        from litmt.translate import Translator
+        from litmt.decoding.translator import Translator
 
         return Translator
     if name == "load_translator":  # engine="torch" | "ct2" (CTranslate2)
-        from litmt.engines import load_translator
+        from litmt.deploy.engines import load_translator
 
         return load_translator
     raise AttributeError(f"module 'litmt' has no attribute {name!r}")

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from litmt.cli.train import pad_for_precision
 from litmt.data import TranslationDataModule
 from litmt.data.collate import collate
 from litmt.errors import ConfigError
-from litmt.train import pad_for_precision
 
 
 def _examples(lengths: list[tuple[int, int]]) -> list:

@@ -62,7 +62,7 @@ RANK_SCRIPT = textwrap.dedent(
 
     from hydra import compose, initialize_config_dir
     from omegaconf import open_dict
-    from litmt.train import train
+    from litmt.cli.train import train
 
     with initialize_config_dir(config_dir=os.environ["LITMT_CONF"], version_base="1.3"):
         cfg = compose("train", overrides=overrides)

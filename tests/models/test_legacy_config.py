@@ -8,7 +8,8 @@ import pytest
 import torch
 from tiny_checkpoint import tiny_checkpoint_path
 
-from litmt.checkpoint import META_KEY, load_model
+from litmt.checkpoint.io import META_KEY
+from litmt.checkpoint.load import load_model
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig

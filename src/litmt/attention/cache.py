@@ -21,13 +21,14 @@ step. A kernel that needs less overrides `new_cache`: `local` keeps its window (
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from litmt.attention.base import AttentionKernel
+# A kernel (`litmt.attention.base.AttentionKernel`): called as kernel(q, k, v, causal=...).
+# Typed structurally so that this module does not import base (which imports this one).
+Kernel = Callable[..., Tensor]
 
 
 class DecodeCache(ABC):
@@ -61,7 +62,7 @@ class KVCache(DecodeCache):
         capacity: positions to allocate at the first append (None: 16, then doubling).
     """
 
-    def __init__(self, kernel: AttentionKernel, capacity: int | None = None) -> None:
+    def __init__(self, kernel: Kernel, capacity: int | None = None) -> None:
         self.kernel = kernel
         self.capacity = capacity
         self.length = 0

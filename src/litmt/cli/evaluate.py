@@ -2,8 +2,8 @@
 
 Checkpoints: ``ckpt_path=A.ckpt``, ``ckpt_path=[A.ckpt,B.ckpt]`` (weights averaged), or
 ``run_dir=DIR average_last=N`` (the N most recent checkpoints of a run, see
-`litmt.checkpoint.select_last_checkpoints`). Data: ``src_file=... ref_file=...`` (plain text,
-one sentence a line, read under `litmt.translate.read_lines`'s policy), or ``data=<config> split=test`` (any `conf/data` corpus; its raw text is read, no
+`litmt.checkpoint.paths.select_last_checkpoints`). Data: ``src_file=... ref_file=...`` (plain text,
+one sentence a line, read under `litmt.data.text.read_lines`'s policy), or ``data=<config> split=test`` (any `conf/data` corpus; its raw text is read, no
 tokenizer is trained). The same module holds the `average_checkpoints.py` job.
 """
 
@@ -13,51 +13,19 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
-from litmt.checkpoint import checkpoint_paths, load_model, save_model_checkpoint
-from litmt.decoding import DecodeConfig
-from litmt.engines import engine_options
+from litmt.checkpoint.paths import checkpoint_paths
+from litmt.data.text import read_text_file
+from litmt.decoding.config import DecodeConfig
+from litmt.deploy.engines import engine_options, load_translator
 from litmt.errors import ConfigError, DataError
 from litmt.metrics import corpus_scores
-from litmt.translate import Translator, read_text_file
 
-log = logging.getLogger("litmt.evaluate")
-
-
-# -- checkpoint averaging -----------------------------------------------------------------
-def average_checkpoints(paths: Sequence[str | Path], output: str | Path) -> Path:
-    """Average the weights of `paths` (one run) into a self-contained checkpoint `output`."""
-    loaded = load_model(list(paths), map_location="cpu")
-    return save_model_checkpoint(
-        output,
-        loaded.model,
-        loaded.tokenizer,
-        loaded.src_lang,
-        loaded.tgt_lang,
-        extra={"averaged_from": [str(p) for p in paths]},
-    )
-
-
-def average(cfg: DictConfig) -> Path:
-    """The `scripts/average_checkpoints.py` job: ``inputs=[...]`` or ``run_dir`` + ``average_last``."""
-    if not cfg.get("output"):
-        raise ConfigError("no output given: pass output=<path of the averaged .ckpt>")
-    inputs, average_last = cfg.get("inputs"), cfg.get("average_last")
-    if inputs and average_last:
-        raise ConfigError("give either inputs=[...] or run_dir=DIR average_last=N, not both")
-    if not (inputs or average_last):
-        raise ConfigError(
-            "nothing to average: pass inputs=[a.ckpt,b.ckpt] or run_dir=DIR average_last=N"
-        )
-    paths = checkpoint_paths(inputs, run_dir=cfg.get("run_dir"), average_last=average_last)
-    out = average_checkpoints(paths, cfg.output)
-    log.info("averaged %d checkpoint(s) → %s", len(paths), out)
-    return out
+log = logging.getLogger(__name__)
 
 
 # -- data --------------------------------------------------------------------------------
@@ -104,7 +72,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     )
     sources, references, label = load_eval_data(cfg)
     ensemble = bool(cfg.get("ensemble"))
-    translator = Translator.from_pretrained(paths, **engine_options(cfg))
+    translator = load_translator(paths, **engine_options(cfg))
     data_cfg = cfg.get("data")
     if data_cfg is not None and (
         data_cfg.get("src_lang") != translator.src_lang
@@ -164,9 +132,4 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     return {key: r.score for key, r in results.items()}
 
 
-__all__ = [
-    "average",
-    "average_checkpoints",
-    "evaluate",
-    "load_eval_data",
-]
+__all__ = ["evaluate", "load_eval_data"]

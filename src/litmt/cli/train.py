@@ -17,19 +17,20 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from litmt.callbacks import PreemptionCheckpoint
-from litmt.checkpoint import atomic_save, check_compatible, load_checkpoint
-from litmt.config_check import check_devices, check_run_dir
+from litmt.checkpoint.compat import check_compatible
+from litmt.checkpoint.io import atomic_save, load_checkpoint
+from litmt.cli.config_check import check_devices, check_run_dir
 from litmt.errors import ConfigError, LitmtError
-from litmt.finalize import check_finalize_config, finalize, flat_metrics, summary_lines
-from litmt.finetune import model_config_for, prepare_model, setup_init_from
-from litmt.precision import (
+from litmt.runtime.precision import (
     FP8_ROW_MULTIPLE,
     configure_precision,
     fp8_precision_plugin,
     is_fp8,
     resolve_precision,
 )
+from litmt.training.callbacks.preemption import PreemptionCheckpoint
+from litmt.training.finalize import check_finalize_config, finalize, flat_metrics, summary_lines
+from litmt.training.finetune import model_config_for, prepare_model, setup_init_from
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ def pad_for_precision(datamodule: Any, precision: str | int | None) -> None:
 def build_trainer(cfg: DictConfig, callbacks: list[Any], loggers: list[Any]) -> L.Trainer:
     """Instantiate the Lightning Trainer; device/config mistakes become one-line `LitmtError`s."""
     accel, devices = cfg.trainer.get("accelerator", "auto"), cfg.trainer.get("devices", 1)
-    # `auto` → bf16-mixed / 16-mixed on CUDA, 32-true elsewhere; one log line (litmt.precision)
+    # `auto` → bf16-mixed / 16-mixed on CUDA, 32-true elsewhere; one log line (litmt.runtime.precision)
     precision = configure_precision(cfg.trainer.get("precision"), accel)
     check_precision(precision)
     check_devices(accel, devices)

@@ -19,7 +19,7 @@ gather hypotheses by `index` and drop duplicates).
 Under DDP set `trainer.use_distributed_sampler=false`: the sampler reads rank and world
 size from `torch.distributed` when the dataloader is created.
 
-`prepare_once` (called by `litmt.train` before the Trainer exists, when launchers such as
+`prepare_once` (called by `litmt.cli.train` before the Trainer exists, when launchers such as
 torchrun or SLURM have started every rank at once) lets one process per node prepare
 (`prepare_data_per_node=true`, Lightning's default) or one per job on a shared filesystem
 (`false`), while the others wait for its marker file and then read the caches.
@@ -58,7 +58,7 @@ from litmt.data.sampler import TokenBudgetBatchSampler, dist_rank_world
 from litmt.data.sources import load_split, parse_train_sources, source_tags, split_fingerprint
 from litmt.data.tokenizer import Tokenizer, TokenizerSettings
 from litmt.errors import ConfigError, DataError
-from litmt.lightning_compat import uses_distributed_sampler
+from litmt.runtime.lightning_compat import uses_distributed_sampler
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class TranslationDataModule(L.LightningDataModule):
         limit: keep only the first N training examples (debugging).
         num_workers, pin_memory (None = on when CUDA is available), num_proc, seed.
         pad_to_multiple: pad every batch's S and T to a multiple of this (None = 1, or 8 set
-            by `litmt.train` under FP8 precision); token budgets count the padded lengths.
+            by `litmt.cli.train` under FP8 precision); token budgets count the padded lengths.
         prepare_data_per_node: `prepare_once` prepares on local rank 0 of every node (true)
             or only on global rank 0 (false: the cache is on a filesystem every node shares).
         prepare_timeout: seconds a waiting rank waits for the preparing one.

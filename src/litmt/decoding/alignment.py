@@ -2,7 +2,7 @@
 
 For a source and its translation, the decoder is teacher-forced once with the translation
 while one decoder layer's cross-attention records its weights (`MultiHeadAttention
-.record_weights`: the kernel's own `forward_with_weights`, as `litmt.visualize` does). The
+.record_weights`: the kernel's own `forward_with_weights`, as `litmt.decoding.attention_maps` does). The
 weights (H, T, S) are averaged over the chosen heads; target piece j is aligned to the
 source piece with the largest weight at the decoder position that *predicts* it (the
 hard alignment of fairseq's ``extract_hard_alignment``; the row predicting eos is

@@ -7,15 +7,15 @@ null keys, so a YAML key left ``null`` means the dataclass default).
 
 Methods:
 
-- ``beam``: `litmt.search.beam_search` (``beam_size == 1`` runs greedy, the same result);
-- ``greedy``: `litmt.search.greedy_search`;
+- ``beam``: `litmt.decoding.search.beam_search` (``beam_size == 1`` runs greedy, the same result);
+- ``greedy``: `litmt.decoding.search.greedy_search`;
 - ``sample``: ancestral sampling (`sample_search`) for back-translation: each step draws
   the next token from the model's distribution at ``temperature``, cut to the ``top_k``
   most likely tokens and to the smallest set whose probability reaches ``top_p``; ``n_best``
   samples per source, drawn with a ``torch.Generator`` seeded with ``seed``. Temperature 0
   takes the most likely token (greedy).
 
-`models` is one `Seq2SeqTransformer` or a list of them (an `litmt.ensemble.Ensemble`: the
+`models` is one `Seq2SeqTransformer` or a list of them (an `litmt.decoding.ensemble.Ensemble`: the
 log of the mean of the models' probabilities at every step).
 
 Shapes: B sentences, N samples per sentence, R = B*N rows, S source length, V target
@@ -29,10 +29,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from litmt.decode_config import METHODS, DecodeConfig, decoding_options
-from litmt.ensemble import Ensemble
-from litmt.models import Seq2SeqTransformer
-from litmt.search import (
+from litmt.decoding.config import METHODS, DecodeConfig, decoding_options
+from litmt.decoding.ensemble import Ensemble
+from litmt.decoding.search import (
     NEG_INF,
     Hypothesis,
     StepModel,
@@ -40,6 +39,7 @@ from litmt.search import (
     decode_rows,
     greedy_search,
 )
+from litmt.models import Seq2SeqTransformer
 
 _D = DecodeConfig()  # keyword defaults of the functions below
 
@@ -157,7 +157,7 @@ def sample_search(
     from softmax(logits / temperature) restricted by `filter_logits`; temperature 0 takes the
     argmax. The length budget and `min_len` act as in the searches. The reported
     ``log_prob`` is the model's own log-probability of the sample (temperature 1, no
-    cut: the number `litmt.score` gives for the same pair), ``score`` its GNMT
+    cut: the number `litmt.decoding.forced` gives for the same pair), ``score`` its GNMT
     normalisation.
 
     Args:

@@ -1,6 +1,6 @@
 """`DecodeConfig`: every decoding setting, validated, with the project's one set of defaults.
 
-`litmt.decoding.decode` runs it; the searches (`litmt.search`) take their keyword defaults
+`litmt.decoding.api.decode` runs it; the searches (`litmt.decoding.search`) take their keyword defaults
 from it; job configs override it (`DecodeConfig.from_options`: absent or null keys keep the
 default).
 """
@@ -27,7 +27,7 @@ class DecodeConfig:
         length_penalty: GNMT alpha: score = log P / ((5 + |y|) / 6) ** alpha (ranking and
             reported scores).
         max_len_a, max_len_b: output budget floor(a * source tokens + b), clamped to the
-            model's max_positions - 1 (`litmt.search`).
+            model's max_positions - 1 (`litmt.decoding.search`).
         min_len: no eos before this many tokens (the budget still wins).
         n_best: hypotheses per source: the best n of the beam (<= beam_size), or n samples.
         top_k: sampling: keep the k most likely tokens (0 = all).

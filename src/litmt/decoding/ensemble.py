@@ -6,13 +6,13 @@ the ensemble's are the log of their mean probability,
     log p(y) = logsumexp_m(log p_m(y)) - log M,
 
 as fairseq's `EnsembleModel.forward_decoder` (``fairseq/sequence_generator.py``) computes
-them. The result is normalised, so the searches (`litmt.search`), which apply a
+them. The result is normalised, so the searches (`litmt.decoding.search`), which apply a
 log-softmax to what `decode_step` returns, see exactly these log-probabilities. Each
 model keeps its own encoder output, cross-attention K/V and self-attention cache; the
 search reorders them all together. The models must share the target vocabulary (the
-loaders also demand the same tokenizer: `litmt.translate.Translator.from_checkpoint`).
+loaders also demand the same tokenizer: `litmt.decoding.translator.Translator.from_checkpoint`).
 
-This is distinct from weight averaging (`litmt.evaluate.average_checkpoints`), which
+This is distinct from weight averaging (`litmt.checkpoint.average.average_checkpoints`), which
 makes one model out of several checkpoints of one run.
 
 Shapes: M models, R decoder rows, S source length, C d_model, V target vocabulary.
@@ -47,7 +47,7 @@ class EnsembleState:
 
 
 class Ensemble:
-    """M models decoded as one (`litmt.search.StepModel`).
+    """M models decoded as one (`litmt.decoding.search.StepModel`).
 
     Args:
         models: the models, in eval mode, with equal source and target vocabulary sizes.

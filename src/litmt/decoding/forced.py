@@ -2,7 +2,7 @@
 corpus filtering.
 
 For a target y (subword ids, without bos/eos) of a source x, the numbers are the ones beam
-search gives a finished hypothesis (`litmt.search`, `Hypothesis.log_prob` / `.score`):
+search gives a finished hypothesis (`litmt.decoding.search`, `Hypothesis.log_prob` / `.score`):
 
     log_prob = sum over i = 1 .. |y| + 1 of log P(y_i | y_<i, x), with y_{|y|+1} = eos
     score    = log_prob / length_penalty_factor(|y| + 1, alpha)
@@ -22,30 +22,24 @@ Shapes: B pairs in a batch, S source length, T target length + 1 (bos/eos), V vo
 
 from __future__ import annotations
 
-import io
 import logging
-import sys
 from collections.abc import Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 from torch import Tensor
 
-from litmt.checkpoint import checkpoint_paths
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from litmt.decoding import DecodeConfig
+from litmt.decoding.config import DecodeConfig
+from litmt.decoding.search import length_penalty_factor
+from litmt.decoding.translator import Translator, token_batches
 from litmt.errors import DataError
 from litmt.models import Seq2SeqTransformer
-from litmt.precision import autocast_context
-from litmt.search import length_penalty_factor
-from litmt.translate import Translator, read_text_file, token_batches
+from litmt.runtime.precision import autocast_context
 
-log = logging.getLogger("litmt.score")
+log = logging.getLogger(__name__)
 
 NEG_INF = float("-inf")
 
@@ -127,7 +121,7 @@ class Scorer:
         """Score prepared id pairs in token-budget batches; results in input order.
 
         A batch holds at most `max_tokens` of max(source, target + 1) lengths, padding
-        included (`litmt.translate.token_batches`).
+        included (`litmt.decoding.translator.token_batches`).
         """
         if len(sources) != len(targets):
             raise DataError(f"{len(sources)} sources but {len(targets)} targets")
@@ -190,52 +184,4 @@ class Scorer:
         )
 
 
-def format_score(result: PairScore) -> str:
-    """``log_prob<TAB>score`` (6 decimals; ``-inf`` for pairs that cannot be produced)."""
-    return f"{result.log_prob:.6f}\t{result.score:.6f}"
-
-
-def score(cfg: DictConfig) -> list[PairScore]:
-    """The `scripts/score.py` job: score `src_file` x `tgt_file` line by line.
-
-    Writes one line ``log_prob<TAB>score`` per pair, in input order, to `output` (or stdout).
-
-    Raises:
-        DataError: a missing file, or the files differ in line count.
-        ConfigError / CheckpointError: from the checkpoint arguments.
-    """
-    ckpt = checkpoint_paths(
-        cfg.get("ckpt_path"), run_dir=cfg.get("run_dir"), average_last=cfg.get("average_last")
-    )
-    if not cfg.get("src_file") or not cfg.get("tgt_file"):
-        raise DataError("pass src_file=FILE and tgt_file=FILE (one sentence per line, aligned)")
-    sources = read_text_file(str(cfg.src_file), "src_file")
-    targets = read_text_file(str(cfg.tgt_file), "tgt_file")
-    if len(sources) != len(targets):
-        raise DataError(
-            f"src_file {cfg.src_file} has {len(sources)} lines but tgt_file {cfg.tgt_file} has "
-            f"{len(targets)}; the files must align line by line"
-        )
-    scorer = Scorer.from_checkpoint(ckpt, device=cfg.get("device"), attention=cfg.get("attention"))
-    results = scorer.score(
-        sources,
-        targets,
-        length_penalty=DecodeConfig.from_options(cfg).length_penalty,  # null: the default
-        max_tokens=int(cfg.max_tokens),
-    )
-    with ExitStack() as stack:
-        out: IO[str]
-        output = cfg.get("output")
-        if output is not None:
-            Path(str(output)).parent.mkdir(parents=True, exist_ok=True)
-            out = stack.enter_context(Path(str(output)).open("w", encoding="utf-8", newline="\n"))
-        else:
-            out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
-            stack.callback(out.detach)  # leave sys.stdout usable afterwards
-            stack.callback(out.flush)
-        for r in results:
-            out.write(format_score(r) + "\n")
-    return results
-
-
-__all__ = ["PairScore", "Scorer", "force_decode", "format_score", "score"]
+__all__ = ["PairScore", "Scorer", "force_decode"]

@@ -1,4 +1,4 @@
-"""Greedy and batched beam search over `decode_step` (KV-cache decoding); `litmt.decoding.decode`
+"""Greedy and batched beam search over `decode_step` (KV-cache decoding); `litmt.decoding.api.decode`
 is the one entry point that picks a search (and samples) from a `DecodeConfig`.
 
 Shapes: B sentences, K beam size, R rows decoded token by token (B*n), S source length,
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from litmt.decode_config import DecodeConfig
+from litmt.decoding.config import DecodeConfig
 from litmt.errors import ConfigError
 from litmt.models import TransformerConfig
 

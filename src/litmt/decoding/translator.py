@@ -18,29 +18,28 @@ the ``litmt`` logger (the scripts print them on stderr as ``warning: ...``).
 
 from __future__ import annotations
 
-import codecs
-import io
 import logging
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
-from omegaconf import DictConfig, ListConfig
 from tqdm import tqdm
 
-from litmt.alignment import AlignConfig, align_ids, pharaoh
-from litmt.checkpoint import checkpoint_paths, load_model, resolve_device, tokenizer_difference
+from litmt.checkpoint.compat import tokenizer_difference
+from litmt.checkpoint.load import load_model, resolve_device
+from litmt.data.text import strip_line_end
 from litmt.data.tokenizer import Tokenizer
-from litmt.decoding import DecodeConfig, decode, decoding_options, make_generator
-from litmt.errors import ConfigError, DataError
+from litmt.decoding.alignment import AlignConfig, align_ids, pharaoh
+from litmt.decoding.api import decode, make_generator
+from litmt.decoding.config import DecodeConfig, decoding_options
+from litmt.decoding.search import Hypothesis
+from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
-from litmt.precision import autocast_context, plan_model_inference
-from litmt.search import Hypothesis
+from litmt.runtime.precision import autocast_context, plan_model_inference
 
-log = logging.getLogger("litmt.translate")
+log = logging.getLogger(__name__)
 
 # Every Unicode control character (category Cc: U+0000-001F, U+007F-009F) except tab.
 _CONTROL = {c: None for c in [*range(0x20), *range(0x7F, 0xA0)] if c != 0x09}
@@ -79,7 +78,7 @@ class Translator:
 
     Args:
         model: a `Seq2SeqTransformer`, or a list of them decoded as an ensemble
-            (`litmt.ensemble`); put in eval mode and moved to `device`. ``self.model`` is
+            (`litmt.decoding.ensemble`); put in eval mode and moved to `device`. ``self.model`` is
             the first (the attention explorer and scoring use it).
         tokenizer: its `Tokenizer`.
         src_lang, tgt_lang: language codes from the checkpoint (informative).
@@ -105,17 +104,6 @@ class Translator:
         self.default_config = DecodeConfig()
 
     @classmethod
-    def from_pretrained(
-        cls, path: str | Path | Sequence[str | Path], *, engine: str = "torch", **options: Any
-    ) -> Translator:
-        """A translator on `engine`: "torch" (`from_checkpoint`) or "ct2" (CTranslate2: an
-        export directory or a ``.ckpt`` converted on first use); `litmt.engines.load_translator`.
-        """
-        from litmt.engines import load_translator  # engines builds on this module
-
-        return load_translator(path, engine=engine, **options)
-
-    @classmethod
     def from_checkpoint(
         cls,
         path: str | Path | Sequence[str | Path],
@@ -131,7 +119,7 @@ class Translator:
             device: "cpu", "cuda", ... or None for CUDA when available.
             attention: decode with this kernel at every site (e.g. "sdpa"); None keeps the
                 checkpoint's backends.
-            ensemble: decode the checkpoints as an ensemble (`litmt.ensemble`: mean of the
+            ensemble: decode the checkpoints as an ensemble (`litmt.decoding.ensemble`: mean of the
                 models' probabilities at every step) instead of averaging their weights.
 
         Raises:
@@ -261,7 +249,7 @@ class Translator:
         *,
         max_tokens: int = 4096,
     ) -> list[list[str]]:
-        """Pharaoh word alignments (`litmt.alignment`) of every hypothesis of every source.
+        """Pharaoh word alignments (`litmt.decoding.alignment`) of every hypothesis of every source.
 
         Returns:
             Per source, one alignment string per hypothesis ("" for an empty source or
@@ -379,153 +367,7 @@ class Translator:
             yield from self.translate(chunk, max_tokens=max_tokens, first_line=first, **options)
 
 
-# -- reading text lines ------------------------------------------------------------------
-def strip_line_end(line: str) -> str:
-    """`line` without its "\\n" and a "\\r" right before it (CRLF); other characters stay."""
-    return line.removesuffix("\n").removesuffix("\r")
-
-
-def read_lines(stream: IO[bytes], name: str) -> Iterator[str]:
-    """The lines of a UTF-8 byte stream (a file opened "rb", ``sys.stdin.buffer``), lazily.
-
-    The policy (module docstring): a UTF-8 byte-order mark at the very start is dropped;
-    only "\\n" ends a line (a lone "\\r", U+2028 or form feed stay inside the line, so line
-    numbers match ``wc -l``); "\\r\\n" ends a line too; the last line needs no newline and a
-    final newline adds no empty line; empty lines are kept; bytes that are not UTF-8 become
-    U+FFFD with a warning naming `name` and the line. A line is yielded as soon as it is
-    read (interactive stdin answers line by line).
-    """
-    for number, raw in enumerate(stream, start=1):
-        if number == 1:
-            raw = raw.removeprefix(codecs.BOM_UTF8)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            text = raw.decode("utf-8", errors="replace")
-            log.warning("%s line %d: bytes that are not UTF-8 replaced by U+FFFD", name, number)
-        yield strip_line_end(text)
-
-
-def read_text_file(path: str | Path, what: str) -> list[str]:
-    """All lines of a text file under the `read_lines` policy.
-
-    Raises:
-        DataError: the file does not exist (the message names `what`, e.g. "src_file").
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{what} not found: {p}")
-    with p.open("rb") as f:
-        return list(read_lines(f, what))
-
-
 # -- the `scripts/translate.py` job ------------------------------------------------------
 
 
-def format_result(
-    result: str | NBest | Aligned, index: int, n_best: int, scores: bool
-) -> list[str]:
-    """Output lines for one input line.
-
-    - ``n_best == 1``: ``hypothesis``, or ``score<TAB>hypothesis`` with `scores`.
-    - ``n_best > 1``: exactly `n_best` lines ``index<TAB>score<TAB>hypothesis`` (index =
-      0-based input line), best first; missing hypotheses (empty input) are padded with
-      empty text and score ``-inf``.
-    - With alignments (`Aligned` results): each line ends with ``<TAB>alignment``
-      (Pharaoh ``0-0 1-2 ...``, source word - target word).
-    """
-    if isinstance(result, str):
-        return [result]
-    aligned = bool(result) and len(result[0]) == 3
-    pad = ("", float("-inf"), "") if aligned else ("", float("-inf"))
-    entries: list[tuple] = [*result, *[pad] * (n_best - len(result))]
-    lines = []
-    for text, score, *alignment in entries[:n_best]:
-        cols = [str(index)] if n_best > 1 else []
-        cols += [f"{score:.4f}"] if scores else []
-        lines.append("\t".join([*cols, text, *alignment]))
-    return lines
-
-
-def _sentences_from_cfg(text: Any) -> list[str]:
-    if isinstance(text, str):
-        return [text]
-    if isinstance(text, ListConfig | list | tuple):
-        return [str(t) for t in text]
-    raise ConfigError(f"text must be a sentence or a list of sentences, got {type(text).__name__}")
-
-
-def translate(cfg: DictConfig) -> int:
-    """Translate `text=[...]`, `input=FILE` or stdin to `output=FILE` or stdout.
-
-    One output line per input line (`n_best` lines with n_best > 1); see `format_result`.
-
-    Returns:
-        Number of input lines translated.
-    """
-    ckpt = checkpoint_paths(
-        cfg.get("ckpt_path"), run_dir=cfg.get("run_dir"), average_last=cfg.get("average_last")
-    )
-    config = DecodeConfig.from_options(cfg)  # null/absent keys: DecodeConfig's defaults
-    n_best, scores = config.n_best, bool(cfg.scores) or config.n_best > 1
-    options: dict[str, Any] = dict(config=config, return_scores=scores)
-    if cfg.get("print_alignment"):
-        heads = cfg.get("alignment_heads")
-        options["alignment"] = AlignConfig(
-            layer=int(cfg.get("alignment_layer", -1)),
-            heads=None if heads is None else tuple(int(h) for h in heads),
-        )
-    text, input_path, output_path = cfg.get("text"), cfg.get("input"), cfg.get("output")
-    if text is not None and input_path is not None:
-        raise ConfigError("give either text=[...] or input=FILE, not both")
-    if input_path is not None and not Path(str(input_path)).is_file():
-        raise DataError(f"input file not found: {input_path}")
-    from litmt.engines import engine_options  # engines builds on this module
-
-    translator = Translator.from_pretrained(ckpt, **engine_options(cfg))
-    # null keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
-    options["config"] = DecodeConfig.from_options(cfg, base=translator.default_config)
-    chunk_lines = int(cfg.chunk_lines)
-    with ExitStack() as stack:
-        lines: Iterable[str]
-        if text is not None:
-            lines = _sentences_from_cfg(text)
-        elif input_path is not None:
-            raw = stack.enter_context(Path(str(input_path)).open("rb"))
-            lines = read_lines(raw, str(input_path))
-        else:
-            lines = read_lines(sys.stdin.buffer, "stdin")
-            chunk_lines = 1 if sys.stdin.isatty() else chunk_lines
-        out: IO[str]
-        if output_path is not None:
-            Path(str(output_path)).parent.mkdir(parents=True, exist_ok=True)
-            out = stack.enter_context(
-                Path(str(output_path)).open("w", encoding="utf-8", newline="\n")
-            )
-        else:
-            out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
-            stack.callback(out.detach)  # leave sys.stdout usable afterwards
-            stack.callback(out.flush)
-        count = 0
-        results = translator.translate_stream(
-            lines, chunk_lines=chunk_lines, max_tokens=int(cfg.max_tokens), **options
-        )
-        for i, result in enumerate(results):
-            out.write("\n".join(format_result(result, i, n_best, scores)) + "\n")
-            count += 1
-            if output_path is None:
-                out.flush()  # stream: each translation appears as soon as it is ready
-    return count
-
-
-__all__ = [
-    "Aligned",
-    "NBest",
-    "Translator",
-    "format_result",
-    "read_lines",
-    "read_text_file",
-    "strip_line_end",
-    "token_batches",
-    "translate",
-]
+__all__ = ["Aligned", "NBest", "Translator", "token_batches"]

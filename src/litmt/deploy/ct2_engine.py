@@ -2,10 +2,10 @@
 
 Both give a `Translator` with the same methods and the same meaning of every option:
 
->>> from litmt.engines import load_translator
+>>> from litmt.deploy.engines import load_translator
 >>> load_translator("model.ckpt", engine="ct2").translate(["A man is walking."], beam_size=5)
 
-How the CTranslate2 engine keeps litmt's semantics (``litmt.search`` module docstring):
+How the CTranslate2 engine keeps litmt's semantics (``litmt.decoding.search`` module docstring):
 
 - Tokenisation and detokenisation are litmt's sentencepiece models (the same `prepare`:
   control characters, empty lines, truncation to max_positions); ids travel to
@@ -51,21 +51,19 @@ import torch
 from tqdm import tqdm
 
 from litmt.data.tokenizer import Tokenizer
-from litmt.decoding import DecodeConfig, decoding_options
-from litmt.errors import ConfigError
-from litmt.export import (
+from litmt.decoding.config import DecodeConfig, decoding_options
+from litmt.decoding.search import Hypothesis, length_penalty_factor
+from litmt.decoding.translator import Translator
+from litmt.deploy.ct2_export import (
     cached_export,
     ct2_vocabulary,
     import_ctranslate2,
     is_export_dir,
     read_metadata,
 )
-from litmt.search import Hypothesis, length_penalty_factor
-from litmt.translate import Translator
+from litmt.errors import ConfigError
 
-log = logging.getLogger("litmt.engines")
-
-ENGINES = ("torch", "ct2")
+log = logging.getLogger("litmt.deploy.ct2_engine")
 
 
 def default_cache_dir() -> Path:
@@ -77,7 +75,7 @@ def default_cache_dir() -> Path:
 def output_budgets(
     lengths: Sequence[int], max_len_a: float, max_len_b: int, max_positions: int
 ) -> list[int]:
-    """Per-sentence token budget, exactly `litmt.search.max_lengths` (float64 floor, clamped)."""
+    """Per-sentence token budget, exactly `litmt.decoding.search.max_lengths` (float64 floor, clamped)."""
     src_len = torch.tensor(list(lengths), dtype=torch.float64)
     budget = torch.floor(src_len * max_len_a + max_len_b).long()
     return budget.clamp(min=0, max=max_positions - 1).tolist()
@@ -101,7 +99,7 @@ class CT2Translator(Translator):
     """A `Translator` running a CTranslate2 export (same `translate`/`search_ids` options).
 
     Args:
-        model_dir: a directory written by `litmt.export.export_model`.
+        model_dir: a directory written by `litmt.deploy.ct2_export.export_model`.
         device: "cpu", "cuda", or None/"auto" (CUDA when CTranslate2 sees a GPU).
         compute_type: CTranslate2 compute type; "default" keeps the export's quantization.
         threads: CPU threads (0 = CTranslate2's default). On the CPU they run that many
@@ -289,98 +287,4 @@ class CT2Translator(Translator):
             hyps[r][h] = (tokens, log_prob + float(res.log_probs[-1]))
 
 
-def load_translator(
-    path: str | Path | Sequence[str | Path],
-    *,
-    engine: str = "torch",
-    device: str | None = None,
-    attention: str | None = None,
-    threads: int = 0,
-    compute_type: str = "default",
-    cache_dir: str | Path | None = None,
-    quantization: str = "none",
-    ensemble: bool = False,
-) -> Translator:
-    """A `Translator` for `path` on `engine`.
-
-    Args:
-        path: torch: a ``.ckpt`` (or a list, weights averaged). ct2: an export directory or
-            one ``.ckpt`` (converted into `cache_dir` on first use).
-        engine: "torch" or "ct2".
-        device: "cpu", "cuda", ... or None for CUDA when available.
-        attention: torch only: decode with this kernel everywhere.
-        threads: ct2 only: CPU threads, see `_thread_options` (torch uses torch's own setting).
-        compute_type: ct2 only: CTranslate2 compute type ("default" = as exported).
-        cache_dir: ct2 only: where checkpoints are converted (default `default_cache_dir`).
-        quantization: ct2 only: quantization of a checkpoint converted on first use.
-        ensemble: torch only: decode the checkpoints as an ensemble (`litmt.ensemble`)
-            instead of averaging their weights.
-    """
-    if not isinstance(path, str | Path) and len(path) == 1:
-        path = path[0]
-    if engine == "torch":
-        if isinstance(path, str | Path) and is_export_dir(path):
-            raise ConfigError(f"{path} is a CTranslate2 export: decode it with engine=ct2")
-        ignored = {
-            "threads": threads if threads > 0 else None,
-            "compute_type": compute_type if compute_type != "default" else None,
-            "ct2_cache": cache_dir,
-            "quantization": quantization if quantization != "none" else None,
-        }
-        ignored = {key: value for key, value in ignored.items() if value is not None}
-        if ignored:
-            log.warning(
-                "%s ignored by engine=torch (ct2-only options)",
-                ", ".join(f"{key}={value}" for key, value in ignored.items()),
-            )
-        return Translator.from_checkpoint(
-            path, device=device, attention=attention, ensemble=ensemble
-        )
-    if engine == "ct2":
-        if ensemble:
-            raise ConfigError("engine=ct2 does not ensemble; use engine=torch for ensemble=true")
-        if not isinstance(path, str | Path):
-            raise ConfigError(
-                "engine=ct2 takes one checkpoint or export directory; average checkpoints "
-                "first (scripts/average_checkpoints.py) and export the average"
-            )
-        if attention is not None:
-            log.warning(
-                "attention=%s is ignored by engine=ct2 (CTranslate2 has its own)", attention
-            )
-        return CT2Translator.from_pretrained(
-            path,
-            device=device,
-            compute_type=compute_type,
-            threads=threads,
-            cache_dir=cache_dir,
-            quantization=quantization,
-        )
-    raise ConfigError(f"unknown engine '{engine}'; valid values: {', '.join(ENGINES)}")
-
-
-def engine_options(cfg: Any) -> dict[str, Any]:
-    """`load_translator` keyword arguments from a job config (translate/evaluate/serve keys).
-
-    Keys: ``engine``, ``device``, ``attention``, ``threads``, ``ct2_cache``,
-    ``quantization``, ``ensemble`` (missing ones take their defaults).
-    """
-    return {
-        "engine": str(cfg.get("engine") or "torch"),
-        "device": cfg.get("device"),
-        "attention": cfg.get("attention"),
-        "threads": int(cfg.get("threads") or 0),
-        "cache_dir": cfg.get("ct2_cache"),
-        "quantization": str(cfg.get("quantization") or "none"),
-        "ensemble": bool(cfg.get("ensemble")),
-    }
-
-
-__all__ = [
-    "ENGINES",
-    "CT2Translator",
-    "default_cache_dir",
-    "engine_options",
-    "load_translator",
-    "output_budgets",
-]
+__all__ = ["CT2Translator", "default_cache_dir", "output_budgets"]

@@ -53,13 +53,13 @@ import torch
 from torch import nn
 
 from litmt.attention import backend_support, build_backend
-from litmt.checkpoint import load_model
+from litmt.checkpoint.load import load_model
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from litmt.decode_config import DecodeConfig
+from litmt.decoding.config import DecodeConfig
 from litmt.errors import BackendError, ConfigError, LitmtError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
-log = logging.getLogger("litmt.export")
+log = logging.getLogger("litmt.deploy.ct2_export")
 
 METADATA_FILE = "litmt.json"
 EXPORT_FORMAT = 1
@@ -378,32 +378,6 @@ def cached_export(ckpt_path: str | Path, cache_dir: str | Path, quantization: st
     return export_model(ckpt_path, target, quantization=q, force=True)
 
 
-def export(cfg: Any) -> Path:
-    """The `scripts/export.py` job: ``ckpt_path``, ``out``, ``quantization``, ``force``, ``decoding``.
-
-    Prints the export directory on stdout (the job's one line of data).
-
-    Returns:
-        The export directory.
-    """
-    if not cfg.get("ckpt_path"):
-        raise ConfigError("no checkpoint given: pass ckpt_path=<path to a .ckpt file>")
-    if not cfg.get("out"):
-        raise ConfigError("no output directory given: pass out=<directory>")
-    ckpt = cfg.ckpt_path
-    ckpt = [str(p) for p in ckpt] if not isinstance(ckpt, str) else ckpt
-    decoding = dict(cfg.get("decoding") or {})
-    out = export_model(
-        ckpt,
-        str(cfg.out),
-        quantization=str(cfg.get("quantization") or "none"),
-        force=bool(cfg.get("force", False)),
-        decoding=decoding,
-    )
-    print(out, flush=True)
-    return out
-
-
 __all__ = [
     "QUANTIZATIONS",
     "ExportError",
@@ -411,7 +385,6 @@ __all__ = [
     "cached_export",
     "check_exportable",
     "ct2_vocabulary",
-    "export",
     "export_model",
     "is_export_dir",
     "read_metadata",

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 
-log = logging.getLogger("litmt.batching")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -10,14 +10,14 @@ Routes (request and answer shapes follow LibreTranslate's ``libretranslate/app.p
   (bytes, texts or characters) → 413 (LibreTranslate answers 400 there).
 - ``GET /languages``: ``[{"code", "name", "targets"}]``.
 - ``GET /health``: ``{"status": "ok", ...}`` with batching counters.
-- ``GET /``: the attention explorer (``litmt/static/``); ``POST /attention`` with
+- ``GET /``: the attention explorer (``litmt/deploy/static/``); ``POST /attention`` with
   ``{"q": sentence}`` (optionally ``layer`` and ``head``: an int or ``"mean"``) → the greedy
   translation, the source/target pieces and the cross-attention weights of the torch
-  model (`litmt.visualize.collect_attention`).
+  model (`litmt.decoding.attention_maps.collect_attention`).
 
 Every answer carries ``Access-Control-Allow-Origin: *`` (``cors``), as LibreTranslate's do.
 
-Concurrent ``/translate`` requests are batched (`litmt.batching.DynamicBatcher`): the first
+Concurrent ``/translate`` requests are batched (`litmt.deploy.request_batcher.DynamicBatcher`): the first
 request of a batch waits at most ``max_wait_ms`` for others, up to ``max_batch_texts``
 sentences; one worker thread runs the model, so decoding never runs twice at once. A failing
 batch fails its requests (500 JSON), not the server.
@@ -45,11 +45,12 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from litmt.batching import DynamicBatcher
-from litmt.decoding import DecodeConfig
+from litmt.deploy.attention_view import attention_maps, attention_payload
+from litmt.deploy.http_errors import ApiError
+from litmt.deploy.request_batcher import DynamicBatcher
 from litmt.errors import ConfigError, LitmtError
 
-log = logging.getLogger("litmt.serve")
+log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).parent / "static"
 LANGUAGE_NAMES = {
@@ -58,14 +59,6 @@ LANGUAGE_NAMES = {
     "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian",
     "vi": "Vietnamese", "zh": "Chinese",
 }  # fmt: skip
-
-
-class ApiError(Exception):
-    """An HTTP error answered as ``{"error": message}`` with `status`."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
 
 
 @dataclass
@@ -314,15 +307,13 @@ def create_app(
             )
         loop = asyncio.get_running_loop()
         try:
-            maps = await loop.run_in_executor(
-                executor, _attention_maps, attention_model, q, options
-            )
+            maps = await loop.run_in_executor(executor, attention_maps, attention_model, q, options)
         except LitmtError:
             raise
         except Exception as exc:  # this request gets a 500, the server lives on
             log.exception("attention failed")
             raise ApiError(500, f"Cannot compute attention: {exc}") from exc
-        return JSONResponse(_attention_payload(maps, params.get("layer"), params.get("head")))
+        return JSONResponse(attention_payload(maps, params.get("layer"), params.get("head")))
 
     @app.get("/")
     async def index() -> FileResponse:
@@ -330,64 +321,6 @@ def create_app(
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
-
-
-def _attention_maps(translator: Any, sentence: str, options: dict[str, Any]) -> Any:
-    from litmt.precision import autocast_context
-    from litmt.visualize import collect_attention
-
-    cleaned = " ".join(sentence.split())  # one line: the page sends one sentence
-    config = DecodeConfig.from_options(options)  # null/absent keys: DecodeConfig's defaults
-    # the Translator's autocast: a flash/te checkpoint's kernel computes in half only
-    with autocast_context(translator.device, translator.autocast):
-        return collect_attention(
-            translator.model,
-            translator.tokenizer,
-            cleaned,
-            max_len_a=config.max_len_a,
-            max_len_b=config.max_len_b,
-        )
-
-
-def _index(value: Any, n: int, what: str) -> int | None:
-    if value is None or value == "mean":
-        return None
-    try:
-        i = int(value)
-    except (TypeError, ValueError) as exc:
-        raise ApiError(400, f"Invalid request: {what} must be an integer or 'mean'") from exc
-    if not -n <= i < n:
-        raise ApiError(400, f"Invalid request: {what} {i} does not exist (the model has {n})")
-    return i % n
-
-
-def _attention_payload(maps: Any, layer: Any, head: Any) -> dict[str, Any]:
-    """JSON of `AttentionMaps` cross-attention: all weights [L][H][T][S], or one (T, S) map."""
-    cross = maps.weights["cross"]  # L x (H, T, S)
-    n_layers, n_heads = len(cross), int(cross[0].size(0))
-    payload: dict[str, Any] = {
-        "translation": maps.translation,
-        "source_pieces": maps.src_pieces,
-        "target_pieces": maps.tgt_out_pieces,
-        "layers": n_layers,
-        "heads": n_heads,
-    }
-    if layer is None and head is None:
-        payload["weights"] = [[_rounded(h) for h in w] for w in cross]  # (L, H, T, S)
-        return payload
-    li = _index(layer, n_layers, "layer")
-    chosen = cross[li if li is not None else n_layers - 1]  # (H, T, S)
-    hi = _index(head, n_heads, "head")
-    payload.update(
-        layer=li if li is not None else n_layers - 1,
-        head=hi if hi is not None else "mean",
-        weights=_rounded(chosen.mean(0) if hi is None else chosen[hi]),  # (T, S)
-    )
-    return payload
-
-
-def _rounded(matrix: Any) -> list[list[float]]:
-    return [[round(float(x), 4) for x in row] for row in matrix.tolist()]
 
 
 # -- running ---------------------------------------------------------------------------
@@ -442,8 +375,8 @@ def build_server_app(
     An export directory always runs on ct2 and has no ``/attention``; a checkpoint runs on
     `engine`, and ``/attention`` uses its torch model when `attention` is true.
     """
-    from litmt.engines import load_translator
-    from litmt.export import is_export_dir
+    from litmt.deploy.ct2_export import is_export_dir
+    from litmt.deploy.engines import load_translator
 
     path = Path(model)
     if is_export_dir(path) and engine != "ct2":
@@ -472,45 +405,4 @@ def build_server_app(
     return create_app(translator, settings, attention_model=attention_model, engine=engine)
 
 
-def serve(cfg: Any) -> None:
-    """The `scripts/serve.py` job: load ``cfg.model_path``, serve on ``cfg.host``:``cfg.port``.
-
-    (``model_path``, not ``model``: ``model=`` would select a file of the ``conf/model/`` group.)
-    """
-    import uvicorn
-
-    if not cfg.get("model_path"):
-        raise ConfigError(
-            "no model given: pass model_path=<a .ckpt file or a CTranslate2 export directory>"
-        )
-    settings = ServeSettings(
-        max_batch_texts=int(cfg.max_batch_texts),
-        max_wait_ms=float(cfg.max_wait_ms),
-        max_texts=int(cfg.max_texts),
-        max_chars=int(cfg.max_chars),
-        max_body_bytes=int(cfg.max_body_bytes),
-        cors=bool(cfg.cors),
-        decoding=dict(cfg.decoding),
-    )
-    app = build_server_app(
-        str(cfg.model_path),
-        engine=str(cfg.engine),
-        device=cfg.get("device"),
-        threads=int(cfg.threads),
-        attention=bool(cfg.explorer),
-        settings=settings,
-        cache_dir=cfg.get("ct2_cache"),
-        quantization=str(cfg.get("quantization") or "none"),
-    )
-    log.info("serving %s on http://%s:%d", cfg.model_path, cfg.host, int(cfg.port))
-    uvicorn.run(app, host=str(cfg.host), port=int(cfg.port), log_level=str(cfg.log_level))
-
-
-__all__ = [
-    "ApiError",
-    "ServeSettings",
-    "ServerThread",
-    "build_server_app",
-    "create_app",
-    "serve",
-]
+__all__ = ["ApiError", "ServeSettings", "ServerThread", "build_server_app", "create_app"]

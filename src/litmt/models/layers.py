@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from litmt.models.attention import MultiHeadAttention
 from litmt.models.cache import LayerCache
 from litmt.models.config import TransformerConfig
+from litmt.models.mha import MultiHeadAttention
 from litmt.models.positional import RotaryEmbedding
 
 

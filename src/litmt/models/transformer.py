@@ -13,10 +13,10 @@ import torch
 from torch import Tensor, nn
 
 from litmt.attention import AttentionRequest
-from litmt.models.attention import MultiHeadAttention
 from litmt.models.cache import LayerCache
 from litmt.models.config import ATTENTION_SITES, TransformerConfig
 from litmt.models.layers import DecoderLayer, EncoderLayer
+from litmt.models.mha import MultiHeadAttention
 from litmt.models.positional import (
     LearnedPositionalEncoding,
     RotaryEmbedding,

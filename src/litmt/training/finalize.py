@@ -4,7 +4,7 @@ beam size and length penalty on the valid split, score test, write ``scores.json
 Order, so that test never influences a choice:
 
 1. average the `average_best` checkpoints with the highest validation BLEU
-   (`litmt.evaluate.average_checkpoints`) into ``<checkpoints>/avg_best{N}.ckpt``;
+   (`litmt.checkpoint.average.average_checkpoints`) into ``<checkpoints>/avg_best{N}.ckpt``;
 2. decode **valid** with every (beam size, length penalty) of the grid, using the average
    (the best checkpoint when averaging is off), and keep the point with the highest BLEU
    (ties: the first in grid order);
@@ -25,20 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
-from litmt.decode_config import DecodeConfig
+from litmt.checkpoint.average import average_checkpoints
+from litmt.decoding.config import DecodeConfig
+from litmt.decoding.translator import Translator
 from litmt.errors import ConfigError
-from litmt.evaluate import average_checkpoints
 from litmt.metrics import corpus_scores
-from litmt.translate import Translator
 
-log = logging.getLogger("litmt.finalize")
+log = logging.getLogger(__name__)
 
 SCORES_FILE = "scores.json"
-GREEDY = DecodeConfig(beam_size=1)  # beam 1 gives the greedy result (litmt.decode_config)
+GREEDY = DecodeConfig(beam_size=1)  # beam 1 gives the greedy result (litmt.decoding.config)
 
 
 @dataclass(frozen=True)
@@ -232,63 +230,13 @@ def flat_metrics(report: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def kept_checkpoints(last_ckpt: Path) -> dict[str, float]:
-    """{path: valid BLEU} of the top-k `ModelCheckpoint` kept, from the state in `last_ckpt`."""
-    state = torch.load(last_ckpt, map_location="cpu", weights_only=True).get("callbacks", {})
-    kept: dict[str, float] = {}
-    for key, value in state.items():
-        if key.startswith("ModelCheckpoint") and isinstance(value, Mapping):
-            kept.update({str(p): float(s) for p, s in value.get("best_k_models", {}).items()})
-    return {p: s for p, s in kept.items() if Path(p).is_file()}
-
-
-def finalize_run(cfg: DictConfig) -> dict[str, Any]:
-    """`scripts/finalize.py`: `finalize` on a finished run directory, printing the final lines.
-
-    The run's own config (``<run_dir>/.hydra/config.yaml``) gives the data and the `finalize`
-    block; non-null keys of ``cfg.finalize`` replace the run's. The checkpoints and their
-    valid BLEU come from the `ModelCheckpoint` state in ``checkpoints/last.ckpt``.
-
-    Raises:
-        ConfigError: no run_dir, or it lacks the saved config or last.ckpt or kept checkpoints.
-    """
-    if not cfg.get("run_dir"):
-        raise ConfigError("run_dir is required: python scripts/finalize.py run_dir=RUN_DIR")
-    run = Path(cfg.run_dir)
-    saved, last = run / ".hydra" / "config.yaml", run / "checkpoints" / "last.ckpt"
-    for path, what in ((saved, "the run's saved config"), (last, "last.ckpt")):
-        if not path.is_file():
-            raise ConfigError(f"{path} not found: run_dir must be a training run ({what})")
-    train_cfg = OmegaConf.load(saved)
-    given = {k: v for k, v in (cfg.get("finalize") or {}).items() if v is not None}
-    with open_dict(train_cfg):
-        train_cfg.paths.output_dir = str(run)
-        if cfg.get("data_dir"):
-            train_cfg.data.dir = str(cfg.data_dir)
-        train_cfg.finalize = OmegaConf.merge(train_cfg.get("finalize") or {}, given)
-    check_finalize_config(train_cfg)
-    kept = kept_checkpoints(last)
-    if not kept:
-        raise ConfigError(f"{last} lists no kept checkpoint that still exists in {last.parent}")
-    best = max(kept, key=kept.__getitem__)
-    datamodule = instantiate(train_cfg.data)
-    report = finalize(
-        train_cfg.finalize, best_k_models=kept, best=best, corpus=datamodule.corpus, output_dir=run
-    )
-    for line in summary_lines(report):
-        print(line)
-    return report
-
-
 __all__ = [
     "Split",
     "best_checkpoints",
     "check_finalize_config",
     "choose_decoding",
     "finalize",
-    "finalize_run",
     "flat_metrics",
-    "kept_checkpoints",
     "score_split",
     "summary_lines",
 ]

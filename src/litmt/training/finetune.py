@@ -8,7 +8,7 @@ instead of training one on the new corpus, so the ids keep their meaning.
 The architecture (`finetune.model_config`):
 
 - ``checkpoint``: CKPT's own model config; only the settings that do not change the weights
-  (dropout rates, attention kernels: `litmt.checkpoint.RUNTIME_KEYS`) come from `model`.
+  (dropout rates, attention kernels: `litmt.checkpoint.compat.RUNTIME_KEYS`) come from `model`.
 - ``config``: the run's `model` config; its weights must have CKPT's shapes, else a one-line
   error names the first parameter that differs.
 - ``auto`` (default): ``config`` when the command line sets a `model` key or the `model`
@@ -29,13 +29,8 @@ from typing import Any
 
 from torch import Tensor
 
-from litmt.checkpoint import (
-    META_KEY,
-    RUNTIME_KEYS,
-    config_differences,
-    load_checkpoint,
-    model_state_dict,
-)
+from litmt.checkpoint.compat import RUNTIME_KEYS, config_differences
+from litmt.checkpoint.io import META_KEY, load_checkpoint, model_state_dict
 from litmt.data.tokenizer import Tokenizer
 from litmt.errors import CheckpointError, ConfigError
 from litmt.models import Seq2SeqTransformer
@@ -119,7 +114,7 @@ def model_config(
 
     Args:
         init: the checkpoint.
-        requested: the run's own model config (`litmt.train.model_config_dict`).
+        requested: the run's own model config (`litmt.cli.train.model_config_dict`).
         mode: ``checkpoint``, ``config`` or ``auto`` (see the module docstring).
 
     Raises:
@@ -236,7 +231,7 @@ def freeze_groups(finetune_cfg: Any) -> Sequence[str]:
     return [str(v) for v in value]
 
 
-# -- the hooks `litmt.train.train` calls ---------------------------------------------------
+# -- the hooks `litmt.cli.train.train` calls ---------------------------------------------------
 def _absolute(path: str) -> str:
     """Relative to the launch directory (Hydra's original working directory, if any)."""
     from hydra.core.hydra_config import HydraConfig

@@ -2,33 +2,11 @@
 
 It owns the loss, the optimiser, the LR schedule and the logging. Validation decoding, the
 BLEU/chrF scores, their gather over ranks and the W&B heatmap are callbacks
-(`litmt.callbacks`, configured in `conf/callbacks/default.yaml`); `forward` is the decoder
+(`litmt.training.callbacks`, configured in `conf/callbacks/default.yaml`); `forward` is the decoder
 they call.
 
-Loss normalisation (fairseq's and Sockeye's choice): the gradient of one optimiser step is
-
-    sum of the label-smoothed token losses / number of non-pad target tokens
-
-over *all* the micro-batches (`trainer.accumulate_grad_batches`) and ranks of that step, so the
-update does not depend on how a token budget was split into batches, accumulation steps or
-processes. `training_step` returns its micro-batch's summed loss; Lightning divides it by
-`accumulate_grad_batches` (`ClosureResult.from_training_step_output` in
-lightning/pytorch/loops/optimization/automatic.py) and DDP and FSDP average the gradients over
-the `world_size` ranks. `on_before_optimizer_step` undoes both: it multiplies the gradients by
-`accumulate_grad_batches * world_size / step_tokens`, where `step_tokens` (the step's non-pad
-target tokens) is all-reduced once per optimiser step, not per micro-batch. The logged
-`train/loss` stays per token (of each micro-batch). Under fp16 loss scaling ("16-mixed") the
-summed loss makes the first steps overflow until the scaler has lowered its scale by about the
-token count (some log2(tokens per step) skipped steps, as with fairseq's summed losses); the
-scaled gradients are then the same as with a mean loss. bf16 and fp32 are unaffected.
-
-Non-finite values (fairseq's check): `configure_gradient_clipping` gets the global gradient
-norm from the clipping itself (`clip_grad_norm_` returns it; with clipping off the norm is
-computed alone) and reads it once per optimiser step. It needs no all-reduce of its own: DDP
-gradients are equal on every rank, and FSDP's `clip_grad_norm_` reduces the shard norms, so all
-ranks see the same norm and stop together. A non-finite norm raises `LitmtError` before the
-optimiser updates the weights, except under "16-mixed", whose scaler skips such steps itself
-(a non-finite loss raises there too).
+Loss normalisation (per token over the whole optimiser step): `litmt.training.losses`.
+Non-finite values (stop before the weights change): `litmt.training.grad`.
 
 Shapes: B batch, S source length, T target length, V target vocabulary, N = B*T.
 """
@@ -36,89 +14,27 @@ Shapes: B batch, S source length, T target length, V target vocabulary, N = B*T.
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
-from lightning.pytorch.callbacks import Timer
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from torch import Tensor, nn
+from torch import Tensor
 
-from litmt.checkpoint import META_KEY, make_meta
-from litmt.data.tokenizer import PAD_ID, Tokenizer
-from litmt.decoding import DecodeConfig, decode
-from litmt.errors import ConfigError, LitmtError
+from litmt.checkpoint.io import META_KEY, make_meta
+from litmt.data.tokenizer import Tokenizer
+from litmt.decoding.api import decode
+from litmt.decoding.config import DecodeConfig
 from litmt.models import Seq2SeqTransformer, TransformerConfig
-from litmt.precision import compute_dtype, precision_name
+from litmt.runtime.precision import compute_dtype, precision_name
+from litmt.training.grad import check_finite, clip_gradients
+from litmt.training.losses import label_smoothed_nll
+from litmt.training.schedules import clock_progress, lr_lambda
+from litmt.training.seeding import step_seed
 
 log = logging.getLogger(__name__)
-
-SCHEDULERS = ("inverse_sqrt", "cosine", "constant")
-_SEED_MIX = 1_000_003  # a prime that spreads (seed, rank, batch) over the 63-bit seed space
-
-
-def step_seed(seed: int, rank: int, batch: int) -> int:
-    """The RNG seed of training micro-batch `batch` (counted over the whole run) on `rank`.
-
-    Dropout masks then depend only on (seed, rank, batch): a resumed run draws exactly the
-    masks an uninterrupted run would, and DDP ranks draw different masks.
-    """
-    return ((int(seed) * _SEED_MIX + int(rank)) * _SEED_MIX + int(batch)) % (2**63 - 1)
-
-
-def total_norm(tensors: list[Tensor]) -> Tensor:
-    """The 2-norm of all `tensors` together (0-d); fused where torch has `get_total_norm`."""
-    fused = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
-    if fused is not None:
-        return fused([t.detach() for t in tensors])
-    return torch.linalg.vector_norm(
-        torch.stack([torch.linalg.vector_norm(t.detach()) for t in tensors])
-    )
-
-
-def clip_gradients(
-    root: nn.Module,
-    parameters: Iterable[nn.Parameter],
-    max_value: float | None,
-    algorithm: str | None = "norm",
-) -> Tensor:
-    """Clip the gradients as Lightning's `gradient_clip_val`/`_algorithm` ask and return the
-    global 2-norm of the gradients before clipping (0-d, on their device; never read here).
-
-    Lightning's own clipping (`Precision.clip_grad_by_norm` in
-    lightning/pytorch/plugins/precision/precision.py) calls `torch.nn.utils.clip_grad_norm_`
-    and drops the norm it returns; this keeps it. Under FSDP the norm must cover every rank's
-    shard, which only the root module's `FullyShardedDataParallel.clip_grad_norm_` computes
-    (Lightning's `FSDPPrecision.clip_grad_by_norm` refuses to clip by norm for that reason).
-
-    Args:
-        root: the module the strategy trains (`trainer.model`): FSDP's root, DDP's wrapper or
-            the LightningModule itself.
-        parameters: the parameters the optimiser updates.
-        max_value: the clipping threshold; None or <= 0 = no clipping (the norm is still
-            computed).
-        algorithm: "norm" (clip the global norm, the default) or "value" (clip each element).
-    """
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    params = [p for p in parameters if p.grad is not None]
-    fsdp = isinstance(root, FullyShardedDataParallel)
-    clip = max_value is not None and max_value > 0
-    if clip and str(algorithm) != "value":
-        if fsdp:
-            return root.clip_grad_norm_(max_value)  # type: ignore[arg-type]
-        return torch.nn.utils.clip_grad_norm_(params, max_value)  # type: ignore[arg-type]
-    if fsdp:  # the only sharding-aware norm; max_norm=inf scales the gradients by 1
-        norm = root.clip_grad_norm_(math.inf)
-    else:
-        norm = total_norm([p.grad for p in params]) if params else torch.zeros(())  # type: ignore[misc]
-    if clip:
-        torch.nn.utils.clip_grad_value_(params, max_value)  # type: ignore[arg-type]
-    return norm
 
 
 def _plain(value: Any) -> Any:
@@ -126,75 +42,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, DictConfig | ListConfig):
         return OmegaConf.to_container(value, resolve=True)
     return dict(value) if isinstance(value, Mapping) else value
-
-
-def label_smoothed_nll(
-    logits: Tensor, target: Tensor, epsilon: float, ignore_index: int = PAD_ID
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Label-smoothed cross-entropy from one log-softmax (fairseq's formulation).
-
-    Args:
-        logits: (N, V) unnormalised scores.
-        target: (N,) gold ids; `ignore_index` positions contribute nothing.
-        epsilon: smoothing mass spread uniformly over the vocabulary.
-
-    Returns:
-        (loss_sum, nll_sum, ntokens): summed smoothed loss, summed NLL, and the number of
-        non-ignored targets (all 0-d tensors).
-    """
-    # at least fp32 (bf16/fp16 logits are upcast; fp64 stays fp64)
-    lprobs = F.log_softmax(
-        logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1
-    )  # (N, V)
-    keep = target.ne(ignore_index)  # (N,)
-    nll = -lprobs.gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1)  # (N,)
-    nll_sum = nll.masked_fill(~keep, 0.0).sum()
-    if epsilon > 0:
-        smooth = -lprobs.sum(-1).masked_fill(~keep, 0.0).sum()  # Σ over V of -log p
-        loss_sum = (1.0 - epsilon) * nll_sum + epsilon / lprobs.size(-1) * smooth
-    else:
-        loss_sum = nll_sum
-    return loss_sum, nll_sum, keep.sum()
-
-
-def lr_lambda(
-    name: str,
-    warmup_steps: int,
-    total_steps: int | None,
-    min_lr_ratio: float = 0.0,
-    time_progress: Callable[[], float] | None = None,
-) -> Callable[[int], float]:
-    """Multiplier of the base LR at optimizer step `step` (0-based).
-
-    - inverse_sqrt: linear warmup to 1, then sqrt(warmup / step) (Vaswani et al. 2017).
-    - cosine: linear warmup, then cosine decay to `min_lr_ratio` at `total_steps`. With
-      `time_progress` (a function returning the fraction of the time budget used, 0..1) the
-      decay follows the clock instead: min(warmup ramp, cosine(time fraction)), so a run stopped
-      by `trainer.max_time` ends at `min_lr_ratio` however many steps the machine managed.
-    - constant: linear warmup, then 1.
-    """
-    if name not in SCHEDULERS:
-        raise ConfigError(f"unknown scheduler '{name}'; valid names: {', '.join(SCHEDULERS)}")
-    warmup = max(1, int(warmup_steps))
-
-    def cosine(progress: float) -> float:
-        progress = min(1.0, max(0.0, progress))
-        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    def fn(step: int) -> float:
-        s = step + 1
-        if name == "cosine" and time_progress is not None:
-            return min(s / warmup, cosine(time_progress()))
-        if s < warmup:
-            return s / warmup
-        if name == "inverse_sqrt":
-            return math.sqrt(warmup / s)
-        if name == "cosine":
-            total = max(warmup + 1, int(total_steps or 0))
-            return cosine((s - warmup) / (total - warmup))
-        return 1.0
-
-    return fn
 
 
 class TranslationModule(L.LightningModule):
@@ -253,7 +100,7 @@ class TranslationModule(L.LightningModule):
 
     # -- inference --------------------------------------------------------------------------
     def forward(self, src: Tensor, config: DecodeConfig | None = None) -> list[list[int]]:
-        """Decode with `litmt.decoding.decode`: the best hypothesis' target ids per source row.
+        """Decode with `litmt.decoding.api.decode`: the best hypothesis' target ids per source row.
 
         Callbacks call it through `trainer.model`, so that a DDP or FSDP wrapper runs it as a
         forward pass (FSDP gathers its sharded root weights only inside one).
@@ -340,42 +187,12 @@ class TranslationModule(L.LightningModule):
         self.check_finite(norm, loss)
 
     def check_finite(self, norm: Tensor, loss: Tensor | None) -> None:
-        """Raise `LitmtError` if the gradient norm is not finite (fairseq's check).
-
-        Args:
-            norm: the global gradient norm of this optimiser step (0-d); the only value read
-                on the host in a normal step.
-            loss: this rank's summed training loss of the step (0-d), read only when `norm`
-                is not finite, to say whether the loss itself was.
-        """
-        if bool(torch.isfinite(norm)):  # one device->host read per optimiser step
-            return
-        hint = "the last saved checkpoint is intact"
-        if loss is not None and not bool(torch.isfinite(loss)):
-            raise LitmtError(
-                f"the training loss became {float(loss)} at step {self.global_step}; stopped "
-                f"before updating the weights, {hint}: lower module.optimizer.lr, raise warmup, "
-                "use bf16-mixed instead of 16-mixed, or keep trainer.gradient_clip_val on"
-            )
-        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
-            return  # fp16 loss scaling: the scaler skips this step and lowers its scale
-        raise LitmtError(
-            f"the gradients became non-finite (norm {float(norm)}) at step {self.global_step}; "
-            f"stopped before updating the weights, {hint}: lower module.optimizer.lr or raise "
-            "module.scheduler.warmup_steps"
-        )
+        """Raise `LitmtError` on a non-finite gradient norm (`litmt.training.grad.check_finite`)."""
+        scaled = getattr(self.trainer.precision_plugin, "scaler", None) is not None
+        check_finite(norm, loss, self.global_step, scaled=scaled)
 
     def on_train_epoch_start(self) -> None:
         self._tick = None
-
-    def _time_budget(self) -> Timer | None:
-        """Lightning's `Timer` when the run is bounded by `trainer.max_time` only (no max_steps)."""
-        if self.trainer.max_steps > 0:
-            return None
-        for callback in self.trainer.callbacks:
-            if isinstance(callback, Timer) and callback.time_remaining() is not None:
-                return callback
-        return None
 
     def configure_optimizers(self) -> dict[str, Any]:
         factory = self.optimizer_factory or (
@@ -386,19 +203,8 @@ class TranslationModule(L.LightningModule):
         total = sc.get("total_steps")
         time_progress = None
         if sc.get("name", "inverse_sqrt") == "cosine" and not total:
-            timer = self._time_budget()
-            if timer is not None:
-                budget = float(timer.time_elapsed()) + float(timer.time_remaining())
-                log.info(
-                    "cosine LR decay follows the time budget trainer.max_time (%.0f s): the LR "
-                    "reaches min_lr_ratio when the run stops",
-                    budget,
-                )
-
-                def time_progress() -> float:
-                    return float(timer.time_elapsed()) / budget
-
-            else:
+            time_progress = clock_progress(self.trainer)
+            if time_progress is None:
                 total = int(self.trainer.estimated_stepping_batches)
         fn = lr_lambda(
             sc.get("name", "inverse_sqrt"),
@@ -413,7 +219,7 @@ class TranslationModule(L.LightningModule):
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"},
         }
 
-    # -- validation / test (loss only; decoding and BLEU are `litmt.callbacks`) -------------
+    # -- validation / test (loss only; decoding and BLEU are `litmt.training.callbacks`) -------------
     def _eval_step(self, batch: dict[str, Tensor], split: str) -> None:
         loss_sum, nll_sum, ntok = self._loss(batch, self.model)
         ntok_f = ntok.clamp_min(1).to(loss_sum.dtype)

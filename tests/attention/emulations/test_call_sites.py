@@ -21,10 +21,10 @@ from tiny_model import tiny_config
 
 from litmt.attention import build_backend, get_backend_class
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.decoding.search import beam_search, greedy_search
 from litmt.models import Seq2SeqTransformer
-from litmt.models.attention import MultiHeadAttention
 from litmt.models.config import AttentionConfig
-from litmt.search import beam_search, greedy_search
+from litmt.models.mha import MultiHeadAttention
 
 from . import allow_cpu_fp32
 from . import flash_attn as flash_emulation

@@ -1,0 +1,1 @@
+"""One module per command (the (cfg) job functions the scripts run), the script runner, exits and config checks."""

@@ -1,0 +1,62 @@
+"""The finalize command: rerun the end-of-training step on a finished run directory (conf/finalize.yaml)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from litmt.errors import ConfigError
+from litmt.training.finalize import check_finalize_config, finalize, summary_lines
+
+
+def kept_checkpoints(last_ckpt: Path) -> dict[str, float]:
+    """{path: valid BLEU} of the top-k `ModelCheckpoint` kept, from the state in `last_ckpt`."""
+    state = torch.load(last_ckpt, map_location="cpu", weights_only=True).get("callbacks", {})
+    kept: dict[str, float] = {}
+    for key, value in state.items():
+        if key.startswith("ModelCheckpoint") and isinstance(value, Mapping):
+            kept.update({str(p): float(s) for p, s in value.get("best_k_models", {}).items()})
+    return {p: s for p, s in kept.items() if Path(p).is_file()}
+
+
+def finalize_run(cfg: DictConfig) -> dict[str, Any]:
+    """`scripts/finalize.py`: `finalize` on a finished run directory, printing the final lines.
+
+    The run's own config (``<run_dir>/.hydra/config.yaml``) gives the data and the `finalize`
+    block; non-null keys of ``cfg.finalize`` replace the run's. The checkpoints and their
+    valid BLEU come from the `ModelCheckpoint` state in ``checkpoints/last.ckpt``.
+
+    Raises:
+        ConfigError: no run_dir, or it lacks the saved config or last.ckpt or kept checkpoints.
+    """
+    if not cfg.get("run_dir"):
+        raise ConfigError("run_dir is required: python scripts/finalize.py run_dir=RUN_DIR")
+    run = Path(cfg.run_dir)
+    saved, last = run / ".hydra" / "config.yaml", run / "checkpoints" / "last.ckpt"
+    for path, what in ((saved, "the run's saved config"), (last, "last.ckpt")):
+        if not path.is_file():
+            raise ConfigError(f"{path} not found: run_dir must be a training run ({what})")
+    train_cfg = OmegaConf.load(saved)
+    given = {k: v for k, v in (cfg.get("finalize") or {}).items() if v is not None}
+    with open_dict(train_cfg):
+        train_cfg.paths.output_dir = str(run)
+        if cfg.get("data_dir"):
+            train_cfg.data.dir = str(cfg.data_dir)
+        train_cfg.finalize = OmegaConf.merge(train_cfg.get("finalize") or {}, given)
+    check_finalize_config(train_cfg)
+    kept = kept_checkpoints(last)
+    if not kept:
+        raise ConfigError(f"{last} lists no kept checkpoint that still exists in {last.parent}")
+    best = max(kept, key=kept.__getitem__)
+    datamodule = instantiate(train_cfg.data)
+    report = finalize(
+        train_cfg.finalize, best_k_models=kept, best=best, corpus=datamodule.corpus, output_dir=run
+    )
+    for line in summary_lines(report):
+        print(line)
+    return report

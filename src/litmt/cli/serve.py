@@ -1,0 +1,45 @@
+"""The serve command: the HTTP translation server (conf/serve.yaml)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from litmt.deploy.server import ServeSettings, build_server_app
+from litmt.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def serve(cfg: Any) -> None:
+    """The `scripts/serve.py` job: load ``cfg.model_path``, serve on ``cfg.host``:``cfg.port``.
+
+    (``model_path``, not ``model``: ``model=`` would select a file of the ``conf/model/`` group.)
+    """
+    import uvicorn
+
+    if not cfg.get("model_path"):
+        raise ConfigError(
+            "no model given: pass model_path=<a .ckpt file or a CTranslate2 export directory>"
+        )
+    settings = ServeSettings(
+        max_batch_texts=int(cfg.max_batch_texts),
+        max_wait_ms=float(cfg.max_wait_ms),
+        max_texts=int(cfg.max_texts),
+        max_chars=int(cfg.max_chars),
+        max_body_bytes=int(cfg.max_body_bytes),
+        cors=bool(cfg.cors),
+        decoding=dict(cfg.decoding),
+    )
+    app = build_server_app(
+        str(cfg.model_path),
+        engine=str(cfg.engine),
+        device=cfg.get("device"),
+        threads=int(cfg.threads),
+        attention=bool(cfg.explorer),
+        settings=settings,
+        cache_dir=cfg.get("ct2_cache"),
+        quantization=str(cfg.get("quantization") or "none"),
+    )
+    log.info("serving %s on http://%s:%d", cfg.model_path, cfg.host, int(cfg.port))
+    uvicorn.run(app, host=str(cfg.host), port=int(cfg.port), log_level=str(cfg.log_level))

@@ -1,0 +1,66 @@
+"""The server's attention view: the attention maps of one translation as JSON for the explorer page (`static/`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litmt.decoding.config import DecodeConfig
+from litmt.deploy.http_errors import ApiError
+
+
+def attention_maps(translator: Any, sentence: str, options: dict[str, Any]) -> Any:
+    from litmt.decoding.attention_maps import collect_attention
+    from litmt.runtime.precision import autocast_context
+
+    cleaned = " ".join(sentence.split())  # one line: the page sends one sentence
+    config = DecodeConfig.from_options(options)  # null/absent keys: DecodeConfig's defaults
+    # the Translator's autocast: a flash/te checkpoint's kernel computes in half only
+    with autocast_context(translator.device, translator.autocast):
+        return collect_attention(
+            translator.model,
+            translator.tokenizer,
+            cleaned,
+            max_len_a=config.max_len_a,
+            max_len_b=config.max_len_b,
+        )
+
+
+def _index(value: Any, n: int, what: str) -> int | None:
+    if value is None or value == "mean":
+        return None
+    try:
+        i = int(value)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, f"Invalid request: {what} must be an integer or 'mean'") from exc
+    if not -n <= i < n:
+        raise ApiError(400, f"Invalid request: {what} {i} does not exist (the model has {n})")
+    return i % n
+
+
+def attention_payload(maps: Any, layer: Any, head: Any) -> dict[str, Any]:
+    """JSON of `AttentionMaps` cross-attention: all weights [L][H][T][S], or one (T, S) map."""
+    cross = maps.weights["cross"]  # L x (H, T, S)
+    n_layers, n_heads = len(cross), int(cross[0].size(0))
+    payload: dict[str, Any] = {
+        "translation": maps.translation,
+        "source_pieces": maps.src_pieces,
+        "target_pieces": maps.tgt_out_pieces,
+        "layers": n_layers,
+        "heads": n_heads,
+    }
+    if layer is None and head is None:
+        payload["weights"] = [[_rounded(h) for h in w] for w in cross]  # (L, H, T, S)
+        return payload
+    li = _index(layer, n_layers, "layer")
+    chosen = cross[li if li is not None else n_layers - 1]  # (H, T, S)
+    hi = _index(head, n_heads, "head")
+    payload.update(
+        layer=li if li is not None else n_layers - 1,
+        head=hi if hi is not None else "mean",
+        weights=_rounded(chosen.mean(0) if hi is None else chosen[hi]),  # (T, S)
+    )
+    return payload
+
+
+def _rounded(matrix: Any) -> list[list[float]]:
+    return [[round(float(x), 4) for x in row] for row in matrix.tolist()]

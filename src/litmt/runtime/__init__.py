@@ -1,0 +1,1 @@
+"""Runtime: precision plans and FP8 (precision), and the Lightning internals litmt relies on (lightning_compat)."""
