@@ -24,6 +24,8 @@ from litmt.evaluate import evaluate
 from litmt.models import Seq2SeqTransformer
 from litmt.translate import Translator
 
+pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
 VOCAB = 40
 CONFIGS = [

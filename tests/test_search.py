@@ -20,6 +20,8 @@ from litmt.search import (
     topk_rows,
 )
 
+pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
+
 VOCAB = 40
 
 

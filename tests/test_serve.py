@@ -18,6 +18,7 @@ httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
+from parity import assert_same_decisions  # noqa: E402
 from tiny_checkpoint import tiny_checkpoint_path  # noqa: E402
 
 from litmt.errors import ConfigError  # noqa: E402
@@ -105,7 +106,10 @@ def test_sixteen_concurrent_requests_are_answered_and_batched(server, reference)
     with ThreadPoolExecutor(16) as pool:
         responses = list(pool.map(ask, texts))
     assert [r.status_code for r in responses] == [200] * 16
-    assert [r.json()["translatedText"] for r in responses] == expected
+    got = [r.json()["translatedText"] for r in responses]
+    # batched with other requests: float32 sums of another batch shape (equal but at near-ties)
+    sources = [reference.prepare(t) for t in texts]
+    assert_same_decisions(reference, sources, expected, got, **DECODING)
     after = httpx.get(server.url + "/health").json()
     assert after["largest_batch"] > 1, "concurrent requests were never batched together"
     assert after["batches"] - before["batches"] < 16
