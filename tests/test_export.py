@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
 
 from parity import SCORE_ATOL, assert_greedy_parity, assert_same_decisions  # noqa: E402
-from tiny_checkpoint import corpus, tiny_checkpoint_path  # noqa: E402
+from tiny_checkpoint import corpus, other_weights, tiny_checkpoint_path  # noqa: E402
 
 from litmt.checkpoint import load_model, save_model_checkpoint  # noqa: E402
 from litmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, TokenizerSettings  # noqa: E402
@@ -269,6 +270,30 @@ def test_ct2_engine_converts_a_checkpoint_into_the_cache_once(ckpt, tmp_path):
     second = load_translator(ckpt, engine="ct2", cache_dir=tmp_path, threads=1)
     assert (entries[0] / "model.bin").stat().st_mtime_ns == stamp  # reused, not rewritten
     assert first.translate(["A red dog runs."]) == second.translate(["A red dog runs."])
+
+
+def test_ct2_cache_follows_a_checkpoint_retrained_in_place(ckpt, tmp_path):
+    """A new last.ckpt written at the same path, with the same size and the old mtime, is
+    converted again: the cache entry is named by the file's content, not its path or stat."""
+    cache = tmp_path / "cache"
+    last = other_weights(ckpt, tmp_path / "last.ckpt", seed=1)
+    first = load_translator(last, engine="ct2", cache_dir=cache, threads=1)
+    before = last.stat()
+    other_weights(ckpt, last, seed=2)  # retrained in place: other weights, same layout
+    os.utime(last, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = last.stat()  # only the bytes tell the two checkpoints apart
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    second = load_translator(last, engine="ct2", cache_dir=cache, threads=1)
+    fresh = CT2Translator(export_model(last, tmp_path / "fresh"), threads=1)
+    ids = [fresh.prepare(s) for s in held_sentences()[:8]]
+    expected = fresh.search_ids(ids, beam_size=2)
+    assert second.search_ids(ids, beam_size=2) == expected  # the new weights are served
+    assert first.search_ids(ids, beam_size=2) != expected  # and the check can tell them apart
+    model_bin = (fresh.model_dir / "model.bin").read_bytes()
+    assert (second.model_dir / "model.bin").read_bytes() == model_bin
+    digest = hashlib.sha256(last.read_bytes()).hexdigest()
+    assert read_metadata(second.model_dir)["checkpoint_sha256"] == digest
+    assert second.model_dir != first.model_dir and len(list(cache.iterdir())) == 2  # a new entry
 
 
 def test_export_script(ckpt, tmp_path):
