@@ -140,8 +140,41 @@ def beam_margins() -> Iterator[list[float]]:
         litmt.decoding.search.topk_rows = original
 
 
-def beam_margin(translator, src: Sequence[int], **options) -> float:
-    """The smallest decision margin of the torch engine's beam search on one sentence."""
+def greedy_margin(translator, src: Sequence[int]) -> float:
+    """The smallest gap between the two most likely next tokens along the torch engine's
+    greedy output for one sentence (teacher-forced, eos included)."""
+    out = translator.search_ids([list(src)], beam_size=1)[0][0].tokens
+    model = translator.model
+    src_t = torch.tensor([list(src)], device=translator.device)  # (1, S)
+    tgt_in = torch.tensor([[BOS_ID, *out]], device=translator.device)  # (1, T)
+    with torch.no_grad():
+        logp = F.log_softmax(model(src_t, tgt_in)[0].float(), dim=-1)  # (T, V)
+    top2 = logp.topk(2, dim=-1).values  # (T, 2)
+    return float((top2[:, 0] - top2[:, 1]).min())
+
+
+def search_margin(translator, src: Sequence[int], **options) -> float:
+    """The smallest decision margin of the torch engine's search (greedy or beam) on `src`."""
+    if options.get("beam_size", 1) == 1:
+        return greedy_margin(translator, src)
     with beam_margins() as margins:
         translator.search_ids([list(src)], **options)
     return min(margins, default=float("inf"))
+
+
+def assert_same_decisions(translator, sources: Sequence[Sequence[int]], ref, got, **options) -> int:
+    """`ref` and `got` (per sentence: token lists, n-best lists or texts) are equal wherever
+    the torch `translator`'s search on that source decides with a margin over `NEAR_TIE`.
+
+    Returns how many sentences differ (each at a near-tie).
+    """
+    differ = 0
+    for i, (src, a, b) in enumerate(zip(sources, ref, got, strict=True)):
+        if a != b:
+            margin = search_margin(translator, src, **options)
+            assert margin <= NEAR_TIE, (
+                f"sentence {i} decodes differently although the search margin is {margin:.2e}"
+                f" > NEAR_TIE={NEAR_TIE}: {a!r} != {b!r}"
+            )
+            differ += 1
+    return differ

@@ -25,6 +25,8 @@ from litmt.deploy.engines import load_translator
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 
+pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
 VOCAB = 40
 CONFIGS = [

@@ -18,6 +18,8 @@ from train_utils import REPO, script_env
 from litmt.decoding.forced import Scorer
 from litmt.decoding.search import beam_search
 
+pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
+
 ALPHA = 0.6  # a length penalty that is neither 0 nor 1, so the normalising length matters
 
 

@@ -21,6 +21,8 @@ from litmt.decoding.search import (
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 
+pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
+
 VOCAB = 40
 
 

@@ -18,6 +18,7 @@ httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
+from parity import assert_same_decisions  # noqa: E402
 from tiny_checkpoint import tiny_checkpoint_path  # noqa: E402
 
 from litmt.decoding.translator import Translator  # noqa: E402
@@ -105,7 +106,10 @@ def test_sixteen_concurrent_requests_are_answered_and_batched(server, reference)
     with ThreadPoolExecutor(16) as pool:
         responses = list(pool.map(ask, texts))
     assert [r.status_code for r in responses] == [200] * 16
-    assert [r.json()["translatedText"] for r in responses] == expected
+    got = [r.json()["translatedText"] for r in responses]
+    # batched with other requests: float32 sums of another batch shape (equal but at near-ties)
+    sources = [reference.prepare(t) for t in texts]
+    assert_same_decisions(reference, sources, expected, got, **DECODING)
     after = httpx.get(server.url + "/health").json()
     assert after["largest_batch"] > 1, "concurrent requests were never batched together"
     assert after["batches"] - before["batches"] < 16
@@ -169,6 +173,146 @@ def test_bad_requests_get_a_json_error_and_the_server_stays_healthy(client, name
     assert set(body) == {"error"} and message in body["error"]
     health = client.get("/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def _body(size: int) -> bytes:
+    """A valid /translate JSON body of exactly `size` bytes (padded by a field it ignores)."""
+    head, tail = b'{"q": "A red dog runs.", "source": "en", "target": "de", "pad": "', b'"}'
+    return head + b"x" * (size - len(head) - len(tail)) + tail
+
+
+def _chunked(body: bytes, parts: int = 3):
+    """`body` as `parts` chunks, a pause between them so that each reaches the server alone."""
+    step = -(-len(body) // parts)
+    for start in range(0, len(body), step):
+        yield body[start : start + step]
+        time.sleep(0.05)
+
+
+def test_body_limit_at_its_boundary_with_a_content_length(client, reference):
+    expected = {"translatedText": reference.translate(SENTENCES[:1], **DECODING)[0]}
+    json_type = {"content-type": "application/json"}
+    r = _translate(client, content=_body(4000), headers=json_type)  # max_body_bytes=4000
+    assert r.request.headers["content-length"] == "4000"
+    assert r.status_code == 200 and r.json() == expected
+    r = _translate(client, content=_body(4001), headers=json_type)
+    assert r.status_code == 413
+    assert r.json() == {"error": "Request body of 4001 bytes exceeds the limit (4000)"}
+
+
+def test_chunked_body_is_counted_across_its_chunks(client, reference):
+    """No Content-Length: the running total of the chunks, each far under the limit, counts."""
+    expected = {"translatedText": reference.translate(SENTENCES[:1], **DECODING)[0]}
+    json_type = {"content-type": "application/json"}
+    r = _translate(client, content=_chunked(_body(4000)), headers=json_type)
+    assert r.request.headers["transfer-encoding"] == "chunked"
+    assert "content-length" not in r.request.headers
+    assert r.status_code == 200 and r.json() == expected
+    r = _translate(client, content=_chunked(_body(4001)), headers=json_type)  # 3 x 1334 bytes
+    assert r.request.headers["transfer-encoding"] == "chunked"
+    assert r.status_code == 413
+    assert r.json() == {"error": "Request body exceeds the limit (4000 bytes)"}
+    assert client.get("/health").json()["status"] == "ok"
+
+
+def test_read_params_counts_the_running_total_of_the_body_messages():
+    """The same limit without a network: the body arrives as 3 ASGI messages, for certain."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from litmt.serve import ApiError, read_params
+
+    def request(body: bytes) -> Request:
+        messages = [{"type": "http.request", "body": c, "more_body": True} for c in _chunked(body)]
+        messages.append({"type": "http.request", "body": b"", "more_body": False})
+        assert len(messages) == 4 and all(len(m["body"]) < 2000 for m in messages)
+
+        async def receive() -> dict:
+            return messages.pop(0)
+
+        headers = [(b"content-type", b"application/json"), (b"transfer-encoding", b"chunked")]
+        return Request({"type": "http", "method": "POST", "headers": headers}, receive)
+
+    assert asyncio.run(read_params(request(_body(4000)), 4000))["q"] == "A red dog runs."
+    with pytest.raises(ApiError, match=r"^Request body exceeds the limit \(4000 bytes\)$") as e:
+        asyncio.run(read_params(request(_body(4001)), 4000))
+    assert e.value.status == 413
+
+
+def test_exactly_max_texts_are_translated_and_one_more_is_refused(client, reference):
+    texts = [SENTENCES[i % len(SENTENCES)] for i in range(8)]  # max_texts=8
+    r = _translate(client, json={"q": texts, "source": "en", "target": "de"})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"translatedText": reference.translate(texts, **DECODING)}
+    r = _translate(client, json={"q": [*texts, "A dog."], "source": "en", "target": "de"})
+    assert r.status_code == 413
+    assert r.json() == {"error": "Invalid request: request (9 texts) exceeds text limit (8)"}
+
+
+def test_max_chars_counts_all_texts_at_its_boundary(client, reference):
+    one = "A dog runs. " * 25  # max_chars=300: exactly the limit in one text
+    assert len(one) == 300
+    r = _translate(client, json={"q": one, "source": "en", "target": "de"})
+    assert r.status_code == 200
+    assert r.json() == {"translatedText": reference.translate([one], **DECODING)[0]}
+    half = "A red dog runs. " * 9 + "A dog."  # 150 characters
+    assert len(half) == 150
+    r = _translate(client, json={"q": [half, half], "source": "en", "target": "de"})
+    assert r.status_code == 200 and len(r.json()["translatedText"]) == 2
+    r = _translate(client, json={"q": [half, half + "x"], "source": "en", "target": "de"})
+    assert r.status_code == 413  # each text is under the limit, together they are over
+    assert r.json() == {"error": "Invalid request: request (301) exceeds text limit (300)"}
+
+
+def test_attention_max_chars_at_its_boundary(client):
+    one = "A dog runs. " * 25
+    r = client.post("/attention", json={"q": one})
+    assert r.status_code == 200 and r.json()["layers"] == 2
+    r = client.post("/attention", json={"q": one + "x"})
+    assert r.status_code == 413
+    assert r.json() == {"error": "Invalid request: request (301) exceeds text limit (300)"}
+
+
+def test_attention_layer_and_head_bounds(client):
+    full = client.post("/attention", json={"q": SENTENCES[0]}).json()  # 2 layers, 4 heads
+    assert (full["layers"], full["heads"]) == (2, 4)
+
+    def ask(**choice):
+        return client.post("/attention", json={"q": SENTENCES[0], **choice})
+
+    last = ask(layer=1, head=3).json()  # the last valid layer and head
+    assert (last["layer"], last["head"]) == (1, 3) and last["weights"] == full["weights"][1][3]
+    back = ask(layer=-1, head=-4).json()  # negatives count from the end, as in Python
+    assert (back["layer"], back["head"]) == (1, 0) and back["weights"] == full["weights"][1][0]
+    assert ask(layer=-2, head="mean").json()["layer"] == 0
+    refused = [  # one past each end: a 400, never a silent wrap to another layer or head
+        ({"layer": 2}, "layer 2 does not exist (the model has 2)"),
+        ({"layer": -3}, "layer -3 does not exist (the model has 2)"),
+        ({"layer": 0, "head": 4}, "head 4 does not exist (the model has 4)"),
+        ({"head": 4}, "head 4 does not exist (the model has 4)"),
+        ({"layer": 1, "head": -5}, "head -5 does not exist (the model has 4)"),
+    ]
+    for choice, message in refused:
+        r = ask(**choice)
+        assert (r.status_code, r.json()) == (400, {"error": f"Invalid request: {message}"}), choice
+
+
+def test_decoding_settings_reach_the_translator():
+    """serve.yaml's decoding options (max_tokens too) reach every translate call; n_best not."""
+    seen: list[dict] = []
+
+    class Spy(_Flaky):
+        def translate(self, texts: list[str], **options) -> list[str]:
+            seen.append(options)
+            return texts
+
+    decoding = {"beam_size": 3, "max_tokens": 7, "n_best": 2}
+    app = create_app(Spy(), ServeSettings(max_wait_ms=0, decoding=decoding))
+    with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=30) as c:
+        r = c.post("/translate", json={"q": "fine", "source": "en", "target": "de"})
+    assert r.json() == {"translatedText": "fine"}
+    assert seen == [{"beam_size": 3, "max_tokens": 7}]
 
 
 def test_unknown_route_and_method_are_json_errors(client):
@@ -293,9 +437,41 @@ def test_a_failing_batch_fails_its_request_not_the_server():
         assert c.get("/health").json()["status"] == "ok"
 
 
-def test_settings_are_validated():
-    with pytest.raises(ConfigError, match="max_texts must be positive"):
-        ServeSettings(max_texts=0)
+@pytest.mark.parametrize("name", ["max_batch_texts", "max_texts", "max_chars", "max_body_bytes"])
+def test_settings_are_validated(name):
+    with pytest.raises(ConfigError, match=f"{name} must be positive, got 0"):
+        ServeSettings(**{name: 0})
+    assert getattr(ServeSettings(**{name: 1}), name) == 1
+
+
+def test_max_wait_ms_may_be_zero_not_negative():
+    with pytest.raises(ConfigError, match="max_wait_ms must be >= 0, got -1"):
+        ServeSettings(max_wait_ms=-1)
+    assert ServeSettings(max_wait_ms=0).max_wait_ms == 0
+
+
+def test_serve_job_passes_every_limit_of_the_config(monkeypatch):
+    """scripts/serve.py's settings come from conf/serve.yaml, none left at the dataclass's."""
+    import uvicorn
+    from hydra import compose, initialize_config_dir
+
+    import litmt.serve
+
+    overrides = ["model_path=m.ckpt", "max_batch_texts=3", "max_wait_ms=4", "max_texts=5",
+                 "max_chars=6", "max_body_bytes=7", "cors=false", "decoding.max_tokens=8"]  # fmt: skip
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="serve", overrides=overrides)
+    built: list[ServeSettings] = []
+    monkeypatch.setattr(
+        litmt.serve, "build_server_app", lambda *a, **k: built.append(k["settings"])
+    )
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
+    litmt.serve.serve(cfg)
+    (settings,) = built
+    got = (settings.max_batch_texts, settings.max_wait_ms, settings.max_texts,
+           settings.max_chars, settings.max_body_bytes, settings.cors)  # fmt: skip
+    assert got == (3, 4.0, 5, 6, 7, False)
+    assert settings.decoding["max_tokens"] == 8
 
 
 def _free_port() -> int:
@@ -416,3 +592,15 @@ def test_batcher_failure_fails_only_the_bad_request():
     results, _ = _run_batcher(fn, [["ok"], ["boom"], ["fine"]], max_batch=16, max_wait_ms=100)
     assert results[0] == ["ok"] and results[2] == ["fine"]
     assert isinstance(results[1], RuntimeError) and str(results[1]) == "kernel exploded"
+
+
+def test_batcher_runs_a_full_batch_at_once_and_a_lone_request_after_max_wait():
+    def timed(requests: list[list[str]], max_wait_ms: float) -> float:
+        start = time.monotonic()
+        results, _ = _run_batcher(lambda t: t, requests, max_batch=4, max_wait_ms=max_wait_ms)
+        assert results == requests
+        return time.monotonic() - start
+
+    assert timed([["a", "b", "c", "d"]], max_wait_ms=10_000) < 4  # max_batch reached: no wait
+    assert timed([["a", "b"], ["c", "d"]], max_wait_ms=10_000) < 4
+    assert 0.45 <= timed([["a"]], max_wait_ms=500) < 4  # waits max_wait_ms for company

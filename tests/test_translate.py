@@ -7,7 +7,7 @@ import logging
 
 import pytest
 import tiny_checkpoint as tiny
-from parity import SCORE_ATOL
+from parity import SCORE_ATOL, assert_same_decisions
 from tiny_checkpoint import corpus
 
 from litmt import Translator
@@ -16,6 +16,8 @@ from litmt.data.text import read_lines, read_text_file, strip_line_end
 from litmt.decoding.api import decode
 from litmt.decoding.translator import token_batches
 from litmt.errors import CheckpointError, ConfigError, DataError
+
+pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
 
 
 @pytest.fixture(scope="session")
@@ -128,8 +130,13 @@ def test_a_list_of_checkpoints_translates_with_their_mean(ckpt, tmp_path, transl
     tiny.assert_weights_are_the_mean(avg.model.state_dict(), [ckpt, other])
     by_hand = tiny.save_weights(ckpt, tiny.mean_weights([ckpt, other]), tmp_path / "mean.ckpt")
     en, _ = corpus(seed=4)
-    expected = Translator.from_checkpoint(by_hand, device="cpu").translate(en[:5], beam_size=2)
-    assert avg.translate(en[:5], beam_size=2) == expected
+    reference = Translator.from_checkpoint(by_hand, device="cpu")
+    expected = reference.translate(en[:5], beam_size=2)
+    # the same weights up to float32 rounding of the mean: the same outputs but at near-ties
+    sources = [reference.prepare(x) for x in en[:5]]
+    assert_same_decisions(
+        reference, sources, expected, avg.translate(en[:5], beam_size=2), beam_size=2
+    )
 
 
 def test_missing_and_corrupt_checkpoints_raise_one_line_errors(tmp_path):

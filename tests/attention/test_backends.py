@@ -34,6 +34,8 @@ from litmt.errors import BackendError
 from litmt.models.config import AttentionConfig, TransformerConfig
 from litmt.models.transformer import Seq2SeqTransformer
 
+pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
+
 CONF = Path(__file__).resolve().parents[2] / "conf"
 EMULATIONS = {"flash": flash_emulation, "xformers": xformers_emulation, "te": te_emulation}
 

@@ -14,6 +14,8 @@ from litmt.attention import backend_support, build_backend, list_backends
 from litmt.attention.base import AttentionRequest
 from litmt.errors import BackendError
 
+pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
+
 EXACT = ["math", "sdpa"]
 
 

@@ -17,6 +17,8 @@ from litmt.attention.local import WindowCache
 from litmt.data.tokenizer import PAD_ID
 from litmt.models import Seq2SeqTransformer
 
+pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
+
 # Decoder self-attention backends (name, options); the window (3) and the sparse blocks
 # (4 tokens) are shorter than the decoded targets, so they matter.
 DECODER_SELF = {

@@ -10,6 +10,8 @@ from litmt.data.tokenizer import PAD_ID
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
+pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
+
 tiny = tiny_config
 
 
