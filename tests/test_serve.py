@@ -221,7 +221,8 @@ def test_read_params_counts_the_running_total_of_the_body_messages():
 
     from starlette.requests import Request
 
-    from litmt.serve import ApiError, read_params
+    from litmt.deploy.http_errors import ApiError
+    from litmt.deploy.server import read_params
 
     def request(body: bytes) -> Request:
         messages = [{"type": "http.request", "body": c, "more_body": True} for c in _chunked(body)]
@@ -455,7 +456,7 @@ def test_serve_job_passes_every_limit_of_the_config(monkeypatch):
     import uvicorn
     from hydra import compose, initialize_config_dir
 
-    import litmt.serve
+    import litmt.cli.serve
 
     overrides = ["model_path=m.ckpt", "max_batch_texts=3", "max_wait_ms=4", "max_texts=5",
                  "max_chars=6", "max_body_bytes=7", "cors=false", "decoding.max_tokens=8"]  # fmt: skip
@@ -463,10 +464,10 @@ def test_serve_job_passes_every_limit_of_the_config(monkeypatch):
         cfg = compose(config_name="serve", overrides=overrides)
     built: list[ServeSettings] = []
     monkeypatch.setattr(
-        litmt.serve, "build_server_app", lambda *a, **k: built.append(k["settings"])
+        litmt.cli.serve, "build_server_app", lambda *a, **k: built.append(k["settings"])
     )
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
-    litmt.serve.serve(cfg)
+    litmt.cli.serve.serve(cfg)
     (settings,) = built
     got = (settings.max_batch_texts, settings.max_wait_ms, settings.max_texts,
            settings.max_chars, settings.max_body_bytes, settings.cors)  # fmt: skip
