@@ -19,6 +19,7 @@ from train_utils import (
     compose_train,
     free_port,
     run_train_script,
+    start_method,
     tiny_overrides,
     write_toy_corpus,
 )
@@ -47,9 +48,12 @@ def _gather_worker(rank: int, world: int, port: int, out: str) -> None:
 def test_gather_hypotheses_across_two_gloo_ranks(tmp_path: Path) -> None:
     """Fast: both ranks get every hypothesis once, in corpus order; partial runs get None."""
     port = free_port()
-    # fork: the children reuse the imported modules (spawn would re-import lightning twice)
     mp.start_processes(
-        _gather_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True, start_method="fork"
+        _gather_worker,
+        args=(2, port, str(tmp_path)),
+        nprocs=2,
+        join=True,
+        start_method=start_method(),
     )
     for rank in (0, 1):
         got = json.loads((tmp_path / f"{rank}.json").read_text())

@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from tiny_model import tiny_config
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
-from train_utils import free_port
+from train_utils import free_port, start_method
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import LitmtError
@@ -260,7 +260,7 @@ def test_two_gloo_ranks_with_accumulation_give_the_one_process_gradient(tmp_path
             steps=1,
             capture=CaptureStep(str(tmp_path)),
             devices=2,
-            strategy="ddp_fork",  # gloo on CPU; Lightning forks the 2 ranks from this process
+            strategy=f"ddp_{start_method()}",  # gloo on CPU: Lightning starts the 2 ranks
             use_distributed_sampler=False,
         )
     finally:
@@ -346,7 +346,7 @@ def test_fsdp_clipping_uses_the_norm_over_every_shard(tmp_path: Path) -> None:
         args=(2, port, max_norm, str(tmp_path)),
         nprocs=2,
         join=True,
-        start_method="fork",
+        start_method=start_method(),
     )
     got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
     for g in got:

@@ -111,6 +111,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_method() -> str:
+    """How a test starts its gloo ranks: "fork" (fast: the children reuse the imported modules)
+    when this process runs torch on one thread, else "spawn".
+
+    A child forked after the parent ran an OpenMP parallel region (torch with more than one
+    intra-op thread, e.g. OMP_NUM_THREADS=2) hangs in its first parallel op: GNU libgomp's
+    thread pool does not survive fork (GCC bug 52303), and torch's CPU wheels use libgomp.
+    """
+    import torch
+
+    return "fork" if torch.get_num_threads() == 1 else "spawn"
+
+
 def script_env() -> dict[str, str]:
     """Environment for `scripts/*.py` subprocesses: one thread, tests/ importable (probe callbacks)."""
     import os
