@@ -28,7 +28,6 @@ from litmt.runtime.precision import (
     is_fp8,
     resolve_precision,
 )
-from litmt.training.callbacks.preemption import PreemptionCheckpoint
 from litmt.training.finalize import check_finalize_config, finalize, flat_metrics, summary_lines
 from litmt.training.finetune import model_config_for, prepare_model, setup_init_from
 
@@ -53,16 +52,10 @@ def _instantiate_dict(cfg: DictConfig | None) -> list[Any]:
     return [hydra.utils.instantiate(c) for c in cfg.values() if c is not None and "_target_" in c]
 
 
-# Keys of the `model` config group that are run-time choices, not `TransformerConfig` fields.
-RUNTIME_MODEL_KEYS = ("compile",)
-
-
 def model_config_dict(cfg: DictConfig, tokenizer: Any) -> dict[str, Any]:
-    """The `TransformerConfig` kwargs: `cfg.model` minus run-time keys, vocab from the tokenizer."""
+    """The `TransformerConfig` kwargs: `cfg.model`, with the vocab sizes from the tokenizer."""
     model = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(model, dict)
-    for key in RUNTIME_MODEL_KEYS:
-        model.pop(key, None)
     model["src_vocab_size"] = tokenizer.src_vocab_size
     model["tgt_vocab_size"] = tokenizer.tgt_vocab_size
     if not tokenizer.joint and model.get("share_embeddings", True):
@@ -178,9 +171,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     del init
     log.info("model: %.2fM parameters", module.model.num_parameters() / 1e6)
 
-    callbacks = _instantiate_dict(cfg.get("callbacks"))
-    if not any(isinstance(c, PreemptionCheckpoint) for c in callbacks):
-        callbacks.append(PreemptionCheckpoint())  # SIGTERM (preemption) saves last.ckpt
+    callbacks = _instantiate_dict(cfg.get("callbacks"))  # conf/callbacks: every one of them
     loggers = _instantiate_dict(cfg.get("logger"))
     for lg in loggers:
         if hasattr(lg, "log_hyperparams"):
@@ -204,7 +195,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=weights_only)
     except SIGTERMException:
-        # PreemptionCheckpoint saved last.ckpt; exit like a process killed by SIGTERM would
+        # callbacks.preemption saved last.ckpt; exit like a process killed by SIGTERM would
         if trainer.is_global_zero:
             print(
                 f"stopped by SIGTERM at step {trainer.global_step}; resume with the same "
