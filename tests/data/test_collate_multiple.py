@@ -4,16 +4,15 @@ by 8 (transformer_engine/pytorch/utils.py `assert_dim_for_fp8_exec`)."""
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from litmt.runtime.precision import pad_multiple_for
 from litmt.data import TranslationDataModule
 from litmt.data.collate import collate
 from litmt.errors import ConfigError
+from litmt.runtime.precision import pad_multiple_for
 
 
 def _examples(lengths: list[tuple[int, int]]) -> list:
