@@ -27,8 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import hydra
 import lightning as L
 import torch
+from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from litmt.data.collate import TokenizedPairs, collate
@@ -38,6 +40,9 @@ from litmt.decoding.translator import Translator
 from litmt.metrics import corpus_scores
 from litmt.runtime.precision import fp8_precision_plugin, pad_multiple_for
 from litmt.training.module import TranslationModule
+
+# The optimiser and LR schedule of `scripts/train.py` (conf/train.yaml `module`), defaults included
+TRAIN_MODULE = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "train.yaml").module
 
 # Kernels that compute exact attention (the approximate ones, local/sparse/linear, are not
 # compared); the optional package each one needs.
@@ -164,7 +169,10 @@ def train_run(
     L.seed_everything(0, verbose=False)
     module = TranslationModule(
         model_config(corpus, size, backend), corpus.tokenizer, "en", "de",
-        scheduler={"name": "inverse_sqrt", "warmup_steps": max(1, steps // 4)},
+        optimizer=hydra.utils.instantiate(TRAIN_MODULE.optimizer),  # conf/train.yaml's AdamW
+        scheduler=hydra.utils.instantiate(
+            TRAIN_MODULE.scheduler, name="inverse_sqrt", warmup_steps=max(1, steps // 4)
+        ),
         label_smoothing=0.1, seed=0,
     )  # fmt: skip
     plugins: list[Any] = []

@@ -169,9 +169,10 @@ def test_shape_mismatch_is_a_one_line_error_naming_the_parameter(init_ckpt):
 
 
 def test_shape_mismatch_from_the_command_line(init_ckpt, shifted_corpus, tmp_path):
-    # setting a `model` key on the command line builds `model`, which must fit the weights
+    # finetune.model_config=config builds `model`, which must fit the weights
     cmd = [sys.executable, "scripts/train.py", *tiny_overrides(shifted_corpus, tmp_path)]
-    cmd += [f"init_from={init_ckpt}", "model.d_ff=96", "callbacks=none"]
+    cmd += [f"init_from={init_ckpt}", "finetune.model_config=config", "model.d_ff=96"]
+    cmd += ["callbacks=none"]
     proc = subprocess.run(
         cmd, cwd=REPO, env=script_env(), capture_output=True, text=True, timeout=300
     )
@@ -195,33 +196,44 @@ def test_freeze_groups(init_ckpt):
 
 
 @pytest.mark.parametrize(
-    ("overrides", "builds_model"),
+    "overrides",
     [
-        (["model.dropout=0.3", "attention=math", "seed=1"], False),  # run-time keys only
-        (["+model.attention.encoder_self_options.window=4"], False),
-        (["model=base"], True),
-        (["model.d_ff=96"], True),
-        (["++model.n_heads=2"], True),
+        ["model.dropout=0.3", "attention=math", "seed=1"],  # run-time keys only
+        ["+model.attention.encoder_self_options.window=4"],
+        ["model=base"],
+        ["model.d_ff=96"],
+        ["++model.n_heads=2"],
+        ["experiment=multi30k_cpu"],  # `model` keys from an experiment file
     ],
 )
-def test_auto_builds_model_only_when_the_command_line_sets_its_shape(
-    overrides, builds_model, init_ckpt, tmp_path
-):
+def test_the_model_config_depends_on_the_composed_config_only(overrides, init_ckpt, tmp_path):
+    """The default (`checkpoint`) keeps the checkpoint's architecture wherever a `model` key
+    was set, in a Hydra run or not; only `finetune.model_config=config` builds `model`."""
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
 
-    from litmt.training.finetune import command_line_sets_model, model_config
+    from litmt.training.finetune import model_config
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=overrides, return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    try:
-        assert command_line_sets_model() is builds_model
-        init = read_init_checkpoint(init_ckpt)
-        requested = {**init.model_config, "d_ff": 96, "dropout": 0.3}
-        built = model_config(init, requested, "auto")
-        assert built["d_ff"] == (96 if builds_model else init.model_config["d_ff"])
-        assert built["dropout"] == 0.3  # from `model` either way
-    finally:
-        HydraConfig.instance().cfg = None  # as outside a Hydra run
-    assert not command_line_sets_model()
+    init = read_init_checkpoint(init_ckpt)
+    requested = {**init.model_config, "d_ff": 96, "dropout": 0.3}
+    for in_hydra_run in (True, False):
+        if in_hydra_run:
+            HydraConfig.instance().set_config(cfg)
+        try:
+            built = model_config(init, requested, cfg.finetune.model_config)
+            assert built["d_ff"] == init.model_config["d_ff"]  # the checkpoint's shape
+            assert built["dropout"] == 0.3  # from `model` either way
+            assert model_config(init, requested, "config")["d_ff"] == 96
+        finally:
+            HydraConfig.instance().cfg = None  # as outside a Hydra run
+
+
+def test_the_removed_auto_mode_names_the_new_spelling(init_ckpt):
+    from litmt.training.finetune import model_config
+
+    init = read_init_checkpoint(init_ckpt)
+    with pytest.raises(ConfigError, match=r"^finetune\.model_config=auto was removed: .* pass "
+                       r"finetune\.model_config=config to build `model` instead$"):  # fmt: skip
+        model_config(init, dict(init.model_config), "auto")

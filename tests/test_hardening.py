@@ -110,6 +110,15 @@ def test_check_command_line_prints_one_line_and_exits_2(capsys):
     check_command_line(["attention=math"], CONF)  # no exit
 
 
+def test_a_moved_key_names_its_new_spelling_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        check_command_line(["model=tiny", "model.compile=true"], CONF)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: model.compile moved to module.compile: pass module.compile=true\n"
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_scripts_report_an_unknown_group_option_in_one_line(script, tmp_path):

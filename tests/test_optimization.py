@@ -31,6 +31,7 @@ from litmt.errors import LitmtError
 from litmt.training.grad import clip_gradients
 from litmt.training.losses import label_smoothed_nll
 from litmt.training.module import TranslationModule
+from litmt.training.schedules import warmup_scheduler
 
 VOCAB = 24
 SMOOTHING = 0.1
@@ -49,7 +50,14 @@ def tiny_module() -> TranslationModule:
         src_lang="en",
         tgt_lang="de",
         optimizer=functools.partial(torch.optim.SGD, lr=0.5),
-        scheduler={"name": "constant", "warmup_steps": 1},
+        scheduler=functools.partial(
+            warmup_scheduler,
+            name="constant",
+            warmup_steps=1,
+            min_lr_ratio=0.0,
+            total_steps=None,
+            horizon="steps",
+        ),
         label_smoothing=SMOOTHING,
     )
     # float64 weights: the comparisons below are exact to ~1e-12. (The trainer runs

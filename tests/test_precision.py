@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch import nn
-from train_utils import compose_train
+from train_utils import compose_train, tiny_overrides, write_toy_corpus
 
 from litmt.errors import ConfigError
 from litmt.runtime.precision import (
@@ -438,3 +438,23 @@ def test_checkpoint_records_the_training_precision() -> None:
     module.on_save_checkpoint(ckpt)
     assert ckpt[META_KEY]["precision"] == "transformer-engine-float16"
     assert precision_name(SimpleNamespace(precision="bf16-mixed")) == "bf16-mixed"
+
+
+def test_a_training_run_resolves_the_precision_once(tmp_path: Path, monkeypatch) -> None:
+    """One `resolve_precision` per run: the data padding and the trainer share its result."""
+    import litmt.runtime.precision as precision_mod
+    from litmt.cli.train import train
+
+    calls: list[object] = []
+    real = precision_mod.resolve_precision
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(precision_mod, "resolve_precision", counted)
+    corpus = write_toy_corpus(tmp_path / "corpus", {"train": 40, "valid": 4, "test": 4})
+    overrides = [*tiny_overrides(corpus, tmp_path), "trainer.max_steps=1", "callbacks=none"]
+    overrides += ["trainer.limit_val_batches=0", "test_after_training=false"]
+    train(compose_train(overrides, tmp_path))
+    assert len(calls) == 1, calls

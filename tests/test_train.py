@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import os
 import re
@@ -25,9 +26,10 @@ from train_utils import REPO, compose_train, run_train_script, tiny_overrides, w
 
 from litmt.checkpoint.io import load_checkpoint
 from litmt.cli.train import train
+from litmt.errors import ConfigError
 from litmt.training.losses import label_smoothed_nll
 from litmt.training.module import TranslationModule
-from litmt.training.schedules import lr_lambda
+from litmt.training.schedules import lr_lambda, warmup_scheduler
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
 
@@ -88,7 +90,15 @@ def test_cosine_on_the_clock_after_a_resume_decays_over_the_whole_budget(monkeyp
         tokenizer=None,  # type: ignore[arg-type]  # not needed: no decoding
         src_lang="en",
         tgt_lang="de",
-        scheduler={"name": "cosine", "warmup_steps": 10, "min_lr_ratio": 0.1},
+        scheduler=functools.partial(
+            warmup_scheduler,
+            name="cosine",
+            warmup_steps=10,
+            min_lr_ratio=0.1,
+            total_steps=None,
+            horizon="time",
+        ),
+        optimizer=functools.partial(torch.optim.AdamW, lr=1.0),
     )
     module.trainer = trainer
     scheduler = module.configure_optimizers()["lr_scheduler"]["scheduler"]
@@ -123,13 +133,14 @@ def _lr_of_a_run(tmp_path, extra):
         return [float(r["lr"]) for r in csv.DictReader(f) if r.get("lr")]
 
 
-def test_cosine_without_max_steps_decays_over_trainer_max_time(tmp_path, caplog):
+def test_cosine_with_the_time_horizon_decays_over_trainer_max_time(tmp_path, caplog):
     # max_epochs 1000 would make the step horizon ~huge; max_time (2 s) ends the run, and the
     # LR must have reached ~0 by then, through Lightning's own Timer
     with caplog.at_level("INFO", logger="litmt.training.schedules"):
         lrs = _lr_of_a_run(
             tmp_path,
             [
+                "module.scheduler.horizon=time",
                 "trainer.max_epochs=1000",
                 "trainer.max_time=00:00:00:02",
                 "trainer.log_every_n_steps=1",
@@ -138,6 +149,12 @@ def test_cosine_without_max_steps_decays_over_trainer_max_time(tmp_path, caplog)
     assert "follows the time budget" in caplog.text
     assert len(lrs) > 5
     assert lrs[-1] < 0.1 * max(lrs), f"LR did not decay to the time budget: {lrs[-5:]}"
+
+
+def test_the_time_horizon_without_max_time_is_a_one_line_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"^module\.scheduler\.horizon=time decays the LR over "
+                       r"trainer\.max_time, which is not set; set trainer\.max_time="):  # fmt: skip
+        _lr_of_a_run(tmp_path, ["module.scheduler.horizon=time", "trainer.max_steps=3"])
 
 
 def test_cosine_with_max_steps_keeps_the_step_horizon(tmp_path, caplog):
@@ -178,9 +195,7 @@ def test_every_experiment_composes_and_instantiates(experiment, tmp_path):
     cfg = compose_train([f"experiment={experiment}"], tmp_path)
     dm = hydra.utils.instantiate(cfg.data)
     assert dm.src_lang and dm.tgt_lang
-    from litmt.cli.train import RUNTIME_MODEL_KEYS
-
-    model_cfg = {k: v for k, v in cfg.model.items() if k not in RUNTIME_MODEL_KEYS}
+    model_cfg = dict(cfg.model)  # every key of the `model` group is a TransformerConfig field
     model_cfg.update(src_vocab_size=1000, tgt_vocab_size=1000, attention=dict(cfg.model.attention))
     from litmt.models import TransformerConfig
 
@@ -328,12 +343,12 @@ def test_validation_logs_a_cross_attention_heatmap_to_offline_wandb(tmp_path, mo
 
 
 @pytest.mark.slow
-def test_model_compile_trains_and_keeps_plain_checkpoint_keys(tmp_path):
+def test_module_compile_trains_and_keeps_plain_checkpoint_keys(tmp_path):
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 60, "valid": 6, "test": 6})
     cfg = compose_train(
         [
             *tiny_overrides(corpus, tmp_path),
-            "model.compile=true",
+            "module.compile=true",
             "trainer.max_steps=3",
             "test_after_training=false",
         ],
@@ -355,6 +370,7 @@ def test_small_model_learns_real_multi30k(multi30k_dir, tmp_path):
             "logger=csv",
             "trainer.max_steps=400",
             "trainer.max_time=null",
+            "module.scheduler.horizon=steps",  # no time budget: decay over the estimated steps
             "trainer.val_check_interval=200",
             "trainer.check_val_every_n_epoch=null",
             "trainer.enable_progress_bar=false",

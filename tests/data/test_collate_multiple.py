@@ -4,16 +4,15 @@ by 8 (transformer_engine/pytorch/utils.py `assert_dim_for_fp8_exec`)."""
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from litmt.cli.train import pad_for_precision
 from litmt.data import TranslationDataModule
 from litmt.data.collate import collate
 from litmt.errors import ConfigError
+from litmt.runtime.precision import pad_multiple_for
 
 
 def _examples(lengths: list[tuple[int, int]]) -> list:
@@ -85,6 +84,4 @@ def test_bad_multiple_is_a_config_error(dm_kwargs: dict) -> None:
     ],
 )
 def test_fp8_precision_sets_the_multiple_automatically(precision, configured, want) -> None:
-    dm = SimpleNamespace(pad_to_multiple=configured)
-    pad_for_precision(dm, precision)
-    assert dm.pad_to_multiple == want
+    assert pad_multiple_for(precision, configured) == want

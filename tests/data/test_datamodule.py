@@ -88,7 +88,7 @@ def test_train_filters_are_counted_and_eval_is_not_filtered(
             f.write_text(f.read_text(encoding="utf-8") + "\n".join(extra) + "\n", encoding="utf-8")
     kw = {**dm_kwargs, "filter": {"min_len": 1, "max_len": 60, "max_ratio": 3.0}}
     dm = TranslationDataModule(**kw)
-    with caplog.at_level(logging.INFO, logger="litmt.data.datamodule"):
+    with caplog.at_level(logging.INFO, logger="litmt.data"):
         dm.setup(None)
     c = dm.filter_counts
     assert (c["empty"], c["too_long"], c["bad_ratio"]) == (2, 1, 1)

@@ -23,7 +23,7 @@ from train_utils import (
 )
 
 from litmt.data import TranslationDataModule
-from litmt.data.datamodule import launch_ranks
+from litmt.data.prepare_once import launch_ranks
 from litmt.errors import DataError
 
 # One rank of a torchrun-style job: both processes exist from the start (LOCAL_RANK in the

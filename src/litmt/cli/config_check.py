@@ -3,6 +3,7 @@
 - `check_command_line`: config-group choices on the command line (``attention=nope``) are
   checked against the files in ``conf/<group>/`` *before* Hydra composes the config (Hydra's
   own error is a multi-line report). Call it in a script just before ``main()``.
+- `check_moved_keys`: a key that moved (``model.compile=true``) names its new spelling.
 - `check_run_dir`: a run directory that already holds a run is resumed or refused, never
   silently overwritten.
 - `check_devices`: ``trainer.devices`` larger than what the machine has.
@@ -72,6 +73,23 @@ def check_group_overrides(overrides: Sequence[str], conf_dir: str | Path = CONF_
             )
 
 
+# Keys that moved: the spelling users typed before -> the one that replaced it.
+MOVED_KEYS = {"model.compile": "module.compile"}
+
+
+def check_moved_keys(overrides: Sequence[str]) -> None:
+    """Raise `ConfigError` naming the new spelling of a key that moved (`MOVED_KEYS`).
+
+    Raises:
+        ConfigError: ``model.compile moved to module.compile: pass module.compile=true``.
+    """
+    for arg in overrides:
+        key, _, value = arg.partition("=")
+        new = MOVED_KEYS.get(key.lstrip("+~"))
+        if new is not None:
+            raise ConfigError(f"{key.lstrip('+~')} moved to {new}: pass {new}={value}")
+
+
 def check_command_line(
     argv: Sequence[str] | None = None, conf_dir: str | Path | None = None
 ) -> None:
@@ -86,6 +104,7 @@ def check_command_line(
     from litmt.cli.exits import cli_errors
 
     with cli_errors():
+        check_moved_keys(sys.argv[1:] if argv is None else argv)
         check_group_overrides(
             sys.argv[1:] if argv is None else argv,
             script_conf_dir() if conf_dir is None else conf_dir,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import sys
 from pathlib import Path
@@ -22,13 +21,11 @@ from litmt.checkpoint.io import atomic_save, load_checkpoint
 from litmt.cli.config_check import check_devices, check_run_dir
 from litmt.errors import ConfigError, LitmtError
 from litmt.runtime.precision import (
-    FP8_ROW_MULTIPLE,
     configure_precision,
     fp8_precision_plugin,
     is_fp8,
-    resolve_precision,
+    pad_multiple_for,
 )
-from litmt.training.callbacks.preemption import PreemptionCheckpoint
 from litmt.training.finalize import check_finalize_config, finalize, flat_metrics, summary_lines
 from litmt.training.finetune import model_config_for, prepare_model, setup_init_from
 
@@ -53,16 +50,10 @@ def _instantiate_dict(cfg: DictConfig | None) -> list[Any]:
     return [hydra.utils.instantiate(c) for c in cfg.values() if c is not None and "_target_" in c]
 
 
-# Keys of the `model` config group that are run-time choices, not `TransformerConfig` fields.
-RUNTIME_MODEL_KEYS = ("compile",)
-
-
 def model_config_dict(cfg: DictConfig, tokenizer: Any) -> dict[str, Any]:
-    """The `TransformerConfig` kwargs: `cfg.model` minus run-time keys, vocab from the tokenizer."""
+    """The `TransformerConfig` kwargs: `cfg.model`, with the vocab sizes from the tokenizer."""
     model = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(model, dict)
-    for key in RUNTIME_MODEL_KEYS:
-        model.pop(key, None)
     model["src_vocab_size"] = tokenizer.src_vocab_size
     model["tgt_vocab_size"] = tokenizer.tgt_vocab_size
     if not tokenizer.joint and model.get("share_embeddings", True):
@@ -101,26 +92,30 @@ def check_precision(precision: Any) -> None:
             )
 
 
-def pad_for_precision(datamodule: Any, precision: str | int | None) -> None:
-    """Under FP8, make the data module pad batch lengths to a multiple of 8.
-
-    Transformer Engine's FP8 GEMMs need the rows B*S / B*T of every projection divisible by 8
-    (transformer_engine/pytorch/utils.py `assert_dim_for_fp8_exec`; see
-    `litmt.data.collate.collate`). A configured `data.pad_to_multiple` is kept when it is
-    already a multiple of 8, else raised to the least common multiple.
-    """
-    current = int(getattr(datamodule, "pad_to_multiple", 1) or 1)
-    if is_fp8(precision) and current % FP8_ROW_MULTIPLE:
-        datamodule.pad_to_multiple = math.lcm(current, FP8_ROW_MULTIPLE)
-        log.info("FP8: batch lengths padded to multiples of %d", datamodule.pad_to_multiple)
-
-
-def build_trainer(cfg: DictConfig, callbacks: list[Any], loggers: list[Any]) -> L.Trainer:
-    """Instantiate the Lightning Trainer; device/config mistakes become one-line `LitmtError`s."""
-    accel, devices = cfg.trainer.get("accelerator", "auto"), cfg.trainer.get("devices", 1)
-    # `auto` → bf16-mixed / 16-mixed on CUDA, 32-true elsewhere; one log line (litmt.runtime.precision)
-    precision = configure_precision(cfg.trainer.get("precision"), accel)
+def trainer_precision(cfg: DictConfig) -> str | int:
+    """`trainer.precision` resolved for this machine, checked, logged in one line: `auto` →
+    bf16-mixed / 16-mixed on CUDA, 32-true elsewhere (`litmt.runtime.precision`)."""
+    precision = configure_precision(
+        cfg.trainer.get("precision"), cfg.trainer.get("accelerator", "auto")
+    )
     check_precision(precision)
+    return precision
+
+
+def build_trainer(
+    cfg: DictConfig,
+    callbacks: list[Any],
+    loggers: list[Any],
+    precision: str | int | None = None,
+) -> L.Trainer:
+    """Instantiate the Lightning Trainer; device/config mistakes become one-line `LitmtError`s.
+
+    Args:
+        precision: `trainer_precision(cfg)` when the caller has it already (None: resolve it).
+    """
+    accel, devices = cfg.trainer.get("accelerator", "auto"), cfg.trainer.get("devices", 1)
+    if precision is None:
+        precision = trainer_precision(cfg)
     check_devices(accel, devices)
     plugins: list[Any] = [AtomicCheckpointIO()]
     if is_fp8(precision):
@@ -157,9 +152,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
     init = setup_init_from(cfg, datamodule)  # init_from: its weights come later, its tokenizer now
-    pad_for_precision(
-        datamodule, resolve_precision(cfg.trainer.get("precision"), cfg.trainer.get("accelerator"))
-    )
+    precision = trainer_precision(cfg)  # resolved once, for the data padding and the trainer
+    multiple = pad_multiple_for(precision, datamodule.pad_to_multiple)
+    if multiple != datamodule.pad_to_multiple:
+        log.info("FP8: batch lengths padded to multiples of %d", multiple)
+        datamodule.pad_to_multiple = multiple
     # Launchers like torchrun/SLURM start every rank at once: one process per node (or per
     # job, data.prepare_data_per_node=false) trains the tokenizer and tokenises; the others
     # wait for it, then every rank reads the caches.
@@ -178,14 +175,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     del init
     log.info("model: %.2fM parameters", module.model.num_parameters() / 1e6)
 
-    callbacks = _instantiate_dict(cfg.get("callbacks"))
-    if not any(isinstance(c, PreemptionCheckpoint) for c in callbacks):
-        callbacks.append(PreemptionCheckpoint())  # SIGTERM (preemption) saves last.ckpt
+    callbacks = _instantiate_dict(cfg.get("callbacks"))  # conf/callbacks: every one of them
     loggers = _instantiate_dict(cfg.get("logger"))
     for lg in loggers:
         if hasattr(lg, "log_hyperparams"):
             lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-    trainer = build_trainer(cfg, callbacks, loggers)
+    trainer = build_trainer(cfg, callbacks, loggers, precision)
 
     ckpt = resume_path(cfg, output_dir)
     if ckpt is not None:
@@ -204,7 +199,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=weights_only)
     except SIGTERMException:
-        # PreemptionCheckpoint saved last.ckpt; exit like a process killed by SIGTERM would
+        # callbacks.preemption saved last.ckpt; exit like a process killed by SIGTERM would
         if trainer.is_global_zero:
             print(
                 f"stopped by SIGTERM at step {trainer.global_step}; resume with the same "

@@ -27,11 +27,8 @@ torchrun or SLURM have started every rank at once) lets one process per node pre
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import fields
@@ -43,9 +40,10 @@ import lightning as L
 import numpy as np
 import torch
 
-from litmt.data.collate import TokenizedPairs, collate
+from litmt.data.collate import TokenizedPairs
 from litmt.data.corpus import SPLITS, HubSpec, ParallelCorpus, short_hash
-from litmt.data.loader import ResumableDataLoader
+from litmt.data.loader import ResumableDataLoader, token_budget_loader
+from litmt.data.prepare_once import is_preparer, prepare_and_publish, wait_for_marker
 from litmt.data.preprocess import (
     FilterSettings,
     filter_pairs,
@@ -54,9 +52,10 @@ from litmt.data.preprocess import (
     split_ids,
     tokenize_to_disk,
 )
-from litmt.data.sampler import TokenBudgetBatchSampler, dist_rank_world
+from litmt.data.sampler import dist_rank_world
 from litmt.data.sources import load_split, parse_train_sources, source_tags, split_fingerprint
 from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.data.tokenizer_cache import cached_tokenizer
 from litmt.errors import ConfigError, DataError
 from litmt.runtime.lightning_compat import uses_distributed_sampler
 
@@ -85,33 +84,6 @@ def _resolve_path(path: str | os.PathLike[str]) -> Path:
     except ImportError:  # pragma: no cover - hydra is a dependency, but keep data usable alone
         pass
     return Path(path)
-
-
-def padded_length_array(lengths: np.ndarray, multiple: int) -> np.ndarray:
-    """(N,) lengths rounded up to a multiple of `multiple` (`collate.padded_length`, vectorised)."""
-    return -(-np.asarray(lengths) // multiple) * multiple
-
-
-def launch_ranks() -> tuple[int, int]:
-    """(local rank, node rank) of this process, from its launcher's environment.
-
-    The variables Lightning's cluster environments read (lightning/fabric/plugins/
-    environments): `LightningEnvironment` and torchrun's `TorchElasticEnvironment` LOCAL_RANK
-    and NODE_RANK / GROUP_RANK; `SLURMEnvironment` SLURM_LOCALID and SLURM_NODEID. Lightning's
-    own launcher sets LOCAL_RANK in the processes it starts. A plain run is (0, 0).
-    """
-    env = os.environ
-    local = env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
-    node = env.get("NODE_RANK", env.get("GROUP_RANK", env.get("SLURM_NODEID", "0")))
-    return int(local), int(node)
-
-
-def _read_marker(path: Path) -> tuple[dict[str, Any], float] | None:
-    """The preparer's marker and its mtime, or None while it is absent (or being replaced)."""
-    try:
-        return json.loads(path.read_text()), path.stat().st_mtime
-    except (OSError, ValueError):
-        return None
 
 
 class TranslationDataModule(L.LightningDataModule):
@@ -224,6 +196,7 @@ class TranslationDataModule(L.LightningDataModule):
         symbols = self.tokenizer_settings.user_defined_symbols
         symbols.extend(t for t in source_tags(self.extra_train) if t not in symbols)
         self.given_tokenizer: Tokenizer | None = None  # reused instead of trained (use_tokenizer)
+        self.given_tokenizer_origin: str | None = None  # where it comes from (logs)
         if self.tokenizer_settings.model:
             path = _resolve_path(self.tokenizer_settings.model)
             self.use_tokenizer(Tokenizer.from_path(path), f"data.tokenizer.model={path}")
@@ -291,44 +264,20 @@ class TranslationDataModule(L.LightningDataModule):
         )
 
     def _get_tokenizer(self) -> Tokenizer:
-        if self.tokenizer is not None:
-            return self.tokenizer
-        d = self.tokenizer_dir()
-        if (d / "src.model").exists():
-            self.tokenizer = Tokenizer.load(d)
-            log.info("tokenizer: loaded %s", d)
-            return self.tokenizer
-        if self.given_tokenizer is not None:  # published like a trained one (DDP ranks wait)
-            tmp = d.with_name(d.name + f".tmp{os.getpid()}")
-            self.given_tokenizer.save(tmp)
-            try:
-                tmp.rename(d)
-            except OSError:
-                shutil.rmtree(tmp, ignore_errors=True)
-            log.info("tokenizer: reusing the one from %s, not training one (data.tokenizer "
-                     "training settings ignored) → %s", self.given_tokenizer_origin, d)  # fmt: skip
-            self.tokenizer = Tokenizer.load(d)
-            return self.tokenizer
-        train = self._raw("train")
-        src = [x or "" for x in train["src"]]
-        tgt = [x or "" for x in train["tgt"]]
-        log.info("tokenizer: training sentencepiece on %d pairs (%s) ...", len(src), d.name)
-        t0 = time.perf_counter()
-        tok = Tokenizer.train(src, tgt, self.tokenizer_settings)
-        self.timings["tokenizer_train_s"] = time.perf_counter() - t0
-        tmp = d.with_name(d.name + f".tmp{os.getpid()}")
-        tok.save(tmp)
-        try:
-            tmp.rename(d)  # atomic publish
-        except OSError:  # another process (e.g. another DDP rank) published first: use theirs
-            shutil.rmtree(tmp, ignore_errors=True)
-        log.info(
-            "tokenizer: trained on %d pairs in %.1fs → %s (vocab %d/%d)",
-            len(train), self.timings["tokenizer_train_s"], d, tok.src_vocab_size, tok.tgt_vocab_size,
-        )  # fmt: skip
-        # every process uses the published model, so concurrent trainers agree on one vocabulary
-        self.tokenizer = Tokenizer.load(d)
+        if self.tokenizer is None:
+            self.tokenizer = cached_tokenizer(
+                self.tokenizer_dir(),
+                settings=self.tokenizer_settings,
+                train_text=self._train_text,
+                given=self.given_tokenizer,
+                given_origin=self.given_tokenizer_origin,
+                timings=self.timings,
+            )
         return self.tokenizer
+
+    def _train_text(self) -> tuple[list[str], list[str]]:
+        train = self._raw("train")
+        return [x or "" for x in train["src"]], [x or "" for x in train["tgt"]]
 
     # -- raw text and token ids -----------------------------------------------------------
     def _raw(self, split: str) -> datasets.Dataset:
@@ -368,28 +317,11 @@ class TranslationDataModule(L.LightningDataModule):
                 src_v, src_o, tgt_v, tgt_o, None,
                 max_src_len=lim, max_tgt_len=None if lim is None else lim - 1,
             )  # fmt: skip
-        keep = self._filter(np.diff(src_o), np.diff(tgt_o))
+        keep, self.filter_counts = filter_pairs(np.diff(src_o), np.diff(tgt_o), self.filter)
         pos = np.flatnonzero(keep)
         src_v, src_o = gather_rows(src_v, src_o, pos)
         tgt_v, tgt_o = gather_rows(tgt_v, tgt_o, pos)
         return TokenizedPairs(src_v, src_o, tgt_v, tgt_o, pos)
-
-    def _filter(self, ls: np.ndarray, lt: np.ndarray) -> np.ndarray:
-        """Boolean keep-mask of training pairs; logs how many each rule removed."""
-        keep, self.filter_counts = filter_pairs(ls, lt, self.filter)
-        c, f = self.filter_counts, self.filter
-        log.info(
-            "train filter: kept %d of %d pairs (empty %d, shorter than %d: %d, longer than %d: "
-            "%d, length ratio > %s: %d)",
-            c["kept"], c["total"], c["empty"], f.min_len, c["too_short"], f.max_len,
-            c["too_long"], f.max_ratio, c["bad_ratio"],
-        )  # fmt: skip
-        if not c["kept"]:
-            raise DataError(
-                f"no training pairs left after filtering {c['total']} (see data.filter: min_len, "
-                f"max_len, max_ratio); loosen the filters or check the corpus"
-            )
-        return keep
 
     # -- LightningDataModule ------------------------------------------------------------
     def prepare_data(self) -> None:
@@ -410,73 +342,40 @@ class TranslationDataModule(L.LightningDataModule):
         self.timings["prepare_s"] = time.perf_counter() - t0
         del tok
 
-    # -- prepare once per node (or per job), the other ranks wait --------------------------
+    # -- prepare once per node (or per job), the other ranks wait (`litmt.data.prepare_once`) --
     def prepared_marker(self) -> Path:
         """The file the preparing process writes when the caches are complete (or it failed)."""
         return self.cache_dir / "prepared" / f"{self.tokenizer_dir().name}.json"
 
     def is_preparer(self) -> bool:
-        """Whether this process prepares the data (Lightning's rule, `_DataConnector.
-        prepare_data`: local rank 0 when `prepare_data_per_node`, else global rank 0)."""
-        local, node = launch_ranks()
-        return local == 0 and (self.prepare_data_per_node or node == 0)
+        """Whether this process prepares the data (`litmt.data.prepare_once.is_preparer`)."""
+        return is_preparer(self.prepare_data_per_node)
 
     def prepare_once(self, poll_s: float = 0.5) -> None:
         """Prepare the data in one process per node (or per job); other processes wait.
 
         Works before any process group exists: the preparer writes a JSON marker under
         `cache_dir/prepared/` once every cache is published (or, on failure, a failed
-        marker), and the others poll it. A process started after the preparer finished (the
-        ranks Lightning's own launcher starts inside `fit`) finds the marker at once.
+        marker), and the others poll it (`litmt.data.prepare_once`).
 
         Raises:
             DataError: the preparing process failed, or did not finish in `prepare_timeout`.
         """
         marker = self.prepared_marker()
         if self.is_preparer():
-            marker.unlink(missing_ok=True)
-            ok = False
-            try:
-                self.prepare_data()
-                ok = True
-            finally:  # on failure too, so that the waiting ranks stop and report it
-                marker.parent.mkdir(parents=True, exist_ok=True)
-                state = {
-                    "status": "ok" if ok else "failed",
-                    "paths": self._prepared_paths if ok else [],
-                }
-                tmp = marker.with_name(marker.name + f".tmp{os.getpid()}")
-                tmp.write_text(json.dumps(state))
-                tmp.replace(marker)  # atomic publish
-            return
-        self._wait_for(marker, poll_s)
 
-    def _wait_for(self, marker: Path, poll_s: float) -> None:
-        who = "local rank 0 of this node" if self.prepare_data_per_node else "global rank 0"
-        started = time.time()
-        deadline = time.monotonic() + self.prepare_timeout
-        log.info("data: waiting for %s to prepare the tokenizer and caches (%s)", who, marker)
-        next_note = time.monotonic() + 60
-        while True:
-            found = _read_marker(marker)
-            if found is not None:
-                state, mtime = found
-                if state.get("status") == "ok" and all(Path(p).exists() for p in state["paths"]):
-                    log.info("data: prepared by %s after %.0fs", who, time.time() - started)
-                    return
-                # a failed marker counts only when written by this job (not by an earlier run)
-                if state.get("status") == "failed" and mtime >= started - 1:
-                    raise DataError(f"data preparation failed in {who}; see that process's log")
-            if time.monotonic() > deadline:
-                raise DataError(
-                    f"waited {self.prepare_timeout:.0f}s for {who} to prepare the data ({marker}); "
-                    "raise data.prepare_timeout, or set data.prepare_data_per_node=false only when "
-                    "every node shares data.cache_dir"
-                )
-            if time.monotonic() > next_note:  # a sign of life during a long preparation
-                log.info("data: still waiting for %s (%.0fs)", who, time.time() - started)
-                next_note += 60
-            time.sleep(poll_s)
+            def prepare() -> list[str]:
+                self.prepare_data()
+                return self._prepared_paths  # what the waiting ranks check
+
+            prepare_and_publish(prepare, marker)
+            return
+        wait_for_marker(
+            marker,
+            per_node=self.prepare_data_per_node,
+            timeout=self.prepare_timeout,
+            poll_s=poll_s,
+        )
 
     def setup(self, stage: str | None = None) -> None:
         """Load the tokenizer and the splits `stage` needs (fit: train+valid)."""
@@ -516,30 +415,20 @@ class TranslationDataModule(L.LightningDataModule):
     def _loader(self, split: str, train: bool) -> ResumableDataLoader:
         ds = self._dataset(split)
         self._check_distributed()
-        m = self.pad_to_multiple
-        src_lens, tgt_lens = ds.src_lengths(), ds.tgt_lengths()
-        if m > 1:  # budget the padded batch shapes the collate function will produce
-            src_lens, tgt_lens = padded_length_array(src_lens, m), padded_length_array(tgt_lens, m)
-        sampler = TokenBudgetBatchSampler(
-            src_lens,
-            tgt_lens,
+        loader = token_budget_loader(
+            ds,
             max_tokens=self.max_tokens if train else self.eval_max_tokens,
             batch_size=self.batch_size if train else self.eval_batch_size,
             shuffle=train and self.shuffle,
-            sort=True,
             bucket_pool=self.bucket_pool if train else None,
             seed=self.seed,
-        )
-        if train and self.trainer is not None:
-            sampler.set_epoch(self.trainer.current_epoch)
-        return ResumableDataLoader(
-            ds,
-            batch_sampler=sampler,
-            collate_fn=functools.partial(collate, pad_to_multiple=m) if m > 1 else collate,
+            pad_to_multiple=self.pad_to_multiple,
             num_workers=self.num_workers,
             pin_memory=self._pin(),
-            persistent_workers=self.num_workers > 0,
         )
+        if train and self.trainer is not None:
+            loader.set_epoch(self.trainer.current_epoch)
+        return loader
 
     def _check_distributed(self) -> None:
         trainer = self.trainer

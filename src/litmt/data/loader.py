@@ -9,11 +9,14 @@ counts the batches it really handed out and saves that count.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 from torch.utils.data import DataLoader
 
+from litmt.data.collate import TokenizedPairs, collate
 from litmt.data.sampler import TokenBudgetBatchSampler
 
 
@@ -50,3 +53,52 @@ class ResumableDataLoader(DataLoader):
         """The next iteration of `state['epoch']` yields only the batches not yet seen."""
         self.token_sampler.load_state_dict(state)
         self._consumed = int(state["consumed"])
+
+
+def padded_length_array(lengths: np.ndarray, multiple: int) -> np.ndarray:
+    """(N,) lengths rounded up to a multiple of `multiple` (`collate.padded_length`, vectorised)."""
+    return -(-np.asarray(lengths) // multiple) * multiple
+
+
+def token_budget_loader(
+    pairs: TokenizedPairs,
+    *,
+    max_tokens: int | None,
+    batch_size: int | None,
+    shuffle: bool,
+    bucket_pool: int | None,
+    seed: int,
+    pad_to_multiple: int,
+    num_workers: int,
+    pin_memory: bool,
+) -> ResumableDataLoader:
+    """Length-sorted batches of `pairs` under a token budget (`TokenBudgetBatchSampler`),
+    collated with S and T padded to `pad_to_multiple` (the budget counts the padded lengths).
+
+    Args:
+        max_tokens, batch_size, shuffle, bucket_pool, seed: see `TokenBudgetBatchSampler`.
+        pad_to_multiple: 1 = no rounding; else `collate`'s ``pad_to_multiple``.
+        num_workers, pin_memory: see `torch.utils.data.DataLoader`.
+    """
+    m = pad_to_multiple
+    src_lens, tgt_lens = pairs.src_lengths(), pairs.tgt_lengths()
+    if m > 1:  # budget the padded batch shapes the collate function will produce
+        src_lens, tgt_lens = padded_length_array(src_lens, m), padded_length_array(tgt_lens, m)
+    sampler = TokenBudgetBatchSampler(
+        src_lens,
+        tgt_lens,
+        max_tokens=max_tokens,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        sort=True,
+        bucket_pool=bucket_pool,
+        seed=seed,
+    )
+    return ResumableDataLoader(
+        pairs,
+        batch_sampler=sampler,
+        collate_fn=functools.partial(collate, pad_to_multiple=m) if m > 1 else collate,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+    )

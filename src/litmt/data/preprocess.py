@@ -22,6 +22,7 @@ import numpy as np
 
 from litmt.data.corpus import short_hash
 from litmt.data.tokenizer import Tokenizer
+from litmt.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,10 @@ def filter_pairs(
 
     Returns:
         ((N,) bool keep-mask, counts with keys total, kept, empty, too_short, too_long,
-        bad_ratio).
+        bad_ratio); the counts are logged.
+
+    Raises:
+        DataError: no pair is left.
     """
     ls, lt, f = np.asarray(src_lengths), np.asarray(tgt_lengths), settings
     empty = (ls == 0) | (lt == 0)
@@ -69,6 +73,18 @@ def filter_pairs(
         "total": len(ls), "kept": int(keep.sum()), "empty": int(empty.sum()),
         "too_short": int(short.sum()), "too_long": int(long_.sum()), "bad_ratio": int(ratio.sum()),
     }  # fmt: skip
+    c = counts
+    log.info(
+        "train filter: kept %d of %d pairs (empty %d, shorter than %d: %d, longer than %d: "
+        "%d, length ratio > %s: %d)",
+        c["kept"], c["total"], c["empty"], f.min_len, c["too_short"], f.max_len,
+        c["too_long"], f.max_ratio, c["bad_ratio"],
+    )  # fmt: skip
+    if not c["kept"]:
+        raise DataError(
+            f"no training pairs left after filtering {c['total']} (see data.filter: min_len, "
+            f"max_len, max_ratio); loosen the filters or check the corpus"
+        )
     return keep, counts
 
 

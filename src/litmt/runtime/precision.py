@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -164,9 +165,17 @@ def configure_precision(precision: str | int | None, accelerator: str | None = "
 
 
 # -- FP8 (Transformer Engine) -------------------------------------------------------------
-def pad_multiple_for(precision: str | int | None) -> int:
-    """The multiple batch lengths must be padded to under `precision` (1 = no constraint)."""
-    return FP8_ROW_MULTIPLE if is_fp8(precision) else 1
+def pad_multiple_for(precision: str | int | None, configured: int | None = 1) -> int:
+    """The multiple batch lengths must be padded to under `precision`.
+
+    Transformer Engine's FP8 GEMMs need the rows B*S / B*T of every projection divisible by 8
+    (transformer_engine/pytorch/utils.py `assert_dim_for_fp8_exec`; see
+    `litmt.data.collate.collate`). A `configured` multiple (`data.pad_to_multiple`; None or 1 =
+    no constraint) is kept when it already is a multiple of 8, else raised to the least common
+    multiple. Other precisions keep `configured`.
+    """
+    current = int(configured or 1)
+    return math.lcm(current, FP8_ROW_MULTIPLE) if is_fp8(precision) else current
 
 
 def tied_linears(module: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:

@@ -7,12 +7,16 @@ instead of training one on the new corpus, so the ids keep their meaning.
 
 The architecture (`finetune.model_config`):
 
-- ``checkpoint``: CKPT's own model config; only the settings that do not change the weights
-  (dropout rates, attention kernels: `litmt.checkpoint.compat.RUNTIME_KEYS`) come from `model`.
+- ``checkpoint`` (default): CKPT's own model config; only the settings that do not change the
+  weights (dropout rates, attention kernels: `litmt.checkpoint.compat.RUNTIME_KEYS`) come from
+  `model`, and the other `model` keys that differ from CKPT's are listed in the log.
 - ``config``: the run's `model` config; its weights must have CKPT's shapes, else a one-line
   error names the first parameter that differs.
-- ``auto`` (default): ``config`` when the command line sets a `model` key or the `model`
-  group (other than a run-time key), else ``checkpoint``.
+
+The choice depends on the composed config only (`finetune.model_config`), never on where a
+`model` key was set: the command line, an experiment file and a `model` group file are alike.
+(The former ``auto`` mode picked ``config`` when the command line set a `model` key; it is
+now a one-line error naming ``finetune.model_config=config``.)
 
 Freezing (`finetune.freeze`): parameter groups that keep their initial values. A parameter
 belongs to the group of its first name in `named_parameters()`, so a tied output projection
@@ -37,7 +41,7 @@ from litmt.models import Seq2SeqTransformer
 
 log = logging.getLogger(__name__)
 
-MODEL_CONFIG_MODES = ("auto", "checkpoint", "config")
+MODEL_CONFIG_MODES = ("checkpoint", "config")
 
 # Parameter-name prefixes of each freezable group (names as in `Seq2SeqTransformer`).
 FREEZE_GROUPS: dict[str, tuple[str, ...]] = {
@@ -45,10 +49,6 @@ FREEZE_GROUPS: dict[str, tuple[str, ...]] = {
     "encoder": ("encoder_layers.", "encoder_norm."),
     "decoder": ("decoder_layers.", "decoder_norm.", "output_proj."),
 }
-
-# `model` keys that may be overridden without choosing another architecture: those
-# `check_compatible` ignores, plus the run-time keys of the `model` group.
-_RUNTIME_MODEL_KEYS = frozenset(RUNTIME_KEYS | {"compile"})
 
 
 @dataclass
@@ -89,43 +89,26 @@ def read_init_checkpoint(path: str | Path) -> InitCheckpoint:
     )
 
 
-def command_line_sets_model() -> bool:
-    """Whether the Hydra command line overrides the `model` group or a non-run-time `model`
-    key (``model=base``, ``model.d_model=256``); False outside a Hydra run."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return False
-    for override in HydraConfig.get().overrides.task:
-        key = override.split("=", 1)[0].lstrip("+~")
-        if key == "model":
-            return True
-        if key.startswith("model."):
-            field = key.split(".")[1]
-            if field not in _RUNTIME_MODEL_KEYS:
-                return True
-    return False
-
-
-def model_config(
-    init: InitCheckpoint, requested: dict[str, Any], mode: str = "auto"
-) -> dict[str, Any]:
+def model_config(init: InitCheckpoint, requested: dict[str, Any], mode: str) -> dict[str, Any]:
     """The model config of a run that starts from `init`.
 
     Args:
         init: the checkpoint.
         requested: the run's own model config (`litmt.cli.train.model_config_dict`).
-        mode: ``checkpoint``, ``config`` or ``auto`` (see the module docstring).
+        mode: ``checkpoint`` or ``config`` (`finetune.model_config`; see the module docstring).
 
     Raises:
         ConfigError: an unknown mode.
     """
+    if mode == "auto":
+        raise ConfigError(
+            "finetune.model_config=auto was removed: the default is the checkpoint's "
+            "architecture; pass finetune.model_config=config to build `model` instead"
+        )
     if mode not in MODEL_CONFIG_MODES:
         raise ConfigError(
             f"finetune.model_config={mode!r} is not one of {', '.join(MODEL_CONFIG_MODES)}"
         )
-    if mode == "auto":
-        mode = "config" if command_line_sets_model() else "checkpoint"
     if mode == "config":
         # same shapes can still mean other computations (activation, norm placement...)
         diffs = config_differences(init.model_config, requested)
@@ -137,6 +120,10 @@ def model_config(
     for key in RUNTIME_KEYS:
         if key in requested:
             config[key] = requested[key]
+    ignored = config_differences(config, requested)
+    if ignored:
+        shown = ", ".join(f"{k}: {b} (kept {a})" for k, a, b in ignored)
+        log.info("init_from: `model` keys not used (the checkpoint's architecture): %s", shown)
     log.info(
         "init_from: the architecture of %s (d_model=%s, %s+%s layers); dropout and attention "
         "kernels from `model` (finetune.model_config=config builds `model` instead)",
@@ -268,8 +255,7 @@ def model_config_for(cfg: Any, init: InitCheckpoint | None, requested: dict[str,
     """The run's model config: `requested`, or under `init_from` `model_config(...)`."""
     if init is None:
         return requested
-    mode = str((cfg.get("finetune") or {}).get("model_config") or "auto")
-    return model_config(init, requested, mode)
+    return model_config(init, requested, str(cfg.finetune.model_config))
 
 
 def prepare_model(model: Seq2SeqTransformer, init: InitCheckpoint | None, cfg: Any) -> None:

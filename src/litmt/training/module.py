@@ -1,9 +1,10 @@
 """`TranslationModule`: the LightningModule that trains a `Seq2SeqTransformer`.
 
-It owns the loss, the optimiser, the LR schedule and the logging. Validation decoding, the
-BLEU/chrF scores, their gather over ranks and the W&B heatmap are callbacks
-(`litmt.training.callbacks`, configured in `conf/callbacks/default.yaml`); `forward` is the decoder
-they call.
+It owns the loss and its logging, and builds the optimiser and the LR schedule from the Hydra
+partials of `module.optimizer` and `module.scheduler` (conf/train.yaml holds their defaults).
+Validation decoding, the BLEU/chrF scores, their gather over ranks, the W&B heatmap and the
+throughput (tokens/s) are callbacks (`litmt.training.callbacks`, configured in
+`conf/callbacks/default.yaml`); `forward` is the decoder they call.
 
 Loss normalisation (per token over the whole optimiser step): `litmt.training.losses`.
 Non-finite values (stop before the weights change): `litmt.training.grad`.
@@ -14,7 +15,6 @@ Shapes: B batch, S source length, T target length, V target vocabulary, N = B*T.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,11 +27,11 @@ from litmt.checkpoint.io import META_KEY, make_meta
 from litmt.data.tokenizer import Tokenizer
 from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig
+from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 from litmt.runtime.precision import compute_dtype, precision_name
 from litmt.training.grad import check_finite, clip_gradients
 from litmt.training.losses import label_smoothed_nll
-from litmt.training.schedules import clock_progress, lr_lambda
 from litmt.training.seeding import step_seed
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,11 @@ class TranslationModule(L.LightningModule):
         tokenizer: the sentencepiece `Tokenizer` (stored inside every checkpoint; the scoring
             callback decodes with it).
         src_lang, tgt_lang: language codes (stored inside every checkpoint).
-        optimizer: a partial optimizer factory taking the parameters (Hydra `_partial_: true`).
-        scheduler: {"name": inverse_sqrt|cosine|constant, "warmup_steps": int, "min_lr_ratio": float}.
+        optimizer: an optimizer factory taking the parameters (`module.optimizer`, a Hydra
+            partial); needed for training only.
+        scheduler: an LR-scheduler factory taking (optimizer, trainer)
+            (`module.scheduler`: `litmt.training.schedules.warmup_scheduler`, a Hydra
+            partial); needed for training only.
         label_smoothing: epsilon of the smoothed loss.
         compile: compile the model in place with `torch.compile` (state-dict keys unchanged).
         seed: re-seed torch's RNG before every training micro-batch from (seed, rank, batch
@@ -67,7 +70,7 @@ class TranslationModule(L.LightningModule):
         src_lang: str,
         tgt_lang: str,
         optimizer: Callable[..., torch.optim.Optimizer] | None = None,
-        scheduler: dict[str, Any] | None = None,
+        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
         label_smoothing: float = 0.1,
         compile: bool = False,
         seed: int | None = None,
@@ -78,11 +81,10 @@ class TranslationModule(L.LightningModule):
         self.model = Seq2SeqTransformer(model_config)
         self.tokenizer, self.src_lang, self.tgt_lang = tokenizer, src_lang, tgt_lang
         self.optimizer_factory = optimizer
-        self.scheduler_cfg = _plain(scheduler or {"name": "inverse_sqrt", "warmup_steps": 4000})
+        self.scheduler_factory = scheduler
         self.label_smoothing = float(label_smoothing)
         self.compile = compile
         self.seed = seed
-        self._tick: float | None = None
         # sums over the micro-batches of the current optimiser step (0-d, on the device)
         self._step_tokens: Tensor | None = None
         self._step_loss: Tensor | None = None
@@ -115,10 +117,8 @@ class TranslationModule(L.LightningModule):
         return [hyps[0].tokens if hyps else [] for hyps in decode(self.model, src, config)]
 
     # -- training ---------------------------------------------------------------------------
-    def _loss(
-        self, batch: dict[str, Tensor], forward: Callable[[Tensor, Tensor], Tensor]
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        logits = forward(batch["src"], batch["tgt_in"])  # (B, T, V)
+    def _loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        logits = self.model(batch["src"], batch["tgt_in"])  # (B, T, V)
         return label_smoothed_nll(
             logits.flatten(0, 1), batch["tgt_out"].flatten(), self.label_smoothing
         )
@@ -136,7 +136,7 @@ class TranslationModule(L.LightningModule):
             {"loss": summed smoothed loss (0-d, with grad), "token_loss": the same per
             non-pad target token (0-d, detached; what `train/loss` logs)}.
         """
-        loss_sum, nll_sum, ntok = self._loss(batch, self.model)
+        loss_sum, nll_sum, ntok = self._loss(batch)
         ntok_f = ntok.clamp_min(1).to(loss_sum.dtype)
         detached = loss_sum.detach()
         if self._step_tokens is None or self._step_loss is None:
@@ -148,11 +148,6 @@ class TranslationModule(L.LightningModule):
         bs = batch["src"].size(0)
         self.log("train/loss", token_loss, prog_bar=True, batch_size=bs)
         self.log("train/ppl", torch.exp((nll_sum.detach() / ntok_f).clamp(max=50)), batch_size=bs)
-        now = time.perf_counter()
-        if self._tick is not None and "ntokens" in batch:  # a python int: no device sync
-            rate = int(batch["ntokens"]) / max(now - self._tick, 1e-9)
-            self.log("train/tok_per_s", rate, prog_bar=True, batch_size=bs)
-        self._tick = now
         return {"loss": loss_sum, "token_loss": token_loss}
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -191,29 +186,16 @@ class TranslationModule(L.LightningModule):
         scaled = getattr(self.trainer.precision_plugin, "scaler", None) is not None
         check_finite(norm, loss, self.global_step, scaled=scaled)
 
-    def on_train_epoch_start(self) -> None:
-        self._tick = None
-
     def configure_optimizers(self) -> dict[str, Any]:
-        factory = self.optimizer_factory or (
-            lambda params: torch.optim.AdamW(params, lr=5e-4, betas=(0.9, 0.98), eps=1e-9)
-        )
-        optimizer = factory(self.model.parameters())
-        sc = self.scheduler_cfg
-        total = sc.get("total_steps")
-        time_progress = None
-        if sc.get("name", "inverse_sqrt") == "cosine" and not total:
-            time_progress = clock_progress(self.trainer)
-            if time_progress is None:
-                total = int(self.trainer.estimated_stepping_batches)
-        fn = lr_lambda(
-            sc.get("name", "inverse_sqrt"),
-            sc.get("warmup_steps", 4000),
-            total,
-            sc.get("min_lr_ratio", 0.0),
-            time_progress,
-        )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+        """The optimizer and its per-step LR schedule, from the `optimizer` and `scheduler`
+        factories (conf/train.yaml `module.optimizer`, `module.scheduler`)."""
+        if self.optimizer_factory is None or self.scheduler_factory is None:
+            raise ConfigError(
+                "TranslationModule needs optimizer= and scheduler= factories to train "
+                "(module.optimizer and module.scheduler in conf/train.yaml)"
+            )
+        optimizer = self.optimizer_factory(self.model.parameters())
+        scheduler = self.scheduler_factory(optimizer, self.trainer)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"},
@@ -221,7 +203,7 @@ class TranslationModule(L.LightningModule):
 
     # -- validation / test (loss only; decoding and BLEU are `litmt.training.callbacks`) -------------
     def _eval_step(self, batch: dict[str, Tensor], split: str) -> None:
-        loss_sum, nll_sum, ntok = self._loss(batch, self.model)
+        loss_sum, nll_sum, ntok = self._loss(batch)
         ntok_f = ntok.clamp_min(1).to(loss_sum.dtype)
         n = int(ntok)
         self.log(f"{split}/loss", loss_sum / ntok_f, batch_size=n, sync_dist=True)

@@ -1,4 +1,8 @@
-"""Learning-rate schedules: warmup then inverse square root, cosine or constant."""
+"""Learning-rate schedules: warmup then inverse square root, cosine or constant.
+
+`warmup_scheduler` is what `module.scheduler` in conf/train.yaml instantiates (a Hydra partial;
+every default is in that YAML); the module calls it with the optimizer and the trainer.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from lightning.pytorch.callbacks import Timer
 
 from litmt.errors import ConfigError
@@ -14,6 +19,7 @@ from litmt.errors import ConfigError
 log = logging.getLogger(__name__)
 
 SCHEDULERS = ("inverse_sqrt", "cosine", "constant")
+HORIZONS = ("steps", "time")
 
 
 def lr_lambda(
@@ -56,17 +62,59 @@ def lr_lambda(
     return fn
 
 
-def clock_progress(trainer: Any) -> Callable[[], float] | None:
-    """The fraction of the time budget used (0..1), as a function, when the run is bounded by
-    ``trainer.max_time`` only (Lightning's `Timer`, no ``max_steps``); else None."""
-    if trainer.max_steps > 0:
-        return None
+def warmup_scheduler(
+    optimizer: torch.optim.Optimizer,
+    trainer: Any,
+    *,
+    name: str,
+    warmup_steps: int,
+    min_lr_ratio: float,
+    total_steps: int | None,
+    horizon: str,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The `lr_lambda` schedule of `optimizer`, stepped once per optimizer step.
+
+    Args:
+        optimizer: the optimizer whose base LR the schedule multiplies.
+        trainer: the Lightning trainer (its step budget or its time budget).
+        name, warmup_steps, min_lr_ratio: see `lr_lambda`.
+        total_steps: the cosine's step horizon; None = ``trainer.max_steps``, else Lightning's
+            estimate of the run's optimizer steps.
+        horizon: ``steps`` (the cosine decays over `total_steps`) or ``time`` (it decays over
+            ``trainer.max_time``, `clock_progress`). Read by the cosine schedule only.
+
+    Raises:
+        ConfigError: an unknown name or horizon, or ``horizon=time`` without ``trainer.max_time``.
+    """
+    if horizon not in HORIZONS:
+        raise ConfigError(
+            f"module.scheduler.horizon={horizon!r} is not one of {', '.join(HORIZONS)}"
+        )
+    time_progress = None
+    if name == "cosine" and horizon == "time":
+        time_progress = clock_progress(trainer)
+    elif name == "cosine" and not total_steps:
+        total_steps = int(trainer.estimated_stepping_batches)  # max_steps when it is set
+    fn = lr_lambda(name, warmup_steps, total_steps, min_lr_ratio, time_progress)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def clock_progress(trainer: Any) -> Callable[[], float]:
+    """The fraction of ``trainer.max_time`` used (0..1), as a function, read from Lightning's
+    `Timer` (which the trainer adds for ``max_time`` and which survives a resume).
+
+    Raises:
+        ConfigError: the trainer has no ``max_time``.
+    """
     timer = next(
         (c for c in trainer.callbacks if isinstance(c, Timer) and c.time_remaining() is not None),
         None,
     )
     if timer is None:
-        return None
+        raise ConfigError(
+            "module.scheduler.horizon=time decays the LR over trainer.max_time, which is not "
+            "set; set trainer.max_time=DD:HH:MM:SS or use module.scheduler.horizon=steps"
+        )
     budget = float(timer.time_elapsed()) + float(timer.time_remaining())
     log.info(
         "cosine LR decay follows the time budget trainer.max_time (%.0f s): the LR "
