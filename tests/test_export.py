@@ -366,15 +366,25 @@ def test_incremental_decoding_of_position_variants_matches(ckpt, tmp_path, name)
         assert [h[0].tokens for h in got] == [h[0].tokens for h in ref]
 
 
-def test_ct2_only_options_on_the_torch_engine_are_logged(ckpt, tmp_path, caplog):
+def test_ct2_only_options_on_the_torch_engine_are_logged(ckpt, tmp_path, caplog, monkeypatch):
+    threads: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
     load_translator(ckpt, engine="torch", device="cpu")
     assert "ignored by engine=torch" not in caplog.text  # defaults: nothing to report
+    assert threads == []  # threads=0: torch's own setting stays
     load_translator(
         ckpt, engine="torch", device="cpu", cache_dir=tmp_path, quantization="int8", threads=2
     )
     lines = [r.getMessage() for r in caplog.records if "ignored by engine=torch" in r.getMessage()]
     assert len(lines) == 1
-    assert "threads=2" in lines[0] and "ct2_cache=" in lines[0] and "quantization=int8" in lines[0]
+    assert "ct2_cache=" in lines[0] and "quantization=int8" in lines[0]
+    # threads means the same on every engine (litmt.runtime.threads): torch's threads here
+    assert "threads" not in lines[0] and threads == [2]
+
+
+def test_threads_must_not_be_negative(ckpt):
+    with pytest.raises(ConfigError, match="threads must be >= 0"):
+        load_translator(ckpt, engine="torch", device="cpu", threads=-1)
 
 
 def test_ct2_engine_decodes_with_the_exports_defaults(ckpt, tmp_path):

@@ -33,15 +33,13 @@ from torch import Tensor
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.search import length_penalty_factor
+from litmt.decoding.search import NEG_INF, length_penalty_factor
 from litmt.decoding.translator import Translator, token_batches
 from litmt.errors import DataError
 from litmt.models import Seq2SeqTransformer
 from litmt.runtime.precision import autocast_context
 
 log = logging.getLogger(__name__)
-
-NEG_INF = float("-inf")
 
 
 @dataclass

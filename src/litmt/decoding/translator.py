@@ -48,6 +48,16 @@ NBest = list[tuple[str, float]]
 Aligned = list[tuple[str, float, str]]  # (text, score, Pharaoh alignment)
 
 
+def check_max_tokens(max_tokens: int) -> None:
+    """Refuse a batch budget below one token (every engine's `search_ids`, `token_batches`).
+
+    Raises:
+        ConfigError: `max_tokens` < 1.
+    """
+    if max_tokens < 1:
+        raise ConfigError(f"max_tokens must be positive, got {max_tokens}")
+
+
 def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """Group indices into batches of at most `max_tokens` padded source tokens.
 
@@ -57,8 +67,7 @@ def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     Returns:
         Lists of indices into `lengths`.
     """
-    if max_tokens < 1:
-        raise ConfigError(f"max_tokens must be positive, got {max_tokens}")
+    check_max_tokens(max_tokens)
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     current: list[int] = []
@@ -370,4 +379,4 @@ class Translator:
 # -- the `scripts/translate.py` job ------------------------------------------------------
 
 
-__all__ = ["Aligned", "NBest", "Translator", "token_batches"]
+__all__ = ["Aligned", "NBest", "Translator", "check_max_tokens", "token_batches"]
