@@ -178,9 +178,9 @@ def test_every_experiment_composes_and_instantiates(experiment, tmp_path):
     cfg = compose_train([f"experiment={experiment}"], tmp_path)
     dm = hydra.utils.instantiate(cfg.data)
     assert dm.src_lang and dm.tgt_lang
-    from litmt.cli.train import RUNTIME_MODEL_KEYS
+    from litmt.checkpoint.compat import RUN_ONLY_KEYS
 
-    model_cfg = {k: v for k, v in cfg.model.items() if k not in RUNTIME_MODEL_KEYS}
+    model_cfg = {k: v for k, v in cfg.model.items() if k not in RUN_ONLY_KEYS}
     model_cfg.update(src_vocab_size=1000, tgt_vocab_size=1000, attention=dict(cfg.model.attention))
     from litmt.models import TransformerConfig
 

@@ -8,11 +8,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from litmt.checkpoint.compat import RUN_ONLY_KEYS
 from litmt.models import TransformerConfig
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
-RUNTIME_KEYS = ("compile",)  # model-group keys that are not TransformerConfig fields
 
 
 def composed_model(name: str) -> dict:
@@ -41,7 +41,7 @@ def test_a_model_is_base_plus_its_own_keys(name: str) -> None:
 @pytest.mark.parametrize("name", MODELS)
 def test_every_model_config_builds_a_transformer_config(name: str) -> None:
     model = composed_model(name)
-    for key in RUNTIME_KEYS:
+    for key in RUN_ONLY_KEYS:  # model-group keys that are not TransformerConfig fields
         model.pop(key)
     cfg = TransformerConfig.from_dict({**model, "src_vocab_size": 100})
     assert cfg.d_model % cfg.n_heads == 0

@@ -10,9 +10,13 @@ from litmt.data.tokenizer import Tokenizer
 from litmt.errors import CheckpointError, LitmtError
 from litmt.models import TransformerConfig
 
-# Model settings that do not change the weights or what they mean: a run may resume with
-# other values (the attention-kernel contract makes backends interchangeable).
-RUNTIME_KEYS = frozenset({"attention", "dropout", "attention_dropout", "activation_dropout"})
+# The one list of "runtime" model keys: keys of the `model` config group that do not change the
+# weights or what they mean. A run may resume or fine-tune with other values (the
+# attention-kernel contract makes backends interchangeable), and a checkpoint is compatible
+# whatever they were. RUN_ONLY_KEYS among them are not even `TransformerConfig` fields: how the
+# trainer runs the model (train drops them before building the config).
+RUN_ONLY_KEYS = frozenset({"compile"})
+RUNTIME_KEYS = RUN_ONLY_KEYS | {"attention", "dropout", "attention_dropout", "activation_dropout"}
 
 
 def _normalized(config: TransformerConfig | dict[str, Any], where: str) -> dict[str, Any]:

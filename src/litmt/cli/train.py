@@ -17,7 +17,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from litmt.checkpoint.compat import check_compatible
+from litmt.checkpoint.compat import RUN_ONLY_KEYS, check_compatible
 from litmt.checkpoint.io import atomic_save, load_checkpoint
 from litmt.cli.config_check import check_devices, check_run_dir
 from litmt.errors import ConfigError, LitmtError
@@ -53,15 +53,11 @@ def _instantiate_dict(cfg: DictConfig | None) -> list[Any]:
     return [hydra.utils.instantiate(c) for c in cfg.values() if c is not None and "_target_" in c]
 
 
-# Keys of the `model` config group that are run-time choices, not `TransformerConfig` fields.
-RUNTIME_MODEL_KEYS = ("compile",)
-
-
 def model_config_dict(cfg: DictConfig, tokenizer: Any) -> dict[str, Any]:
     """The `TransformerConfig` kwargs: `cfg.model` minus run-time keys, vocab from the tokenizer."""
     model = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(model, dict)
-    for key in RUNTIME_MODEL_KEYS:
+    for key in RUN_ONLY_KEYS:  # not TransformerConfig fields (litmt.checkpoint.compat)
         model.pop(key, None)
     model["src_vocab_size"] = tokenizer.src_vocab_size
     model["tgt_vocab_size"] = tokenizer.tgt_vocab_size

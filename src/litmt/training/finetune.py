@@ -46,10 +46,6 @@ FREEZE_GROUPS: dict[str, tuple[str, ...]] = {
     "decoder": ("decoder_layers.", "decoder_norm.", "output_proj."),
 }
 
-# `model` keys that may be overridden without choosing another architecture: those
-# `check_compatible` ignores, plus the run-time keys of the `model` group.
-_RUNTIME_MODEL_KEYS = frozenset(RUNTIME_KEYS | {"compile"})
-
 
 @dataclass
 class InitCheckpoint:
@@ -102,7 +98,7 @@ def command_line_sets_model() -> bool:
             return True
         if key.startswith("model."):
             field = key.split(".")[1]
-            if field not in _RUNTIME_MODEL_KEYS:
+            if field not in RUNTIME_KEYS:
                 return True
     return False
 
