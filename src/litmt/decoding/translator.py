@@ -83,7 +83,7 @@ class Translator:
     Args:
         model: a `Seq2SeqTransformer`, or a list of them decoded as an ensemble
             (`litmt.decoding.ensemble`); put in eval mode and moved to `device`. ``self.model`` is
-            the first (the attention explorer and scoring use it).
+            the first (the attention explorer and forced decoding use it).
         tokenizer: its `Tokenizer`.
         src_lang, tgt_lang: language codes from the checkpoint (informative).
         device: where to run; None picks CUDA when available.
@@ -117,6 +117,11 @@ class Translator:
         ensemble: bool = False,
     ) -> Translator:
         """Load a checkpoint (several paths: their weights are averaged, or an ensemble).
+
+        The torch engine of `litmt.load_translator` (the entry point every command uses;
+        ``load_translator(path)`` returns this), over the one checkpoint reader
+        `litmt.checkpoint.load.load_model`; it only adds the decode precision plan and the
+        ensemble's vocabulary check.
 
         Args:
             path: a `.ckpt` file or a list of them.

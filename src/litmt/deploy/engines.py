@@ -1,9 +1,9 @@
 """The one entry point that loads a translator on any engine: torch (litmt's search) or ct2.
 
-Every tool loads through `load_translator` (``litmt.load_translator``): translate, evaluate
-and serve directly; its torch engine is `Translator.from_checkpoint`, which score and the
-end-of-training step call (training sits beside deploy, not above it) and whose one
-checkpoint reader is `litmt.checkpoint.load.load_model` (also the ct2 conversion's).
+Translate, evaluate, score and serve load through `load_translator` (``litmt.load_translator``).
+Its torch engine is `Translator.from_checkpoint`, which the end-of-training step calls
+directly (training sits beside deploy, not above it); the one function that reads a checkpoint
+for inference under both, and under the ct2 conversion, is `litmt.checkpoint.load.load_model`.
 """
 
 from __future__ import annotations
