@@ -22,7 +22,7 @@ from tiny_checkpoint import corpus, other_weights, tiny_checkpoint_path  # noqa:
 from litmt.checkpoint.io import save_model_checkpoint  # noqa: E402
 from litmt.checkpoint.load import load_model  # noqa: E402
 from litmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, TokenizerSettings  # noqa: E402
-from litmt.decoding.forced import Scorer  # noqa: E402
+from litmt.decoding.forced import ForcedDecoder  # noqa: E402
 from litmt.decoding.translator import Translator  # noqa: E402
 from litmt.deploy.ct2_engine import CT2Translator  # noqa: E402
 from litmt.deploy.ct2_export import ExportError, export_model, read_metadata  # noqa: E402
@@ -97,7 +97,7 @@ def test_beam_length_penalty_and_nbest_mean_the_same_on_both_engines(engines, al
     options = dict(beam_size=4, n_best=3, length_penalty=alpha)
     ref = torch_engine.search_ids(ids, **options)
     got = ct2_engine.search_ids(ids, **options)
-    scorer = Scorer(torch_engine)
+    forced_decoder = ForcedDecoder(torch_engine)
     for src, a, b in zip(ids, ref, got, strict=True):
         for hyps in (a, b):
             assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
@@ -107,7 +107,7 @@ def test_beam_length_penalty_and_nbest_mean_the_same_on_both_engines(engines, al
                 assert h.score == pytest.approx(mine[tuple(h.tokens)].score, abs=SCORE_ATOL)
                 assert h.log_prob == pytest.approx(mine[tuple(h.tokens)].log_prob, abs=SCORE_ATOL)
             else:  # found by ct2's search only: litmt scores it as ct2 does
-                forced = scorer.score_ids([src], [h.tokens], length_penalty=alpha)[0]
+                forced = forced_decoder.force_decode_ids([src], [h.tokens], length_penalty=alpha)[0]
                 assert forced.score == pytest.approx(h.score, abs=SCORE_ATOL)
     tokens = [[[h.tokens for h in hyps] for hyps in result] for result in (ref, got)]
     differ = assert_same_decisions(torch_engine, ids, *tokens, **options)
@@ -366,15 +366,25 @@ def test_incremental_decoding_of_position_variants_matches(ckpt, tmp_path, name)
         assert [h[0].tokens for h in got] == [h[0].tokens for h in ref]
 
 
-def test_ct2_only_options_on_the_torch_engine_are_logged(ckpt, tmp_path, caplog):
+def test_ct2_only_options_on_the_torch_engine_are_logged(ckpt, tmp_path, caplog, monkeypatch):
+    threads: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
     load_translator(ckpt, engine="torch", device="cpu")
     assert "ignored by engine=torch" not in caplog.text  # defaults: nothing to report
+    assert threads == []  # threads=0: torch's own setting stays
     load_translator(
         ckpt, engine="torch", device="cpu", cache_dir=tmp_path, quantization="int8", threads=2
     )
     lines = [r.getMessage() for r in caplog.records if "ignored by engine=torch" in r.getMessage()]
     assert len(lines) == 1
-    assert "threads=2" in lines[0] and "ct2_cache=" in lines[0] and "quantization=int8" in lines[0]
+    assert "ct2_cache=" in lines[0] and "quantization=int8" in lines[0]
+    # threads means the same on every engine (litmt.runtime.threads): torch's threads here
+    assert "threads" not in lines[0] and threads == [2]
+
+
+def test_threads_must_not_be_negative(ckpt):
+    with pytest.raises(ConfigError, match="threads must be >= 0"):
+        load_translator(ckpt, engine="torch", device="cpu", threads=-1)
 
 
 def test_ct2_engine_decodes_with_the_exports_defaults(ckpt, tmp_path):

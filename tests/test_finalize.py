@@ -23,7 +23,7 @@ from train_utils import (
 
 import litmt.cli.finalize
 import litmt.training.finalize
-from litmt.checkpoint.io import load_checkpoint, model_state_dict
+from litmt.checkpoint.io import FORMAT_VERSION, META_KEY, load_checkpoint, model_state_dict
 from litmt.cli.finalize import finalize_run
 from litmt.cli.train import train
 from litmt.errors import ConfigError
@@ -47,7 +47,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, float, float, 
     """Record (split, beam size, length penalty, BLEU, checkpoint) of every decode+score call;
     the checkpoint is the path the scored translator was loaded from."""
     calls: list[tuple[str, int, float, float, str]] = []
-    real = litmt.training.finalize.score_split
+    real = litmt.training.finalize.bleu_on_split
     real_load = litmt.training.finalize.Translator.from_checkpoint
     loaded_from: dict[int, str] = {}
 
@@ -63,7 +63,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, float, float, 
         return scores
 
     monkeypatch.setattr(litmt.training.finalize.Translator, "from_checkpoint", load)
-    monkeypatch.setattr(litmt.training.finalize, "score_split", spy)
+    monkeypatch.setattr(litmt.training.finalize, "bleu_on_split", spy)
     return calls
 
 
@@ -182,7 +182,7 @@ def _stub_decoding(monkeypatch: pytest.MonkeyPatch, gain: dict[tuple[int, float]
         Path(out).write_text(" + ".join(Path(p).name for p in paths))
 
     monkeypatch.setattr(litmt.training.finalize, "Translator", Loaded)
-    monkeypatch.setattr(litmt.training.finalize, "score_split", score)
+    monkeypatch.setattr(litmt.training.finalize, "bleu_on_split", score)
     monkeypatch.setattr(litmt.training.finalize, "average_checkpoints", average)
     return calls, bleu
 
@@ -349,7 +349,9 @@ def test_rerun_keeps_the_runs_finalize_keys_the_command_line_does_not_set(
     gone = str(run / "checkpoints" / "gone.ckpt")
     kept.update({gone: 99.0})  # deleted since: not a candidate
     callbacks = {"ModelCheckpoint{'monitor': 'valid/bleu'}": {"best_k_models": kept}}
-    torch.save({"callbacks": callbacks}, run / "checkpoints" / "last.ckpt")
+    # the least litmt checkpoint load_checkpoint (the one safe reader) accepts, with the state
+    last = {"state_dict": {}, META_KEY: {"format": FORMAT_VERSION}, "callbacks": callbacks}
+    torch.save(last, run / "checkpoints" / "last.ckpt")
     got: dict = {}
 
     def fake_finalize(fin, **kwargs):
@@ -432,3 +434,14 @@ def test_finalize_script_errors_are_one_line(tmp_path):
         f"error: {tmp_path / '.hydra' / 'config.yaml'} not found: run_dir must be a training "
         "run (the run's saved config)"
     ]
+
+
+def test_kept_checkpoints_read_last_ckpt_through_the_safe_loader(tmp_path):
+    """finalize reads last.ckpt with `load_checkpoint`: a file that is not a litmt checkpoint
+    is a one-line CheckpointError, not a KeyError from raw torch.load."""
+    from litmt.errors import CheckpointError
+
+    last = tmp_path / "last.ckpt"
+    torch.save({"callbacks": {}}, last)
+    with pytest.raises(CheckpointError, match=r"last\.ckpt is not a litmt checkpoint"):
+        litmt.cli.finalize.kept_checkpoints(last)

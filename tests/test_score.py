@@ -1,4 +1,4 @@
-"""Scoring (forced decoding): the numbers equal an independent float64 forward pass and the
+"""Forced decoding (`ForcedDecoder`, scripts/score.py): the numbers equal an independent float64 forward pass and the
 ones beam search gives its own hypotheses; batching keeps the input order; the script."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from tiny_checkpoint import corpus, tiny_checkpoint_path
 from train_utils import REPO, script_env
 
-from litmt.decoding.forced import Scorer
+from litmt import load_translator
+from litmt.decoding.forced import ForcedDecoder
 from litmt.decoding.search import beam_search
 
 pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
@@ -29,8 +30,8 @@ def ckpt(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def scorer(ckpt):
-    return Scorer.from_checkpoint(ckpt, device="cpu")
+def forced(ckpt):
+    return ForcedDecoder(load_translator(ckpt, device="cpu"))
 
 
 def _pairs(n: int = 24) -> tuple[list[str], list[str]]:
@@ -43,12 +44,12 @@ def _pairs(n: int = 24) -> tuple[list[str], list[str]]:
 
 
 def reference_scores(
-    scorer: Scorer, sources: list[str], targets: list[str], alpha: float
+    forced: ForcedDecoder, sources: list[str], targets: list[str], alpha: float
 ) -> list[tuple[float, float]]:
     """(total, normalised) per pair, one pair at a time, from a float64 copy of the model:
     log_softmax of a plain forward pass, gathered at y_1..y_n and eos."""
-    tok = scorer.translator.tokenizer
-    model = copy.deepcopy(scorer.translator.model).double().eval()
+    tok = forced.translator.tokenizer
+    model = copy.deepcopy(forced.translator.model).double().eval()
     out = []
     for s, t in zip(sources, targets, strict=True):
         src = torch.tensor([tok.encode_src([s])[0]])  # (1, S)
@@ -63,10 +64,12 @@ def reference_scores(
     return out
 
 
-def test_totals_equal_the_sum_of_float64_log_probabilities(scorer):
+def test_totals_equal_the_sum_of_float64_log_probabilities(forced):
     sources, targets = _pairs()
-    found = scorer.score(sources, targets, length_penalty=ALPHA, max_tokens=60)  # many batches
-    expected = reference_scores(scorer, sources, targets, ALPHA)
+    found = forced.force_decode(
+        sources, targets, length_penalty=ALPHA, max_tokens=60
+    )  # many batches
+    expected = reference_scores(forced, sources, targets, ALPHA)
     assert len(found) == len(expected)
     for r, (total, norm) in zip(found, expected, strict=True):
         assert r.log_prob == pytest.approx(total, abs=1e-4)
@@ -77,8 +80,8 @@ def test_totals_equal_the_sum_of_float64_log_probabilities(scorer):
     assert true_mean > wrong_mean + 1.0
 
 
-def test_scores_are_the_numbers_beam_search_gives_its_hypotheses(scorer):
-    tr = scorer.translator
+def test_scores_are_the_numbers_beam_search_gives_its_hypotheses(forced):
+    tr = forced.translator
     en, _ = corpus()
     ids = [tr.prepare(s) for s in en[:6]]
     src = torch.zeros(len(ids), max(map(len, ids)), dtype=torch.long)  # (B, S), pad 0
@@ -87,24 +90,24 @@ def test_scores_are_the_numbers_beam_search_gives_its_hypotheses(scorer):
     nbest = beam_search(tr.model, src, beam_size=4, n_best=3, length_penalty=ALPHA)
     sources = [ids[i] for i, hyps in enumerate(nbest) for _ in hyps]
     hyps = [h for row in nbest for h in row]
-    found = scorer.score_ids(sources, [h.tokens for h in hyps], length_penalty=ALPHA)
+    found = forced.force_decode_ids(sources, [h.tokens for h in hyps], length_penalty=ALPHA)
     assert len(found) == len(hyps) >= 12
     for h, r in zip(hyps, found, strict=True):
         assert r.log_prob == pytest.approx(h.log_prob, abs=1e-4)
         assert r.score == pytest.approx(h.score, abs=1e-4)
 
 
-def test_output_order_does_not_depend_on_batching(scorer):
+def test_output_order_does_not_depend_on_batching(forced):
     sources, targets = _pairs()
-    one_each = scorer.score(sources, targets, length_penalty=ALPHA, max_tokens=1)
-    all_at_once = scorer.score(sources, targets, length_penalty=ALPHA, max_tokens=100_000)
+    one_each = forced.force_decode(sources, targets, length_penalty=ALPHA, max_tokens=1)
+    all_at_once = forced.force_decode(sources, targets, length_penalty=ALPHA, max_tokens=100_000)
     assert [r.log_prob for r in one_each] == pytest.approx([r.log_prob for r in all_at_once])
     assert len({round(r.log_prob, 3) for r in one_each}) > len(one_each) // 2  # not constant
 
 
-def test_edge_conventions(scorer, caplog):
-    limit = scorer.translator.model.config.max_positions - 1
-    found = scorer.score_ids(
+def test_edge_conventions(forced, caplog):
+    limit = forced.translator.model.config.max_positions - 1
+    found = forced.force_decode_ids(
         [[], [], [5, 6], [5, 6]], [[], [7], [7] * (limit + 1), [7] * limit], length_penalty=1.0
     )
     assert (found[0].log_prob, found[0].score) == (0.0, 0.0)  # Translator: "" for "", no model
@@ -113,7 +116,7 @@ def test_edge_conventions(scorer, caplog):
     assert math.isfinite(found[3].log_prob)
 
 
-def test_force_decoding_runs_under_the_translators_autocast(scorer, monkeypatch):
+def test_force_decoding_runs_under_the_translators_autocast(forced, monkeypatch):
     # a flash/te checkpoint on CUDA computes in half only: score in the Translator's autocast
     import contextlib
 
@@ -126,8 +129,8 @@ def test_force_decoding_runs_under_the_translators_autocast(scorer, monkeypatch)
         return contextlib.nullcontext()
 
     monkeypatch.setattr(litmt.decoding.forced, "autocast_context", spy)
-    monkeypatch.setattr(scorer.translator, "autocast", torch.bfloat16)
-    scorer.score_ids([[5, 6]], [[7]], length_penalty=1.0)
+    monkeypatch.setattr(forced.translator, "autocast", torch.bfloat16)
+    forced.force_decode_ids([[5, 6]], [[7]], length_penalty=1.0)
     assert entered == [torch.bfloat16]
 
 
@@ -136,7 +139,7 @@ def _write(path, lines):
     return path
 
 
-def test_score_script_prints_one_line_per_pair_in_input_order(ckpt, scorer, tmp_path):
+def test_score_script_prints_one_line_per_pair_in_input_order(ckpt, forced, tmp_path):
     sources, targets = _pairs(12)
     src = _write(tmp_path / "src.en", sources)
     tgt = _write(tmp_path / "tgt.de", targets)
@@ -149,7 +152,7 @@ def test_score_script_prints_one_line_per_pair_in_input_order(ckpt, scorer, tmp_
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
-    expected = reference_scores(scorer, sources, targets, ALPHA)
+    expected = reference_scores(forced, sources, targets, ALPHA)
     assert len(lines) == len(expected)
     for line, (total, norm) in zip(lines, expected, strict=True):
         a, b = (float(x) for x in line.split("\t"))

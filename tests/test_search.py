@@ -15,7 +15,7 @@ from litmt.decoding.search import (
     beam_search,
     greedy_search,
     length_penalty_factor,
-    max_lengths,
+    output_budgets,
     topk_rows,
 )
 from litmt.errors import ConfigError
@@ -97,7 +97,7 @@ def naive_beam(model, src_row, budget: int, k: int, alpha: float, n_best: int, m
 
 
 def budgets(model, src, a=1.2, b=10):
-    return max_lengths(src, PAD_ID, model.config.max_positions, a, b).tolist()
+    return output_budgets(src.ne(PAD_ID).sum(1), a, b, model.config.max_positions).tolist()
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -244,7 +244,7 @@ def test_large_vocabulary_beam_search_matches_the_naive_search():
     model = tiny_model(5, eos_boost=3.0, src_vocab_size=vocab, n_encoder_layers=1, max_positions=32)
     src = torch.randint(4, vocab, (3, 5))
     src[2, 3:] = PAD_ID
-    budget = max_lengths(src, PAD_ID, 32, 1.0, 2).tolist()
+    budget = output_budgets(src.ne(PAD_ID).sum(1), 1.0, 2, 32).tolist()
     got = beam_search(model, src, beam_size=4, max_len_a=1.0, max_len_b=2, n_best=2)
     for i, hyps in enumerate(got):
         ref = naive_beam(model, src[i], budget[i], 4, 1.0, 2)

@@ -186,6 +186,16 @@ def test_read_lines_policy_bom_and_invalid_bytes(caplog):
     assert "line 1" not in caplog.text and "line 3" not in caplog.text
 
 
+def test_read_lines_strict_mode_refuses_invalid_bytes_naming_line_and_byte():
+    """Corpora read strictly: the same policy, but bad bytes are an error, not U+FFFD."""
+    bom = b"\xef\xbb\xbf"
+    assert list(read_lines(io.BytesIO(bom + b"a\r\nb"), "c", strict=True)) == ["a", "b"]
+    with pytest.raises(DataError) as exc:
+        list(read_lines(io.BytesIO(bom + b"ok\nA \xff bird.\n"), "train.de", strict=True))
+    # byte offset 8 in the file: after the BOM (3), "ok\n" (3) and "A " (2)
+    assert str(exc.value).startswith("train.de: invalid UTF-8 at line 2 (byte 8); re-encode")
+
+
 def test_read_lines_yields_each_line_as_soon_as_it_is_read():
     class OneLineAtATime(io.RawIOBase):  # like a terminal: read() returns one line, then waits
         def __init__(self) -> None:

@@ -19,6 +19,7 @@ from litmt.decoding.attention_maps import (
 )
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
+from litmt.models.mha import recording_weights
 
 SENTENCE = "A big dog sleeps outside."
 
@@ -177,11 +178,11 @@ def test_linear_heatmap_rows_sum_to_one_and_are_what_the_model_computes(loaded):
     # recording the weights changes nothing the model outputs: they are the ones it applies
     src = torch.tensor([loaded.tokenizer.encode_src([SENTENCE])[0]])
     tgt = torch.tensor([[BOS_ID, *loaded.tokenizer.encode_tgt(["Ein großer Hund."])[0]]])
+    with torch.no_grad(), recording_weights(model.attention_modules()):
+        recorded = model(src, tgt)
+    assert all(not m.record_weights and m.last_weights is None for m in model.attention_modules())
     with torch.no_grad():
         plain = model(src, tgt)
-        for m in model.attention_modules():
-            m.record_weights = True
-        recorded = model(src, tgt)
     torch.testing.assert_close(plain, recorded, atol=1e-5, rtol=1e-5)
 
 

@@ -10,7 +10,8 @@ import pytest
 from tiny_corpora import make_pairs
 
 from litmt.data import ParallelCorpus
-from litmt.data.corpus import HubSpec, read_lines
+from litmt.data.corpus import HubSpec
+from litmt.data.text import read_text_file
 
 SRC, TGT = make_pairs(20, seed=3)
 
@@ -32,7 +33,7 @@ def test_text_files_with_configurable_split_names(tmp_path: Path) -> None:
 def test_text_lines_split_only_on_newline(tmp_path: Path) -> None:
     f = tmp_path / "x.en"
     f.write_text("one\u2028still one\n\nthree\n", encoding="utf-8")
-    assert read_lines(f) == ["one\u2028still one", "", "three"]
+    assert read_text_file(f, "x.en", strict=True) == ["one\u2028still one", "", "three"]
 
 
 def test_tsv_with_header(tmp_path: Path) -> None:

@@ -10,8 +10,10 @@ from litmt.data.tokenizer import Tokenizer
 from litmt.errors import CheckpointError, LitmtError
 from litmt.models import TransformerConfig
 
-# Model settings that do not change the weights or what they mean: a run may resume with
-# other values (the attention-kernel contract makes backends interchangeable).
+# The one list of "runtime" model keys: keys of the `model` config group that do not change the
+# weights or what they mean. A run may resume or fine-tune with other values (the
+# attention-kernel contract makes backends interchangeable), and a checkpoint is compatible
+# whatever they were. (`compile` is not a model key: it is `module.compile`.)
 RUNTIME_KEYS = frozenset({"attention", "dropout", "attention_dropout", "activation_dropout"})
 
 

@@ -6,17 +6,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from litmt.checkpoint.io import load_checkpoint
 from litmt.errors import ConfigError
 from litmt.training.finalize import check_finalize_config, finalize, summary_lines
 
 
 def kept_checkpoints(last_ckpt: Path) -> dict[str, float]:
-    """{path: valid BLEU} of the top-k `ModelCheckpoint` kept, from the state in `last_ckpt`."""
-    state = torch.load(last_ckpt, map_location="cpu", weights_only=True).get("callbacks", {})
+    """{path: valid BLEU} of the top-k `ModelCheckpoint` kept, from the state in `last_ckpt`.
+
+    Raises:
+        CheckpointError: `last_ckpt` is corrupt or not a litmt checkpoint (`load_checkpoint`,
+        the one safe reader).
+    """
+    state = load_checkpoint(last_ckpt).get("callbacks", {})
     kept: dict[str, float] = {}
     for key, value in state.items():
         if key.startswith("ModelCheckpoint") and isinstance(value, Mapping):

@@ -1,19 +1,19 @@
-"""The score command: forced-decoding scores of (source, target) pairs (conf/score.yaml)."""
+"""The score command: forced decoding of (source, target) pairs (conf/score.yaml).
+
+The command keeps the name users type (``scripts/score.py``); the library calls it forced
+decoding (`litmt.decoding.forced.ForcedDecoder`), and the "score" it prints is the ranking
+score of `Hypothesis.score`.
+"""
 
 from __future__ import annotations
-
-import io
-import sys
-from contextlib import ExitStack
-from pathlib import Path
-from typing import IO
 
 from omegaconf import DictConfig
 
 from litmt.checkpoint.paths import checkpoint_paths
-from litmt.data.text import read_text_file
+from litmt.data.text import open_output, read_text_file
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.forced import PairScore, Scorer
+from litmt.decoding.forced import ForcedDecoder, PairScore
+from litmt.deploy.engines import load_translator
 from litmt.errors import DataError
 
 
@@ -23,7 +23,7 @@ def format_score(result: PairScore) -> str:
 
 
 def score(cfg: DictConfig) -> list[PairScore]:
-    """The `scripts/score.py` job: score `src_file` x `tgt_file` line by line.
+    """The `scripts/score.py` job: force-decode `src_file` x `tgt_file` line by line.
 
     Writes one line ``log_prob<TAB>score`` per pair, in input order, to `output` (or stdout).
 
@@ -43,23 +43,17 @@ def score(cfg: DictConfig) -> list[PairScore]:
             f"src_file {cfg.src_file} has {len(sources)} lines but tgt_file {cfg.tgt_file} has "
             f"{len(targets)}; the files must align line by line"
         )
-    scorer = Scorer.from_checkpoint(ckpt, device=cfg.get("device"), attention=cfg.get("attention"))
-    results = scorer.score(
+    translator = load_translator(
+        ckpt, engine="torch", device=cfg.get("device"), attention=cfg.get("attention")
+    )
+    results = ForcedDecoder(translator).force_decode(
         sources,
         targets,
         length_penalty=DecodeConfig.from_options(cfg).length_penalty,  # null: the default
         max_tokens=int(cfg.max_tokens),
     )
-    with ExitStack() as stack:
-        out: IO[str]
-        output = cfg.get("output")
-        if output is not None:
-            Path(str(output)).parent.mkdir(parents=True, exist_ok=True)
-            out = stack.enter_context(Path(str(output)).open("w", encoding="utf-8", newline="\n"))
-        else:
-            out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
-            stack.callback(out.detach)  # leave sys.stdout usable afterwards
-            stack.callback(out.flush)
+    output = cfg.get("output")
+    with open_output(None if output is None else str(output)) as out:
         for r in results:
             out.write(format_score(r) + "\n")
     return results

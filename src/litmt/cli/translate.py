@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import io
 import sys
 from collections.abc import Iterable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
 from litmt.checkpoint.paths import checkpoint_paths
-from litmt.data.text import read_lines
+from litmt.data.text import open_output, read_lines
 from litmt.decoding.alignment import AlignConfig
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.translator import Aligned, NBest
-from litmt.deploy.engines import load_translator
+from litmt.deploy.engines import engine_options, load_translator
 from litmt.errors import ConfigError, DataError
 
 
@@ -78,8 +77,6 @@ def translate(cfg: DictConfig) -> int:
         raise ConfigError("give either text=[...] or input=FILE, not both")
     if input_path is not None and not Path(str(input_path)).is_file():
         raise DataError(f"input file not found: {input_path}")
-    from litmt.deploy.engines import engine_options  # engines builds on this module
-
     translator = load_translator(ckpt, **engine_options(cfg))
     # null keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
     options["config"] = DecodeConfig.from_options(cfg, base=translator.default_config)
@@ -94,16 +91,7 @@ def translate(cfg: DictConfig) -> int:
         else:
             lines = read_lines(sys.stdin.buffer, "stdin")
             chunk_lines = 1 if sys.stdin.isatty() else chunk_lines
-        out: IO[str]
-        if output_path is not None:
-            Path(str(output_path)).parent.mkdir(parents=True, exist_ok=True)
-            out = stack.enter_context(
-                Path(str(output_path)).open("w", encoding="utf-8", newline="\n")
-            )
-        else:
-            out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
-            stack.callback(out.detach)  # leave sys.stdout usable afterwards
-            stack.callback(out.flush)
+        out = stack.enter_context(open_output(None if output_path is None else str(output_path)))
         count = 0
         results = translator.translate_stream(
             lines, chunk_lines=chunk_lines, max_tokens=int(cfg.max_tokens), **options

@@ -27,40 +27,13 @@ from typing import Any
 
 import datasets
 
+from litmt.data.text import read_text_file
 from litmt.errors import ConfigError, DataError
 
 FORMATS = ("text", "tsv", "jsonl", "parquet")
 LAYOUTS = ("translation", "columns")
 SPLITS = ("train", "valid", "test")
 _EXT = {"tsv": "tsv", "jsonl": "jsonl", "parquet": "parquet"}
-
-
-def read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 text file (without line ends; `\\r\\n` accepted).
-
-    Splits on `\\n` only (not on the Unicode separators `str.splitlines` also honours), so
-    the line numbering matches `wc -l` and the two sides of a corpus stay aligned.
-    """
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"missing file {path}") from None
-    except OSError as exc:
-        raise DataError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise DataError(
-            f"{path}: invalid UTF-8 at line {line} (byte {exc.start}); re-encode the file as "
-            f"UTF-8, e.g. `iconv -f latin1 -t utf-8`"
-        ) from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
 
 
 def _stat_key(path: Path) -> str:
@@ -205,7 +178,8 @@ class ParallelCorpus:
 
     def _load_text(self, split: str) -> datasets.Dataset:
         src_file, tgt_file = self._check_files(split)
-        src, tgt = read_lines(src_file), read_lines(tgt_file)
+        src = read_text_file(src_file, "corpus file", strict=True)
+        tgt = read_text_file(tgt_file, "corpus file", strict=True)
         if len(src) != len(tgt):
             raise DataError(
                 f"{src_file} has {len(src)} lines but {tgt_file} has {len(tgt)}; the two sides "
@@ -218,7 +192,7 @@ class ParallelCorpus:
     def _load_local_table(self, split: str) -> datasets.Dataset:
         (path,) = self._check_files(split)
         if self.format == "tsv":
-            lines = read_lines(path)
+            lines = read_text_file(path, "corpus file", strict=True)
             if not lines:
                 raise DataError(f"{path} is empty; a TSV needs a header row and data rows")
             header = lines[0].split("\t")

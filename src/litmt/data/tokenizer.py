@@ -21,6 +21,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from litmt.errors import DataError
+from litmt.runtime.threads import TOKENIZER_TRAIN_THREADS
 
 # Special token ids of every litmt tokenizer; the model, the collator and the search use them.
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -68,7 +69,7 @@ def _train_model(sentences: Iterable[str], settings: TokenizerSettings) -> bytes
             unk_id=UNK_ID,
             bos_id=BOS_ID,
             eos_id=EOS_ID,
-            num_threads=2,
+            num_threads=TOKENIZER_TRAIN_THREADS,  # fixed: the pieces depend on it
             minloglevel=2,
             hard_vocab_limit=False,
             user_defined_symbols=list(settings.user_defined_symbols),

@@ -1,8 +1,8 @@
 """Word alignments from cross-attention, in Pharaoh format (``0-0 1-2 ...``, source-target).
 
 For a source and its translation, the decoder is teacher-forced once with the translation
-while one decoder layer's cross-attention records its weights (`MultiHeadAttention
-.record_weights`: the kernel's own `forward_with_weights`, as `litmt.decoding.attention_maps` does). The
+while one decoder layer's cross-attention records its weights (`litmt.models.mha
+.recording_weights`: the kernel's own `forward_with_weights`, as for the heatmaps). The
 weights (H, T, S) are averaged over the chosen heads; target piece j is aligned to the
 source piece with the largest weight at the decoder position that *predicts* it (the
 hard alignment of fairseq's ``extract_hard_alignment``; the row predicting eos is
@@ -29,6 +29,7 @@ from torch import Tensor
 from litmt.data.tokenizer import BOS_ID, PAD_ID
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
+from litmt.models.mha import recording_weights
 
 WORD_START = "\u2581"  # sentencepiece's word-start mark "▁"
 
@@ -72,12 +73,9 @@ def cross_attention(
     """
     _check(model, config)
     attn = model.decoder_layers[config.layer].cross_attn
-    try:
-        attn.record_weights, attn.last_weights = True, None
+    with recording_weights([attn]):
         model(src, tgt_in)
         weights = attn.last_weights  # (B, H, T, S)
-    finally:
-        attn.record_weights, attn.last_weights = False, None
     assert weights is not None
     if config.heads is not None:
         weights = weights[:, list(config.heads)]

@@ -1,8 +1,8 @@
 """Attention heatmaps: cross-attention and encoder/decoder self-attention of one sentence.
 
-The maps show what the model computes: every `MultiHeadAttention` is switched to
-``record_weights`` for one forward pass, in which its kernel returns the weights (B, H, Tq,
-Tk) it applies (`forward_with_weights`): a band for `local`, the block layout for `sparse`,
+The maps show what the model computes: every `MultiHeadAttention` records its weights for
+one forward pass (`litmt.models.mha.recording_weights`), in which its kernel returns the
+weights (B, H, Tq, Tk) it applies (`forward_with_weights`): a band for `local`, the block layout for `sparse`,
 the normalised φ(q)φ(k)ᵀ for `linear`, softmax attention for `math`. Fused exact kernels
 (`sdpa`, `flash`, ...) compute softmax attention without exposing it, so `math` stands in
 for them under the same mask. The decoder is teacher-forced with the model's own greedy
@@ -33,6 +33,7 @@ from litmt.decoding.config import DecodeConfig
 from litmt.decoding.search import greedy_search
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
+from litmt.models.mha import recording_weights
 
 _D = DecodeConfig()  # the project's decoding defaults
 
@@ -103,17 +104,14 @@ def collect_attention(
     tgt_in = torch.tensor([[BOS_ID, *tgt_ids]], device=device)  # (1, T)
     modules = model.attention_modules()
     try:
-        for m in modules:
-            m.record_weights, m.last_weights = True, None
-        model(src, tgt_in)
-        weights: dict[str, list[Tensor]] = {kind: [] for kind in KINDS}
-        site_to_kind = {site: kind for kind, site in KINDS.items()}
-        for m in modules:  # model order: encoder layers, then decoder layers (self, cross)
-            assert m.last_weights is not None
-            weights[site_to_kind[m.site]].append(m.last_weights[0].float().cpu())  # (H, Tq, Tk)
+        with recording_weights(modules):
+            model(src, tgt_in)
+            weights: dict[str, list[Tensor]] = {kind: [] for kind in KINDS}
+            site_to_kind = {site: kind for kind, site in KINDS.items()}
+            for m in modules:  # model order: encoder layers, then decoder layers (self, cross)
+                assert m.last_weights is not None
+                weights[site_to_kind[m.site]].append(m.last_weights[0].float().cpu())  # (H, Tq, Tk)
     finally:
-        for m in modules:
-            m.record_weights, m.last_weights = False, None
         model.train(was_training)
     return AttentionMaps(
         src_pieces=tokenizer.src_pieces(src_ids),

@@ -1,5 +1,8 @@
-"""Score (source, target) pairs with a trained model: forced decoding, for reranking and
-corpus filtering.
+"""Forced decoding: a trained model's log-probability and score of given (source, target)
+pairs, for reranking and corpus filtering (`ForcedDecoder`; the ``scripts/score.py`` command).
+
+"Score" means what it means everywhere in litmt: the length-normalised log-probability that
+ranks hypotheses (`litmt.decoding.search.Hypothesis.score`), never BLEU.
 
 For a target y (subword ids, without bos/eos) of a source x, the numbers are the ones beam
 search gives a finished hypothesis (`litmt.decoding.search`, `Hypothesis.log_prob` / `.score`):
@@ -25,7 +28,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -33,15 +35,13 @@ from torch import Tensor
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.search import length_penalty_factor
+from litmt.decoding.search import NEG_INF, length_penalty_factor
 from litmt.decoding.translator import Translator, token_batches
-from litmt.errors import DataError
+from litmt.errors import ConfigError, DataError
 from litmt.models import Seq2SeqTransformer
 from litmt.runtime.precision import autocast_context
 
 log = logging.getLogger(__name__)
-
-NEG_INF = float("-inf")
 
 
 @dataclass
@@ -68,7 +68,7 @@ def _padded(rows: Sequence[Sequence[int]], fill: int) -> Tensor:
 
 
 @torch.no_grad()
-def force_decode(
+def target_log_probs(
     model: Seq2SeqTransformer, src: Tensor, targets: Sequence[Sequence[int]]
 ) -> Tensor:
     """Total log-probability of each target (its subwords and eos) given its source.
@@ -89,28 +89,21 @@ def force_decode(
     return token_logp.masked_fill(tgt_out.eq(PAD_ID), 0.0).sum(dim=1)  # (B,)
 
 
-class Scorer:
-    """Scores pairs with a `Translator`'s model, tokenizer and source preparation.
+class ForcedDecoder:
+    """Force-decodes pairs with a `Translator`'s model, tokenizer and source preparation.
+
+    >>> ForcedDecoder(litmt.load_translator("model.ckpt")).force_decode(["A dog."], ["Ein Hund."])
 
     Args:
-        translator: the loaded model (`Translator.from_checkpoint`).
+        translator: a torch-engine `Translator` (`litmt.load_translator`, the one loader).
     """
 
     def __init__(self, translator: Translator) -> None:
+        if translator.model is None:
+            raise ConfigError("forced decoding needs the torch engine (engine=torch)")
         self.translator = translator
 
-    @classmethod
-    def from_checkpoint(
-        cls,
-        path: str | Path | Sequence[str | Path],
-        *,
-        device: str | torch.device | None = None,
-        attention: str | None = None,
-    ) -> Scorer:
-        """Load a checkpoint (several: weights averaged) as `Translator.from_checkpoint` does."""
-        return cls(Translator.from_checkpoint(path, device=device, attention=attention))
-
-    def score_ids(
+    def force_decode_ids(
         self,
         sources: Sequence[Sequence[int]],
         targets: Sequence[Sequence[int]],
@@ -118,7 +111,7 @@ class Scorer:
         length_penalty: float = DecodeConfig.length_penalty,
         max_tokens: int = 4096,
     ) -> list[PairScore]:
-        """Score prepared id pairs in token-budget batches; results in input order.
+        """Force-decode prepared id pairs in token-budget batches; results in input order.
 
         A batch holds at most `max_tokens` of max(source, target + 1) lengths, padding
         included (`litmt.decoding.translator.token_batches`).
@@ -154,14 +147,14 @@ class Scorer:
             src = _padded([sources[i] for i in idx], PAD_ID).to(device)  # (B, S)
             # the Translator's autocast: a flash/te checkpoint's kernel computes in half only
             with autocast_context(device, self.translator.autocast):
-                totals = force_decode(model, src, [targets[i] for i in idx]).tolist()
+                totals = target_log_probs(model, src, [targets[i] for i in idx]).tolist()
             for i, total in zip(idx, totals, strict=True):
                 n = len(targets[i]) + 1  # eos included, as in the searches
                 norm = total / float(length_penalty_factor(float(n), length_penalty))
                 results[i] = PairScore(total, norm, n)
         return results
 
-    def score(
+    def force_decode(
         self,
         sources: Sequence[str],
         targets: Sequence[str],
@@ -169,7 +162,7 @@ class Scorer:
         length_penalty: float = DecodeConfig.length_penalty,
         max_tokens: int = 4096,
     ) -> list[PairScore]:
-        """Score text pairs (sources prepared as `Translator.prepare` does).
+        """Force-decode text pairs (sources prepared as `Translator.prepare` does).
 
         Raises:
             DataError: the two lists differ in length.
@@ -179,9 +172,9 @@ class Scorer:
         tr = self.translator
         src_ids = [tr.prepare(s, f"line {i + 1}") for i, s in enumerate(sources)]
         tgt_ids = tr.tokenizer.encode_tgt(list(targets)) if targets else []
-        return self.score_ids(
+        return self.force_decode_ids(
             src_ids, tgt_ids, length_penalty=length_penalty, max_tokens=max_tokens
         )
 
 
-__all__ = ["PairScore", "Scorer", "force_decode"]
+__all__ = ["ForcedDecoder", "PairScore", "target_log_probs"]

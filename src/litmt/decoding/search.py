@@ -12,14 +12,15 @@ Conventions shared by both searches:
 - Score = log P(y, eos | x) / lp(|y|) with the GNMT penalty lp(n) = ((5 + n) / 6) ** alpha
   (alpha = ``length_penalty``; 0 ranks by raw log-probability).
 - A sentence may produce at most ``max_len = min(floor(a * src_len + b), max_positions - 1)``
-  tokens before eos (src_len = non-pad source tokens); at that point eos is forced.
+  tokens before eos (src_len = non-pad source tokens; `output_budgets`, also the ct2 engine's);
+  at that point eos is forced.
 - ``min_len`` (default 0) suppresses eos until a hypothesis has that many tokens (the
   budget still wins: a sentence whose budget is below ``min_len`` ends at its budget).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -75,11 +76,22 @@ def length_penalty_factor(length: Tensor | float, alpha: float) -> Tensor | floa
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def max_lengths(
-    src: Tensor, pad_id: int, max_positions: int, max_len_a: float, max_len_b: int
+def output_budgets(
+    src_lengths: Tensor | Sequence[int], max_len_a: float, max_len_b: int, max_positions: int
 ) -> Tensor:
-    """Per-sentence output budget (B,) long: min(floor(a * src_len + b), max_positions - 1)."""
-    src_len = src.ne(pad_id).sum(dim=1).to(torch.float64)  # (B,)
+    """The output budget of every engine (torch search, CTranslate2): the most tokens each
+    sentence may produce before eos, min(floor(a * src_len + b), max_positions - 1), >= 0.
+
+    Args:
+        src_lengths: (B,) non-pad source tokens per sentence (a tensor or a list).
+        max_len_a, max_len_b: a and b (`DecodeConfig`).
+        max_positions: the model's.
+
+    Returns:
+        (B,) long tensor (on `src_lengths`' device; the CPU for a list). The floor is taken
+        in float64, so every engine rounds alike.
+    """
+    src_len = torch.as_tensor(src_lengths).to(torch.float64)  # (B,)
     budget = torch.floor(src_len * max_len_a + max_len_b).long()
     return budget.clamp(min=0, max=max_positions - 1)
 
@@ -183,7 +195,7 @@ def decode_rows(
     bsz, device = src.size(0), src.device
     if bsz == 0:
         return []
-    budget = max_lengths(src, PAD_ID, model.config.max_positions, max_len_a, max_len_b)
+    budget = output_budgets(src.ne(PAD_ID).sum(1), max_len_a, max_len_b, model.config.max_positions)
     budget = budget.to(device).repeat_interleave(n)  # (R,)
     rows = bsz * n
     memory, mask = model.encode(src)
@@ -298,7 +310,7 @@ def beam_search(
     vocab = model.config.tgt_vocab_size
     if 2 * k > vocab:
         raise ConfigError(f"beam_size={k} is too large for a target vocabulary of {vocab}")
-    budget = max_lengths(src, PAD_ID, cfg.max_positions, max_len_a, max_len_b).to(device)
+    budget = output_budgets(src.ne(PAD_ID).sum(1), max_len_a, max_len_b, cfg.max_positions)
     max_steps = int(budget.max()) + 1
 
     memory, mask = model.encode(src)  # (B, S, C), (B, S)

@@ -4,15 +4,13 @@
 >>> Translator.from_checkpoint("model.ckpt").translate(["A man is walking."])
 ['Ein Mann geht.']
 
-Reading text lines (`read_lines`, the one policy for ``input=FILE``, stdin, and evaluate's
-``src_file``/``ref_file``): UTF-8; a byte-order mark at the start is dropped; invalid bytes
-become U+FFFD with a warning; only "\\n" ends a line, and a "\\r" right before it (CRLF) goes
-with it; a final newline does not add an empty line; empty lines are kept (one output line
-per input line, sources and references stay aligned).
+Text lines are read under `litmt.data.text`'s one policy (`read_lines`, replace mode: invalid
+bytes become U+FFFD with a warning; one output line per input line).
 
 Input hygiene (never crashes, never shifts lines): control characters other than tab are
-removed with a warning; empty or whitespace-only inputs give "" without running the model;
-sources longer than the model's `max_positions` are truncated with a warning. Warnings go to
+removed with a warning (`litmt.data.text.clean_line`); empty or whitespace-only inputs give ""
+without running the model; sources longer than the model's `max_positions` are truncated
+with a warning. Warnings go to
 the ``litmt`` logger (the scripts print them on stderr as ``warning: ...``).
 """
 
@@ -29,7 +27,7 @@ from tqdm import tqdm
 
 from litmt.checkpoint.compat import tokenizer_difference
 from litmt.checkpoint.load import load_model, resolve_device
-from litmt.data.text import strip_line_end
+from litmt.data.text import clean_line, strip_line_end
 from litmt.data.tokenizer import Tokenizer
 from litmt.decoding.alignment import AlignConfig, align_ids, pharaoh
 from litmt.decoding.api import decode, make_generator
@@ -41,11 +39,18 @@ from litmt.runtime.precision import autocast_context, plan_model_inference
 
 log = logging.getLogger(__name__)
 
-# Every Unicode control character (category Cc: U+0000-001F, U+007F-009F) except tab.
-_CONTROL = {c: None for c in [*range(0x20), *range(0x7F, 0xA0)] if c != 0x09}
-
 NBest = list[tuple[str, float]]
 Aligned = list[tuple[str, float, str]]  # (text, score, Pharaoh alignment)
+
+
+def check_max_tokens(max_tokens: int) -> None:
+    """Refuse a batch budget below one token (every engine's `search_ids`, `token_batches`).
+
+    Raises:
+        ConfigError: `max_tokens` < 1.
+    """
+    if max_tokens < 1:
+        raise ConfigError(f"max_tokens must be positive, got {max_tokens}")
 
 
 def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -57,8 +62,7 @@ def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     Returns:
         Lists of indices into `lengths`.
     """
-    if max_tokens < 1:
-        raise ConfigError(f"max_tokens must be positive, got {max_tokens}")
+    check_max_tokens(max_tokens)
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     current: list[int] = []
@@ -79,7 +83,7 @@ class Translator:
     Args:
         model: a `Seq2SeqTransformer`, or a list of them decoded as an ensemble
             (`litmt.decoding.ensemble`); put in eval mode and moved to `device`. ``self.model`` is
-            the first (the attention explorer and scoring use it).
+            the first (the attention explorer and forced decoding use it).
         tokenizer: its `Tokenizer`.
         src_lang, tgt_lang: language codes from the checkpoint (informative).
         device: where to run; None picks CUDA when available.
@@ -113,6 +117,11 @@ class Translator:
         ensemble: bool = False,
     ) -> Translator:
         """Load a checkpoint (several paths: their weights are averaged, or an ensemble).
+
+        The torch engine of `litmt.load_translator` (the entry point every command uses;
+        ``load_translator(path)`` returns this), over the one checkpoint reader
+        `litmt.checkpoint.load.load_model`; it only adds the decode precision plan and the
+        ensemble's vocabulary check.
 
         Args:
             path: a `.ckpt` file or a list of them.
@@ -179,9 +188,7 @@ class Translator:
         Control characters (except tab) are removed and over-long sources truncated to
         `max_source_tokens`, each with a warning naming `where` (e.g. "line 3").
         """
-        cleaned = text.translate(_CONTROL)
-        if len(cleaned) != len(text):
-            log.warning("%s: removed %d control character(s)", where, len(text) - len(cleaned))
+        cleaned = clean_line(text, where)
         if not cleaned.strip():
             return []
         ids = self.tokenizer.encode_src([cleaned])[0]
@@ -370,4 +377,4 @@ class Translator:
 # -- the `scripts/translate.py` job ------------------------------------------------------
 
 
-__all__ = ["Aligned", "NBest", "Translator", "token_batches"]
+__all__ = ["Aligned", "NBest", "Translator", "check_max_tokens", "token_batches"]

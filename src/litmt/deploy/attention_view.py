@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from litmt.data.text import clean_line
 from litmt.decoding.config import DecodeConfig
 from litmt.deploy.http_errors import ApiError
 
@@ -12,7 +13,8 @@ def attention_maps(translator: Any, sentence: str, options: dict[str, Any]) -> A
     from litmt.decoding.attention_maps import collect_attention
     from litmt.runtime.precision import autocast_context
 
-    cleaned = " ".join(sentence.split())  # one line: the page sends one sentence
+    # one line (the page sends one sentence), cleaned as every engine cleans its input
+    cleaned = clean_line(sentence.replace("\n", " "), "attention request")
     config = DecodeConfig.from_options(options)  # null/absent keys: DecodeConfig's defaults
     # the Translator's autocast: a flash/te checkpoint's kernel computes in half only
     with autocast_context(translator.device, translator.autocast):

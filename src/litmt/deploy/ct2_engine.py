@@ -12,8 +12,9 @@ How the CTranslate2 engine keeps litmt's semantics (``litmt.decoding.search`` mo
   CTranslate2 as pieces of the exported vocabulary and come back as ids.
 - Output budget: CTranslate2 has one ``max_decoding_length`` per call, litmt one budget per
   sentence, ``min(floor(max_len_a * src_len + max_len_b), max_positions - 1)`` tokens before
-  eos. Sentences are grouped by budget and each group is one call, so every sentence gets
-  exactly its own budget. ``min_len`` is ``min_decoding_length`` (CTranslate2's default is 1,
+  eos (`litmt.decoding.search.output_budgets`, the rule the torch search uses). Sentences
+  are grouped by budget and each group is one call, so every sentence gets exactly its own
+  budget. ``min_len`` is ``min_decoding_length`` (CTranslate2's default is 1,
   litmt's 0, so it is always passed).
 - Length penalty: CTranslate2 divides by ``len ** alpha`` (``finalize_hypothesis_score`` in
   ``src/decoding.cc``, len without eos); litmt uses GNMT, ``((5 + n) / 6) ** alpha`` with
@@ -52,8 +53,8 @@ from tqdm import tqdm
 
 from litmt.data.tokenizer import Tokenizer
 from litmt.decoding.config import DecodeConfig, decoding_options
-from litmt.decoding.search import Hypothesis, length_penalty_factor
-from litmt.decoding.translator import Translator
+from litmt.decoding.search import Hypothesis, length_penalty_factor, output_budgets
+from litmt.decoding.translator import Translator, check_max_tokens
 from litmt.deploy.ct2_export import (
     cached_export,
     ct2_vocabulary,
@@ -62,6 +63,7 @@ from litmt.deploy.ct2_export import (
     read_metadata,
 )
 from litmt.errors import ConfigError
+from litmt.runtime.threads import ct2_thread_options
 
 log = logging.getLogger("litmt.deploy.ct2_engine")
 
@@ -72,29 +74,6 @@ def default_cache_dir() -> Path:
     return Path(base) / "litmt" / "ct2"
 
 
-def output_budgets(
-    lengths: Sequence[int], max_len_a: float, max_len_b: int, max_positions: int
-) -> list[int]:
-    """Per-sentence token budget, exactly `litmt.decoding.search.max_lengths` (float64 floor, clamped)."""
-    src_len = torch.tensor(list(lengths), dtype=torch.float64)
-    budget = torch.floor(src_len * max_len_a + max_len_b).long()
-    return budget.clamp(min=0, max=max_positions - 1).tolist()
-
-
-def _thread_options(device_kind: str, threads: int) -> dict[str, int]:
-    """CTranslate2 thread options for `threads` CPU threads (0: CTranslate2's defaults).
-
-    On the CPU, ``inter_threads=threads, intra_threads=1`` runs `threads` batches at once;
-    the per-budget groups of `CT2Translator.search_ids` are small, so this is measured to
-    be faster than one batch at a time over `threads` intra-op threads.
-    """
-    if threads <= 0:
-        return {}
-    if device_kind == "cpu":
-        return {"inter_threads": threads, "intra_threads": 1}
-    return {"intra_threads": threads}
-
-
 class CT2Translator(Translator):
     """A `Translator` running a CTranslate2 export (same `translate`/`search_ids` options).
 
@@ -102,9 +81,8 @@ class CT2Translator(Translator):
         model_dir: a directory written by `litmt.deploy.ct2_export.export_model`.
         device: "cpu", "cuda", or None/"auto" (CUDA when CTranslate2 sees a GPU).
         compute_type: CTranslate2 compute type; "default" keeps the export's quantization.
-        threads: CPU threads (0 = CTranslate2's default). On the CPU they run that many
-            batches at once, one thread each (``inter_threads``): the search decodes its
-            per-budget groups in parallel, which beats splitting each small batch's GEMMs.
+        threads: CPU threads (0 = CTranslate2's default), as `litmt.runtime.threads` says:
+            on the CPU that many batches at once, one thread each (``inter_threads``).
     """
 
     def __init__(
@@ -130,7 +108,7 @@ class CT2Translator(Translator):
             device=kind,
             device_index=int(index or 0),
             compute_type=compute_type,
-            **_thread_options(kind, int(threads)),
+            **ct2_thread_options(kind, threads),
         )
         self.model = None  # no torch model: the search runs in CTranslate2
         self.device = torch.device(str(device))  # where CTranslate2 runs (for messages)
@@ -195,13 +173,11 @@ class CT2Translator(Translator):
         beam_size, n_best, min_len = config.beam_size, config.n_best, config.min_len
         length_penalty = config.length_penalty
         max_len_a, max_len_b = config.max_len_a, config.max_len_b
-        if max_tokens < 1:
-            raise ConfigError(f"max_tokens must be positive, got {max_tokens}")
+        check_max_tokens(max_tokens)
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
         todo = [i for i, ids in enumerate(sources) if len(ids) > 0]
-        budgets = output_budgets(
-            [len(sources[i]) for i in todo], max_len_a, max_len_b, self.max_source_tokens
-        )
+        lengths = [len(sources[i]) for i in todo]
+        budgets = output_budgets(lengths, max_len_a, max_len_b, self.max_source_tokens).tolist()
         groups: dict[int, list[int]] = defaultdict(list)
         for i, budget in zip(todo, budgets, strict=True):
             groups[budget].append(i)
@@ -287,4 +263,4 @@ class CT2Translator(Translator):
             hyps[r][h] = (tokens, log_prob + float(res.log_probs[-1]))
 
 
-__all__ = ["CT2Translator", "default_cache_dir", "output_budgets"]
+__all__ = ["CT2Translator", "default_cache_dir"]

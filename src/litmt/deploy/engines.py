@@ -1,4 +1,10 @@
-"""The one entry point that loads a translator on any engine: torch (litmt's search) or ct2."""
+"""The one entry point that loads a translator on any engine: torch (litmt's search) or ct2.
+
+Translate, evaluate, score and serve load through `load_translator` (``litmt.load_translator``).
+Its torch engine is `Translator.from_checkpoint`, which the end-of-training step calls
+directly (training sits beside deploy, not above it); the one function that reads a checkpoint
+for inference under both, and under the ct2 conversion, is `litmt.checkpoint.load.load_model`.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from litmt.deploy.ct2_export import (
     is_export_dir,
 )
 from litmt.errors import ConfigError
+from litmt.runtime.threads import use_threads
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +46,8 @@ def load_translator(
         engine: "torch" or "ct2".
         device: "cpu", "cuda", ... or None for CUDA when available.
         attention: torch only: decode with this kernel everywhere.
-        threads: ct2 only: CPU threads, see `_thread_options` (torch uses torch's own setting).
+        threads: CPU threads for decoding, on either engine (`litmt.runtime.threads`): torch's
+            intra-op threads for the process, and CTranslate2's on engine=ct2; 0 = defaults.
         compute_type: ct2 only: CTranslate2 compute type ("default" = as exported).
         cache_dir: ct2 only: where checkpoints are converted (default `default_cache_dir`).
         quantization: ct2 only: quantization of a checkpoint converted on first use.
@@ -48,11 +56,13 @@ def load_translator(
     """
     if not isinstance(path, str | Path) and len(path) == 1:
         path = path[0]
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine '{engine}'; valid values: {', '.join(ENGINES)}")
+    use_threads(threads)  # torch's threads on either engine: the explorer's model on ct2
     if engine == "torch":
         if isinstance(path, str | Path) and is_export_dir(path):
             raise ConfigError(f"{path} is a CTranslate2 export: decode it with engine=ct2")
         ignored = {
-            "threads": threads if threads > 0 else None,
             "compute_type": compute_type if compute_type != "default" else None,
             "ct2_cache": cache_dir,
             "quantization": quantization if quantization != "none" else None,
@@ -66,27 +76,23 @@ def load_translator(
         return Translator.from_checkpoint(
             path, device=device, attention=attention, ensemble=ensemble
         )
-    if engine == "ct2":
-        if ensemble:
-            raise ConfigError("engine=ct2 does not ensemble; use engine=torch for ensemble=true")
-        if not isinstance(path, str | Path):
-            raise ConfigError(
-                "engine=ct2 takes one checkpoint or export directory; average checkpoints "
-                "first (scripts/average_checkpoints.py) and export the average"
-            )
-        if attention is not None:
-            log.warning(
-                "attention=%s is ignored by engine=ct2 (CTranslate2 has its own)", attention
-            )
-        return CT2Translator.from_pretrained(
-            path,
-            device=device,
-            compute_type=compute_type,
-            threads=threads,
-            cache_dir=cache_dir,
-            quantization=quantization,
+    if ensemble:
+        raise ConfigError("engine=ct2 does not ensemble; use engine=torch for ensemble=true")
+    if not isinstance(path, str | Path):
+        raise ConfigError(
+            "engine=ct2 takes one checkpoint or export directory; average checkpoints "
+            "first (scripts/average_checkpoints.py) and export the average"
         )
-    raise ConfigError(f"unknown engine '{engine}'; valid values: {', '.join(ENGINES)}")
+    if attention is not None:
+        log.warning("attention=%s is ignored by engine=ct2 (CTranslate2 has its own)", attention)
+    return CT2Translator.from_pretrained(
+        path,
+        device=device,
+        compute_type=compute_type,
+        threads=threads,
+        cache_dir=cache_dir,
+        quantization=quantization,
+    )
 
 
 def engine_options(cfg: Any) -> dict[str, Any]:

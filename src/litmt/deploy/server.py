@@ -383,15 +383,11 @@ def build_server_app(
         log.info("%s is a CTranslate2 export: serving it with engine=ct2", path)
         engine = "ct2"
     explorer = attention and not is_export_dir(path)  # /attention runs a torch model
-    if threads > 0 and (engine == "torch" or explorer):
-        import torch
-
-        torch.set_num_threads(threads)
     translator = load_translator(
         path,
         engine=engine,
         device=device,
-        threads=threads if engine == "ct2" else 0,  # torch's threads: set above
+        threads=threads,  # torch's and CTranslate2's (litmt.runtime.threads)
         cache_dir=cache_dir,
         quantization=quantization,
     )

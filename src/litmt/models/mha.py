@@ -5,6 +5,8 @@ Shapes: B batch, T (Tq/Tk) length, C d_model, H heads, D head dim (C = H * D).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from torch import Tensor, nn
@@ -126,3 +128,22 @@ class MultiHeadAttention(nn.Module):
 
     def _merge(self, out: Tensor) -> Tensor:
         return self.out_proj(out.flatten(-2))  # (B, Tq, H, D) -> (B, Tq, C)
+
+
+@contextmanager
+def recording_weights(modules: Iterable[MultiHeadAttention]) -> Iterator[list[MultiHeadAttention]]:
+    """The one switch for reading attention weights: inside the block, every full pass
+    through `modules` keeps its kernel's weights (B, H, Tq, Tk) in ``last_weights``
+    (`forward_with_weights`); on exit, even on an error, recording stops and they are dropped.
+
+    Yields:
+        The modules, to read ``last_weights`` from inside the block.
+    """
+    chosen = list(modules)
+    for m in chosen:
+        m.record_weights, m.last_weights = True, None
+    try:
+        yield chosen
+    finally:
+        for m in chosen:
+            m.record_weights, m.last_weights = False, None

@@ -11,7 +11,8 @@ Order, so that test never influences a choice:
 3. decode **test** with the best checkpoint and the average, each greedy and with the choice.
 
 Data come from the training datamodule's corpus (`ParallelCorpus.load`); decoding is
-`Translator.translate`, scoring `litmt.metrics.corpus_scores` (sacreBLEU).
+`Translator.translate`, BLEU and chrF `litmt.metrics.corpus_scores` (sacreBLEU), in
+`bleu_on_split`.
 """
 
 from __future__ import annotations
@@ -86,10 +87,10 @@ def best_checkpoints(best_k_models: Mapping[str, Any], n: int) -> list[str]:
     return [str(p) for p, _ in ranked if Path(p).is_file()][:n]
 
 
-def score_split(
+def bleu_on_split(
     translator: Translator, split: Split, config: DecodeConfig, max_tokens: int
 ) -> dict[str, float]:
-    """Decode `split` with `config` and score it: {"bleu": ..., "chrf": ...} (sacreBLEU)."""
+    """Decode `split` with `config`: its sacreBLEU {"bleu": ..., "chrf": ...} (corpus metrics)."""
     hyps = translator.translate(split.sources, config, max_tokens=max_tokens)
     results = corpus_scores(hyps, split.references, metrics=("bleu", "chrf"))  # type: ignore[arg-type]
     return {key: r.score for key, r in results.items()}
@@ -115,9 +116,9 @@ def choose_decoding(
         if int(beam) == 1 and alpha != length_penalties[0]:
             continue  # greedy: the length penalty changes only the reported score, not the output
         config = DecodeConfig(beam_size=int(beam), length_penalty=float(alpha))
-        scores = score_split(translator, valid, config, max_tokens)
-        grid.append({"beam_size": int(beam), "length_penalty": float(alpha), **scores})
-        log.info("valid, beam %d, length penalty %.2f: BLEU %.2f", beam, alpha, scores["bleu"])
+        metrics = bleu_on_split(translator, valid, config, max_tokens)
+        grid.append({"beam_size": int(beam), "length_penalty": float(alpha), **metrics})
+        log.info("valid, beam %d, length penalty %.2f: BLEU %.2f", beam, alpha, metrics["bleu"])
     best = max(grid, key=lambda g: g["bleu"])  # max keeps the first of equal scores
     return DecodeConfig(beam_size=best["beam_size"], length_penalty=best["length_penalty"]), grid
 
@@ -185,7 +186,7 @@ def finalize(
     decodings = {"greedy": GREEDY, **({"chosen": chosen} if chosen is not None else {})}
     for key, translator in translators.items():
         report["test"][key] = {
-            name: score_split(translator, test, config, max_tokens)
+            name: bleu_on_split(translator, test, config, max_tokens)
             for name, config in decodings.items()
         }
     report["decoding"] = {name: dataclasses.asdict(c) for name, c in decodings.items()}
@@ -233,10 +234,10 @@ def flat_metrics(report: Mapping[str, Any]) -> dict[str, Any]:
 __all__ = [
     "Split",
     "best_checkpoints",
+    "bleu_on_split",
     "check_finalize_config",
     "choose_decoding",
     "finalize",
     "flat_metrics",
-    "score_split",
     "summary_lines",
 ]
