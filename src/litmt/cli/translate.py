@@ -16,7 +16,7 @@ from litmt.data.text import read_lines
 from litmt.decoding.alignment import AlignConfig
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.translator import Aligned, NBest
-from litmt.deploy.engines import load_translator
+from litmt.deploy.engines import engine_options, load_translator
 from litmt.errors import ConfigError, DataError
 
 
@@ -64,7 +64,14 @@ def translate(cfg: DictConfig) -> int:
     ckpt = checkpoint_paths(
         cfg.get("ckpt_path"), run_dir=cfg.get("run_dir"), average_last=cfg.get("average_last")
     )
-    config = DecodeConfig.from_options(cfg)  # null/absent keys: DecodeConfig's defaults
+    text, input_path, output_path = cfg.get("text"), cfg.get("input"), cfg.get("output")
+    if text is not None and input_path is not None:
+        raise ConfigError("give either text=[...] or input=FILE, not both")
+    if input_path is not None and not Path(str(input_path)).is_file():
+        raise DataError(f"input file not found: {input_path}")
+    translator = load_translator(ckpt, **engine_options(cfg))
+    # null keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
+    config = DecodeConfig.from_options(cfg, base=translator.default_config)
     n_best, scores = config.n_best, bool(cfg.scores) or config.n_best > 1
     options: dict[str, Any] = dict(config=config, return_scores=scores)
     if cfg.get("print_alignment"):
@@ -73,16 +80,6 @@ def translate(cfg: DictConfig) -> int:
             layer=int(cfg.get("alignment_layer", -1)),
             heads=None if heads is None else tuple(int(h) for h in heads),
         )
-    text, input_path, output_path = cfg.get("text"), cfg.get("input"), cfg.get("output")
-    if text is not None and input_path is not None:
-        raise ConfigError("give either text=[...] or input=FILE, not both")
-    if input_path is not None and not Path(str(input_path)).is_file():
-        raise DataError(f"input file not found: {input_path}")
-    from litmt.deploy.engines import engine_options  # engines builds on this module
-
-    translator = load_translator(ckpt, **engine_options(cfg))
-    # null keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
-    options["config"] = DecodeConfig.from_options(cfg, base=translator.default_config)
     chunk_lines = int(cfg.chunk_lines)
     with ExitStack() as stack:
         lines: Iterable[str]
