@@ -459,7 +459,7 @@ def test_serve_job_passes_every_limit_of_the_config(monkeypatch):
     import litmt.cli.serve
 
     overrides = ["model_path=m.ckpt", "max_batch_texts=3", "max_wait_ms=4", "max_texts=5",
-                 "max_chars=6", "max_body_bytes=7", "cors=false", "decoding.max_tokens=8"]  # fmt: skip
+                 "max_chars=6", "max_body_bytes=7", "cors=false", "max_tokens=8"]  # fmt: skip
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="serve", overrides=overrides)
     built: list[ServeSettings] = []

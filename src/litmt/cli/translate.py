@@ -71,7 +71,7 @@ def translate(cfg: DictConfig) -> int:
         raise DataError(f"input file not found: {input_path}")
     translator = load_translator(ckpt, **engine_options(cfg))
     # null keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
-    config = DecodeConfig.from_options(cfg, base=translator.default_config)
+    config = DecodeConfig.from_options(cfg.decoding, base=translator.default_config)
     n_best, scores = config.n_best, bool(cfg.scores) or config.n_best > 1
     options: dict[str, Any] = dict(config=config, return_scores=scores)
     if cfg.get("print_alignment"):

@@ -369,6 +369,7 @@ def build_server_app(
     settings: ServeSettings | None = None,
     cache_dir: str | Path | None = None,
     quantization: str = "none",
+    compute_type: str = "default",
 ) -> Any:
     """Load `model` (a ``.ckpt`` or a CTranslate2 export) and build the app.
 
@@ -394,6 +395,7 @@ def build_server_app(
         threads=threads if engine == "ct2" else 0,  # torch's threads: set above
         cache_dir=cache_dir,
         quantization=quantization,
+        compute_type=compute_type,
     )
     attention_model = None
     if explorer:
