@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader
 
 from litmt.data.collate import TokenizedPairs, collate
 from litmt.data.sampler import TokenBudgetBatchSampler
+from litmt.data.text import read_text_file
 from litmt.data.tokenizer import Tokenizer, TokenizerSettings
 from litmt.decoding.translator import Translator
 from litmt.metrics import corpus_scores
@@ -80,10 +81,6 @@ class Budget:
 
 
 # -- data -----------------------------------------------------------------------------------
-def read_lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines()
-
-
 def toy_corpus(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
     """Word-for-word pairs for the CPU smoke mode."""
     words = {"a": "ein", "dog": "hund", "red": "rot", "runs": "rennt", "man": "mann", "big": "groß"}
@@ -104,9 +101,12 @@ class Corpus:
             src, tgt = toy_corpus(400)
             self.test_src, self.test_ref = toy_corpus(20, seed=1)
         else:
-            src, tgt = read_lines(data / "train.en"), read_lines(data / "train.de")
-            self.test_src = read_lines(data / "test2016.en")
-            self.test_ref = read_lines(data / "test2016.de")
+            src, tgt = (
+                read_text_file(data / "train.en", "train.en"),
+                read_text_file(data / "train.de", "train.de"),
+            )
+            self.test_src = read_text_file(data / "test2016.en", "test2016.en")
+            self.test_ref = read_text_file(data / "test2016.de", "test2016.de")
         tok_dir = out / f"tokenizer-{vocab_size}"
         if (tok_dir / "src.model").exists():
             self.tokenizer = Tokenizer.load(tok_dir)

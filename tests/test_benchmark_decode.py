@@ -1,4 +1,4 @@
-"""scripts/benchmark_decode.py: the smoke run prints one timed row per decode cache."""
+"""benchmarks/benchmark_decode.py: the smoke run prints one timed row per decode cache."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_decode.py"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_smoke_run_prints_a_markdown_table_of_step_times():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(SCRIPT), "--smoke", "--threads", "1"]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=True)
+    cmd = [sys.executable, "-m", "benchmarks.benchmark_decode", "--smoke", "--threads", "1"]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, timeout=300, check=True, cwd=REPO
+    )
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
     assert rows[0] == "| decoder self-attention | t = 8 | t = 16 | t = 32 | t = 32 / t = 8 |"
     assert [r.split(" | ")[0] for r in rows[1:]] == ["| sdpa", "| local (window 4)", "| linear"]

@@ -1,4 +1,4 @@
-"""scripts/benchmark.py: a smoke run end to end, and the pieces it trusts (decode loops,
+"""benchmarks/benchmark.py: a smoke run end to end, and the pieces it trusts (decode loops,
 memory measurement, matched model sizes, the doc section writer).
 
 Marian comes from `transformers`, which the ``dev`` extra installs: these tests run in CI
@@ -6,7 +6,6 @@ rather than skip (a missing package is an error here, not a skip)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -17,30 +16,23 @@ import pytest
 import torch
 from tiny_checkpoint import corpus
 
+from benchmarks import benchmark as bm
 from litmt.errors import LitmtError
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "benchmark.py"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("benchmark_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmark_script"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bm = load_script()
 SIZE = bm.Size("test", 32, 4, 2)
 
 
 def toy_layout(root: Path) -> Path:
-    """A copy of the script in ``root/repo/scripts`` with a synthetic corpus where it looks for
-    Multi30k (``root/repo/../shared/data/multi30k``), so the smoke run needs no real data."""
-    script = root / "repo" / "scripts" / "benchmark.py"
-    script.parent.mkdir(parents=True)
-    shutil.copy(SCRIPT, script)
+    """A copy of ``benchmarks/`` in ``root/repo`` with a synthetic corpus where it looks for
+    Multi30k (``root/repo/../shared/data/multi30k``), so the smoke run needs no real data.
+
+    Returns:
+        The copy's repository root (run ``python -m benchmarks.benchmark`` in it).
+    """
+    shutil.copytree(REPO / "benchmarks", root / "repo" / "benchmarks")
     data = root / "shared" / "data" / "multi30k"
     data.mkdir(parents=True)
     en, de = corpus()
@@ -49,16 +41,17 @@ def toy_layout(root: Path) -> Path:
             (data / f"{split}.{lang}").write_text("\n".join(text[lines]) + "\n", encoding="utf-8")
     for lang, text in (("en", en), ("de", de)):
         (data / f"test2016.{lang}").write_text("\n".join(text[450:]) + "\n", encoding="utf-8")
-    return script
+    return root / "repo"
 
 
 def test_smoke_run_writes_all_tables(tmp_path):
     out = tmp_path / "bench.md"
     out.write_text("# Benchmarks\n\nHand-written notes stay.\n")
-    cmd = [sys.executable, str(toy_layout(tmp_path)), "--smoke", "--out", str(out)]
+    repo = toy_layout(tmp_path)
+    cmd = [sys.executable, "-m", "benchmarks.benchmark", "--smoke", "--out", str(out)]
     cmd += ["--cache", str(tmp_path / "cache"), "--threads", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=repo, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = out.read_text()
     assert text.startswith("# Benchmarks\n\nHand-written notes stay.\n")
@@ -67,7 +60,7 @@ def test_smoke_run_writes_all_tables(tmp_path):
         assert needle in text
     for model in ("litmt", "marian", "nn.Transformer"):
         assert f"| {model} | " in text
-    assert "Command: `python scripts/benchmark.py --smoke" in text
+    assert "Command: `python -m benchmarks.benchmark --smoke" in text
 
 
 def test_unknown_size_is_a_one_line_error():

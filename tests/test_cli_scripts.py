@@ -18,6 +18,7 @@ from tiny_checkpoint import assert_weights_are_the_mean, corpus, other_weights, 
 from litmt import Translator
 from litmt.checkpoint.io import load_checkpoint, model_state_dict
 from litmt.cli.average import average
+from litmt.cli.config_check import expand_short_overrides
 from litmt.cli.exits import cli_errors, run_cli
 from litmt.cli.translate import translate
 from litmt.cli.visualize import visualize
@@ -44,6 +45,8 @@ def run_script(script: str, *overrides: str, stdin: bytes | None = None, cwd: Pa
 
 
 def compose_cfg(name: str, overrides: list[str]):
+    """The config the script composes (the short form beam_size=2 expanded first, as run_script)."""
+    overrides = expand_short_overrides(overrides, name, REPO / "conf")
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return compose(config_name=name, overrides=overrides)
 

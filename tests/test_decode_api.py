@@ -11,12 +11,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 from tiny_checkpoint import tiny_checkpoint_path
 from tiny_model import tiny_config
 
 import litmt.decoding.translator
 import litmt.training.module
+from litmt.cli.config_check import expand_short_overrides
 from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig, decoding_options
 from litmt.decoding.search import beam_search, greedy_search
@@ -31,8 +31,10 @@ DEFAULTS = DecodeConfig()
 
 
 def compose_cfg(name: str, overrides: list[str] | None = None):
+    """The config the script composes (the short form beam_size=2 expanded first, as run_script)."""
+    overrides = expand_short_overrides(overrides or [], name, CONF)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name=name, overrides=overrides or [])
+        return compose(config_name=name, overrides=overrides)
 
 
 @pytest.fixture(scope="module")
@@ -55,35 +57,28 @@ def recorded(monkeypatch) -> list[DecodeConfig]:
 
 
 def test_job_configs_resolve_to_the_dataclass_defaults():
-    assert DecodeConfig.from_options(compose_cfg("translate")) == DEFAULTS
-    assert DecodeConfig.from_options(compose_cfg("evaluate")) == DEFAULTS
+    assert DecodeConfig.from_options(compose_cfg("translate").decoding) == DEFAULTS
+    assert DecodeConfig.from_options(compose_cfg("evaluate").decoding) == DEFAULTS
     assert DecodeConfig.from_options(compose_cfg("serve").decoding) == DEFAULTS
     assert DecodeConfig.from_options(compose_cfg("export").decoding) == DEFAULTS
     assert {k: getattr(DEFAULTS, k) for k in DEFAULT_DECODING} == DEFAULT_DECODING
     score = compose_cfg("score")
-    assert DecodeConfig.from_options(score).length_penalty == DEFAULTS.length_penalty
+    assert DecodeConfig.from_options(score.decoding).length_penalty == DEFAULTS.length_penalty
     # the validation callback overrides one field, on purpose (greedy validation is fast)
-    scorer = instantiate(OmegaConf.load(CONF / "callbacks" / "default.yaml").scorer)
+    scorer = instantiate(compose_cfg("train").callbacks.scorer)
     assert scorer.decode_config == dataclasses.replace(DEFAULTS, beam_size=1)
 
 
 def test_a_yaml_override_reaches_the_config():
     cfg = compose_cfg("translate", ["beam_size=2", "method=sample", "top_p=0.5", "n_best=3"])
-    got = DecodeConfig.from_options(cfg)
+    got = DecodeConfig.from_options(cfg.decoding)
     assert (got.beam_size, got.method, got.top_p, got.n_best) == (2, "sample", 0.5, 3)
     assert got.max_len_a == DEFAULTS.max_len_a
 
 
 @pytest.mark.parametrize(
     "path",
-    [
-        "translate.yaml",
-        "evaluate.yaml",
-        "serve.yaml",
-        "score.yaml",
-        "export.yaml",
-        "callbacks/default.yaml",
-    ],
+    ["decoding/default.yaml", "callbacks/default.yaml"],
 )
 def test_defaults_quoted_in_yaml_comments_are_the_dataclass_ones(path):
     """A YAML may quote a default as ``[value]`` in a comment; it must be the real one."""

@@ -15,6 +15,7 @@ from tiny_checkpoint import tiny_config as translator_config
 from tiny_model import tiny_config
 
 from litmt.checkpoint.io import save_model_checkpoint
+from litmt.cli.config_check import expand_short_overrides
 from litmt.cli.evaluate import evaluate
 from litmt.data.tokenizer import BOS_ID, Tokenizer, TokenizerSettings
 from litmt.decoding.api import decode
@@ -127,7 +128,12 @@ def test_two_different_checkpoints_differ_and_beat_chance(members, tmp_path):
         paths = "[" + ",".join(str(p) for p in ckpts) + "]"
         overrides = [f"ckpt_path={paths}", f"src_file={src}", f"ref_file={refs}", *extra]
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose("evaluate", [*overrides, "beam_size=2", "progress=false"])
+            args = [
+                *overrides,
+                "beam_size=2",
+                "progress=false",
+            ]  # as scripts/evaluate.py reads them
+            cfg = compose("evaluate", expand_short_overrides(args, "evaluate", CONF))
         return evaluate(cfg)["bleu"]
 
     ensemble = bleu(members, ref, "ensemble=true")

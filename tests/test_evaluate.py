@@ -23,6 +23,7 @@ from tiny_checkpoint import (
 from litmt.checkpoint.average import average_checkpoints
 from litmt.checkpoint.io import load_checkpoint, model_state_dict
 from litmt.checkpoint.paths import select_last_checkpoints
+from litmt.cli.config_check import expand_short_overrides
 from litmt.cli.evaluate import evaluate
 from litmt.errors import CheckpointError, ConfigError, DataError
 from litmt.metrics import corpus_bleu, corpus_scores
@@ -36,6 +37,8 @@ def ckpt(tmp_path_factory):
 
 
 def compose_cfg(name: str, overrides: list[str]):
+    """The config the script composes (the short form beam_size=2 expanded first, as run_script)."""
+    overrides = expand_short_overrides(overrides, name, CONF)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name=name, overrides=overrides)
 

@@ -323,10 +323,10 @@ def test_benchmark_engines_smoke(ckpt, tmp_path):
     (tmp_path / "test.en").write_text("\n".join(en[:20]) + "\n", encoding="utf-8")
     (tmp_path / "test.de").write_text("\n".join(de[:20]) + "\n", encoding="utf-8")
     run = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "benchmark_engines.py"), "--smoke",
+        [sys.executable, "-m", "benchmarks.benchmark_engines", "--smoke",
          "--ckpt", str(ckpt), "--src", str(tmp_path / "test.en"), "--ref", str(tmp_path / "test.de"),
          "--threads", "1", "--exports", str(tmp_path / "exports"), "--json", str(tmp_path / "r.json")],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, cwd=REPO,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     table = [line for line in run.stdout.splitlines() if line.startswith("| ")]

@@ -17,6 +17,7 @@ from litmt.cli.config_check import (
     check_devices,
     check_group_overrides,
     check_run_dir,
+    expand_short_overrides,
     group_options,
 )
 from litmt.errors import ConfigError
@@ -77,6 +78,33 @@ def test_an_unknown_group_option_lists_the_valid_names():
         check_group_overrides(["+experiment=wmt"], CONF)
     with pytest.raises(ConfigError, match=r"unknown attention 'flsh'"):
         check_group_overrides(["-m", "attention=math,flsh"], CONF)  # a multirun sweep
+
+
+def test_the_short_form_of_decoding_keys_is_spelled_out():
+    """beam_size=5 means decoding.beam_size=5 in the commands that compose conf/decoding/."""
+    args = ["ckpt_path=m.ckpt", "beam_size=5", "++n_best=2", "decoding.min_len=1", "-m", "seed=3"]
+    assert expand_short_overrides(args, "translate", CONF) == [
+        "ckpt_path=m.ckpt", "decoding.beam_size=5", "++decoding.n_best=2", "decoding.min_len=1",
+        "-m", "decoding.seed=3",
+    ]  # fmt: skip
+    # evaluate's own seed (the data seed) stays top-level; train has no decoding group
+    assert expand_short_overrides(["seed=3", "beam_size=2"], "evaluate", CONF) == [
+        "seed=3",
+        "decoding.beam_size=2",
+    ]
+    assert expand_short_overrides(["beam_size=2"], "train", CONF) == ["beam_size=2"]
+
+
+def test_decoding_group_holds_every_decode_config_field_as_null():
+    """conf/decoding/default.yaml: the DecodeConfig fields, null (the dataclass's default)."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from litmt.decoding.config import DecodeConfig
+
+    group = OmegaConf.to_container(OmegaConf.load(CONF / "decoding" / "default.yaml"))
+    assert group == {f.name: None for f in dataclasses.fields(DecodeConfig)}
 
 
 def test_valid_choices_and_other_overrides_pass():

@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from tiny_checkpoint import tiny_checkpoint_path
 from tiny_model import tiny_config
 
+from litmt.cli.config_check import expand_short_overrides
 from litmt.cli.translate import translate
 from litmt.data.tokenizer import BOS_ID, EOS_ID
 from litmt.decoding.api import decode, filter_logits
@@ -137,7 +138,9 @@ def test_translate_job_samples_n_per_line_reproducibly(tmp_path_factory, tmp_pat
             "n_best=3", f"seed={seed}", "top_p=0.9", "device=cpu",
         ]  # fmt: skip
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            assert translate(compose("translate", overrides)) == 2
+            # the short form (method=sample) spelled out as scripts/translate.py does
+            cfg = compose("translate", expand_short_overrides(overrides, "translate", CONF))
+            assert translate(cfg) == 2
         return out.read_text().splitlines()
 
     lines = run(tmp_path / "a.de", 4)

@@ -459,7 +459,7 @@ def test_serve_job_passes_every_limit_of_the_config(monkeypatch):
     import litmt.cli.serve
 
     overrides = ["model_path=m.ckpt", "max_batch_texts=3", "max_wait_ms=4", "max_texts=5",
-                 "max_chars=6", "max_body_bytes=7", "cors=false", "decoding.max_tokens=8"]  # fmt: skip
+                 "max_chars=6", "max_body_bytes=7", "cors=false", "max_tokens=8"]  # fmt: skip
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="serve", overrides=overrides)
     built: list[ServeSettings] = []
@@ -525,10 +525,10 @@ def test_serve_script_without_model_is_one_line_exit_2():
 def test_benchmark_server_smoke(ckpt, tmp_path):
     (tmp_path / "test.en").write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     run = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "benchmark_server.py"), "--smoke",
+        [sys.executable, "-m", "benchmarks.benchmark_server", "--smoke",
          "--model", str(ckpt), "--src", str(tmp_path / "test.en"), "--threads", "1",
          "--json", str(tmp_path / "r.json")],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, cwd=REPO,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]

@@ -729,11 +729,11 @@ def test_benchmark_script_smoke():
     """One tiny cell end to end: subprocess worker, table, claims section (prints only)."""
     import subprocess
 
-    script = CONF.parent / "scripts" / "benchmark_attention.py"
     proc = subprocess.run(
         [
             sys.executable,
-            str(script),
+            "-m",
+            "benchmarks.benchmark_attention",
             "--backends",
             "linear",
             "math",
@@ -751,6 +751,7 @@ def test_benchmark_script_smoke():
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=CONF.parent,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "**causal, forward+backward time (ms)**" in proc.stdout

@@ -1,22 +1,17 @@
-"""`scripts/benchmark_data.py` runs end to end on a tiny corpus and reports its numbers."""
+"""`benchmarks/benchmark_data.py` runs end to end on a tiny corpus and reports its numbers."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "benchmark_data.py"
+from benchmarks import benchmark_data
 
 
 def load_main() -> Callable[[list[str]], int]:
-    spec = importlib.util.spec_from_file_location("benchmark_data", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return benchmark_data.main
 
 
 def test_benchmark_script_on_tiny_corpus(

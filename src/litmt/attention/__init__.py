@@ -40,13 +40,6 @@ _REGISTRY: dict[str, str] = {
 }
 
 
-def register_backend(name: str, target: str | type[AttentionKernel]) -> None:
-    """Register a kernel class (or a lazy "module:Class" string) under `name`."""
-    if isinstance(target, type):
-        target = f"{target.__module__}:{target.__qualname__}"
-    _REGISTRY[name] = target
-
-
 def list_backends() -> list[str]:
     """Names of all registered backends (available on this machine or not)."""
     return sorted(_REGISTRY)
@@ -91,6 +84,5 @@ __all__ = [
     "causal_mask",
     "get_backend_class",
     "list_backends",
-    "register_backend",
     "safe_padding_mask",
 ]

@@ -4,6 +4,8 @@
   checked against the files in ``conf/<group>/`` *before* Hydra composes the config (Hydra's
   own error is a multi-line report). Call it in a script just before ``main()``.
 - `check_moved_keys`: a key that moved (``model.compile=true``) names its new spelling.
+- `expand_short_overrides`: the short form ``beam_size=5`` of a decoding key becomes
+  ``decoding.beam_size=5`` for the commands that compose the ``decoding`` group.
 - `check_run_dir`: a run directory that already holds a run is resumed or refused, never
   silently overwritten.
 - `check_devices`: ``trainer.devices`` larger than what the machine has.
@@ -28,6 +30,10 @@ CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 # `group=value`, `+group=value`, `++group=value`, `group@pkg=value`: the key is a config group
 # only when it has no dots (`model.d_model=...` is a value, not a group choice).
 _GROUP_OVERRIDE = re.compile(r"^\+{0,2}(?P<group>[A-Za-z_][\w/]*)(?:@[\w.]+)?=(?P<value>.*)$")
+# `key=value` or `++key=value` with a plain key (no dots): a candidate for the short form.
+_SHORT_OVERRIDE = re.compile(r"^(?P<prefix>(?:\+\+)?)(?P<key>[A-Za-z_]\w*)(?P<rest>=.*)$")
+# Config groups whose keys may be given without their group's name (`beam_size=5`).
+SHORT_GROUPS = ("decoding",)
 # Hydra sweep syntax we do not try to expand (choice(...), range(...), glob(...), quoted values).
 _SWEEP_FUNCTION = re.compile(r"[()'\"{}*]")
 
@@ -109,6 +115,42 @@ def check_command_line(
             sys.argv[1:] if argv is None else argv,
             script_conf_dir() if conf_dir is None else conf_dir,
         )
+
+
+def expand_short_overrides(
+    overrides: Sequence[str], config_name: str, conf_dir: str | Path = CONF_DIR
+) -> list[str]:
+    """`overrides` with the short form of group keys spelled out: ``beam_size=5`` becomes
+    ``decoding.beam_size=5`` when ``conf/<config_name>.yaml`` composes the ``decoding`` group.
+
+    A key is expanded only when it is a key of the group's default file and not a top-level
+    key of the command's own config (evaluate's ``seed`` stays the data seed). Anything else
+    (dotted keys, ``+key``, flags) is passed on as it is.
+    """
+    from omegaconf import OmegaConf
+
+    conf_dir = Path(conf_dir)
+    primary = OmegaConf.to_container(OmegaConf.load(conf_dir / f"{config_name}.yaml"))
+    assert isinstance(primary, dict)
+    defaults = primary.pop("defaults", None) or []
+    chosen = {
+        group: str(option)
+        for entry in defaults
+        if isinstance(entry, dict)
+        for group, option in entry.items()
+        if group in SHORT_GROUPS and option is not None
+    }
+    short: dict[str, str] = {}
+    for group, option in chosen.items():
+        keys = OmegaConf.load(conf_dir / group / f"{option}.yaml").keys()
+        short.update({str(key): group for key in keys if key not in primary})
+    expanded = []
+    for arg in overrides:
+        match = _SHORT_OVERRIDE.match(arg)
+        if match is not None and match["key"] in short:
+            arg = f"{match['prefix']}{short[match['key']]}.{match['key']}{match['rest']}"
+        expanded.append(arg)
+    return expanded
 
 
 def script_conf_dir() -> Path:

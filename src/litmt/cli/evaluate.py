@@ -86,7 +86,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             data_cfg.get("tgt_lang"),
         )
     # null/absent keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
-    config = DecodeConfig.from_options(cfg, base=translator.default_config)
+    config = DecodeConfig.from_options(cfg.decoding, base=translator.default_config)
     log.info(
         "decoding %d sentences (%s) with %s on %s",
         len(sources),

@@ -50,7 +50,8 @@ def run_script(
 ) -> Any:
     """Run ``target(cfg)`` as a script on the Hydra config ``conf/<config_name>.yaml``.
 
-    First `check_command_line` (an unknown config group option: one line, exit 2), then
+    First `expand_short_overrides` (``beam_size=5`` is ``decoding.beam_size=5``) and
+    `check_command_line` (an unknown config group option: one line, exit 2), then
     ``@hydra.main`` with `run_cli` inside it. The config directory is absolute (``../conf``
     next to the script), so Hydra does not resolve it against this module.
 
@@ -68,8 +69,9 @@ def run_script(
     """
     import hydra
 
-    from litmt.cli.config_check import check_command_line, script_conf_dir
+    from litmt.cli.config_check import check_command_line, expand_short_overrides, script_conf_dir
 
+    sys.argv[1:] = expand_short_overrides(sys.argv[1:], config_name, script_conf_dir())
     check_command_line()
     module, _, name = target.partition(":")
 

@@ -49,7 +49,7 @@ def score(cfg: DictConfig) -> list[PairScore]:
     results = ForcedDecoder(translator).force_decode(
         sources,
         targets,
-        length_penalty=DecodeConfig.from_options(cfg).length_penalty,  # null: the default
+        length_penalty=DecodeConfig.from_options(cfg.decoding).length_penalty,  # null: the default
         max_tokens=int(cfg.max_tokens),
     )
     output = cfg.get("output")

@@ -29,7 +29,7 @@ def serve(cfg: Any) -> None:
         max_chars=int(cfg.max_chars),
         max_body_bytes=int(cfg.max_body_bytes),
         cors=bool(cfg.cors),
-        decoding=dict(cfg.decoding),
+        decoding={**cfg.decoding, "max_tokens": int(cfg.max_tokens)},
     )
     app = build_server_app(
         str(cfg.model_path),
@@ -40,6 +40,7 @@ def serve(cfg: Any) -> None:
         settings=settings,
         cache_dir=cfg.get("ct2_cache"),
         quantization=str(cfg.get("quantization") or "none"),
+        compute_type=str(cfg.get("compute_type") or "default"),
     )
     log.info("serving %s on http://%s:%d", cfg.model_path, cfg.host, int(cfg.port))
     uvicorn.run(app, host=str(cfg.host), port=int(cfg.port), log_level=str(cfg.log_level))

@@ -63,7 +63,14 @@ def translate(cfg: DictConfig) -> int:
     ckpt = checkpoint_paths(
         cfg.get("ckpt_path"), run_dir=cfg.get("run_dir"), average_last=cfg.get("average_last")
     )
-    config = DecodeConfig.from_options(cfg)  # null/absent keys: DecodeConfig's defaults
+    text, input_path, output_path = cfg.get("text"), cfg.get("input"), cfg.get("output")
+    if text is not None and input_path is not None:
+        raise ConfigError("give either text=[...] or input=FILE, not both")
+    if input_path is not None and not Path(str(input_path)).is_file():
+        raise DataError(f"input file not found: {input_path}")
+    translator = load_translator(ckpt, **engine_options(cfg))
+    # null keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
+    config = DecodeConfig.from_options(cfg.decoding, base=translator.default_config)
     n_best, scores = config.n_best, bool(cfg.scores) or config.n_best > 1
     options: dict[str, Any] = dict(config=config, return_scores=scores)
     if cfg.get("print_alignment"):
@@ -72,14 +79,6 @@ def translate(cfg: DictConfig) -> int:
             layer=int(cfg.get("alignment_layer", -1)),
             heads=None if heads is None else tuple(int(h) for h in heads),
         )
-    text, input_path, output_path = cfg.get("text"), cfg.get("input"), cfg.get("output")
-    if text is not None and input_path is not None:
-        raise ConfigError("give either text=[...] or input=FILE, not both")
-    if input_path is not None and not Path(str(input_path)).is_file():
-        raise DataError(f"input file not found: {input_path}")
-    translator = load_translator(ckpt, **engine_options(cfg))
-    # null keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
-    options["config"] = DecodeConfig.from_options(cfg, base=translator.default_config)
     chunk_lines = int(cfg.chunk_lines)
     with ExitStack() as stack:
         lines: Iterable[str]

@@ -55,13 +55,8 @@ from litmt.data.tokenizer import Tokenizer
 from litmt.decoding.config import DecodeConfig, decoding_options
 from litmt.decoding.search import Hypothesis, length_penalty_factor, output_budgets
 from litmt.decoding.translator import Translator, check_max_tokens
-from litmt.deploy.ct2_export import (
-    cached_export,
-    ct2_vocabulary,
-    import_ctranslate2,
-    is_export_dir,
-    read_metadata,
-)
+from litmt.deploy.ct2_export import cached_export, is_export_dir, read_metadata
+from litmt.deploy.ct2_spec import ct2_vocabulary, import_ctranslate2
 from litmt.errors import ConfigError
 from litmt.runtime.threads import ct2_thread_options
 

@@ -98,14 +98,15 @@ def load_translator(
 def engine_options(cfg: Any) -> dict[str, Any]:
     """`load_translator` keyword arguments from a job config (translate/evaluate/serve keys).
 
-    Keys: ``engine``, ``device``, ``attention``, ``threads``, ``ct2_cache``,
-    ``quantization``, ``ensemble`` (missing ones take their defaults).
+    Keys: ``engine``, ``device``, ``attention``, ``threads``, ``compute_type``, ``ct2_cache``,
+    ``quantization`` (conf/engine/), ``ensemble`` (missing ones take their defaults).
     """
     return {
         "engine": str(cfg.get("engine") or "torch"),
         "device": cfg.get("device"),
         "attention": cfg.get("attention"),
         "threads": int(cfg.get("threads") or 0),
+        "compute_type": str(cfg.get("compute_type") or "default"),
         "cache_dir": cfg.get("ct2_cache"),
         "quantization": str(cfg.get("quantization") or "none"),
         "ensemble": bool(cfg.get("ensemble")),

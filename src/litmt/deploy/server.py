@@ -369,6 +369,7 @@ def build_server_app(
     settings: ServeSettings | None = None,
     cache_dir: str | Path | None = None,
     quantization: str = "none",
+    compute_type: str = "default",
 ) -> Any:
     """Load `model` (a ``.ckpt`` or a CTranslate2 export) and build the app.
 
@@ -390,6 +391,7 @@ def build_server_app(
         threads=threads,  # torch's and CTranslate2's (litmt.runtime.threads)
         cache_dir=cache_dir,
         quantization=quantization,
+        compute_type=compute_type,
     )
     attention_model = None
     if explorer:

@@ -1,24 +1,22 @@
 """Profile one model of the benchmark with torch.profiler: where does the time go?
 
-    python scripts/profile_model.py --model litmt --size small --what train
-    python scripts/profile_model.py --model marian --size base --what beam --rows 30
+    python -m benchmarks.profile_model --model litmt --size small --what train
+    python -m benchmarks.profile_model --model marian --size base --what beam --rows 30
 
-Uses the same models, batches and decode loops as `scripts/benchmark.py` and prints the
+Uses the same models, batches and decode loops as `benchmarks/benchmark.py` and prints the
 operators sorted by self CPU time (plus the share of the step spent in each).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import warnings
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchmark as bm  # a sibling script, not a package
+from benchmarks import benchmark as bm
+from benchmarks.common import REPO, decode_sources, load_tokenizer, training_batches
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,16 +34,16 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
-    tok = bm.load_tokenizer(8000, None, bm.REPO / "data" / "benchmark")
+    tok = load_tokenizer(8000, None, REPO / "data" / "benchmark")
     size, vocab = bm.SIZES[args.size], tok.src_vocab_size
     torch.manual_seed(0)
     model = bm.BUILDERS[args.model](size, vocab, 0.1)
     if args.what == "train":
-        batch = bm.training_batches(tok, args.max_tokens, 1)[0]
+        batch = training_batches(tok, args.max_tokens, 1)[0]
         step = bm.make_train_step(args.model, model.train(), compile_model=args.compile)
         run = lambda: step(batch)  # noqa: E731
     else:
-        src = bm.decode_sources(tok, args.decode_batch)
+        src = decode_sources(tok, args.decode_batch)
         beam = 1 if args.what == "greedy" else 5
         fn = bm.decode_fn(args.model, model.eval(), beam, args.decode_steps)
         run = lambda: fn(src)  # noqa: E731

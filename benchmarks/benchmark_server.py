@@ -4,10 +4,10 @@ The server runs in its own process (as deployed); `--concurrency` client threads
 one request in flight (one sentence per request, cycling through --src) until the run's
 `--requests` are answered or `--max-seconds` pass (a bounded run). Prints a markdown table.
 
-    python scripts/benchmark_server.py --model model.ckpt --src ../shared/data/multi30k/test2016.en
-    python scripts/benchmark_server.py --model exports/int8 --threads 2 --concurrency 1 8 32
-    python scripts/benchmark_server.py --model model.ckpt --src S --smoke      # seconds
-    python scripts/benchmark_server.py --url http://127.0.0.1:5000 --src S      # a running server
+    python -m benchmarks.benchmark_server --model model.ckpt --src ../shared/data/multi30k/test2016.en
+    python -m benchmarks.benchmark_server --model exports/int8 --threads 2 --concurrency 1 8 32
+    python -m benchmarks.benchmark_server --model model.ckpt --src S --smoke      # seconds
+    python -m benchmarks.benchmark_server --url http://127.0.0.1:5000 --src S      # a running server
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.common import REPO
 from litmt.cli.exits import cli_errors
 from litmt.data.text import read_text_file
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -9,9 +9,9 @@ Measures, in a fresh cache directory:
   batch size), measured on the real padded tensors that `collate` produces;
 - how long one epoch of the train DataLoader takes to iterate.
 
-    python scripts/benchmark_data.py                          # prints a markdown report
-    python scripts/benchmark_data.py --out report.md   # the tables of docs/benchmarks.md
-    python scripts/benchmark_data.py --dir PATH --src en --tgt de --test-split test2016
+    python -m benchmarks.benchmark_data                          # prints a markdown report
+    python -m benchmarks.benchmark_data --out report.md   # the tables of docs/benchmarks.md
+    python -m benchmarks.benchmark_data --dir PATH --src en --tgt de --test-split test2016
 
 Timing runs should not overlap other heavy jobs (wrap in `flock /tmp/litmt_cpu.lock ...`).
 """
@@ -29,13 +29,11 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from benchmarks.common import MULTI30K
 from litmt.data import TranslationDataModule
 from litmt.data.collate import collate
 from litmt.data.sampler import TokenBudgetBatchSampler
 from litmt.errors import LitmtError
-
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DIR = REPO / ".." / "shared" / "data" / "multi30k"
 
 
 def padding_stats(dm: TranslationDataModule, sampler: TokenBudgetBatchSampler) -> dict[str, float]:
@@ -62,7 +60,7 @@ def padding_stats(dm: TranslationDataModule, sampler: TokenBudgetBatchSampler) -
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--dir", default=str(DEFAULT_DIR), help="folder with {split}.{lang} files")
+    p.add_argument("--dir", default=str(MULTI30K), help="folder with {split}.{lang} files")
     p.add_argument("--src", default="en")
     p.add_argument("--tgt", default="de")
     p.add_argument("--test-split", default="test2016", help="file stem of the test split")

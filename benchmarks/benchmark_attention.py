@@ -18,9 +18,9 @@ sampler never slows the timed ones. A backend stops growing L once a measurement
 prediction from the last two lengths, exceeds --max-seconds or --max-memory-gb, once it runs
 out of memory, or when its sweep exceeds --sweep-timeout; the remaining cells show "—".
 
-    python scripts/benchmark_attention.py                         # CPU sweep, writes docs/
-    python scripts/benchmark_attention.py --lengths 128 1024 --backends sdpa linear --out -
-    python scripts/benchmark_attention.py --device cuda --lengths 1024 4096 16384 --out /tmp/g
+    python -m benchmarks.benchmark_attention                         # CPU sweep, writes docs/
+    python -m benchmarks.benchmark_attention --lengths 128 1024 --backends sdpa linear --out -
+    python -m benchmarks.benchmark_attention --device cuda --lengths 1024 4096 16384 --out /tmp/g
 
 Output: markdown tables (stdout and <out>/benchmarks_attention.md), a PNG plot
 (<out>/attention_benchmark.png) and the raw numbers (<out>/attention_benchmark.json).
@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+# The repository root (not benchmarks.common's REPO: the workers keep their imports to torch,
+# so their peak memory is the kernel's).
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LENGTHS = [128 * 2**i for i in range(9)]  # 128 ... 32768
 # Backends benchmarked and the options they run with (auto is an alias, reported apart).
@@ -230,8 +232,10 @@ def available(name: str, device: str, dtype: str) -> str | None:
 def run_sweep(spec: dict[str, Any], timeout: float, name: str) -> dict[int, dict[str, Any]]:
     """Run one worker; its cells by L ("skipped"/"error" where it stopped or died)."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    cmd = [sys.executable, "-m", "benchmarks.benchmark_attention", "--worker", json.dumps(spec)]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO
+    )
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:

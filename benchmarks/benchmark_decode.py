@@ -1,7 +1,7 @@
 """Per-step decode time as the decoded length grows, per decoder self-attention kernel.
 
-    python scripts/benchmark_decode.py                 # sdpa, local (window 64), linear
-    python scripts/benchmark_decode.py --smoke         # a tiny model, seconds (the test uses it)
+    python -m benchmarks.benchmark_decode                 # sdpa, local (window 64), linear
+    python -m benchmarks.benchmark_decode --smoke         # a tiny model, seconds (the test uses it)
 
 A small model (256 wide, 3+3 layers, 4 heads, 8000-piece vocabulary) decodes one sentence
 (B = 1) for a forced number of steps: every step feeds a fixed random token, so no search

@@ -5,9 +5,9 @@ budget and length penalty) on the same number of threads; sentences/s is the med
 `--reps` timed runs after one warm-up run on the first sentences. BLEU is sacreBLEU's.
 Prints a markdown table (and, with --json, writes the numbers).
 
-    python scripts/benchmark_engines.py --ckpt model.ckpt \\
+    python -m benchmarks.benchmark_engines --ckpt model.ckpt \\
         --src ../shared/data/multi30k/test2016.en --ref ../shared/data/multi30k/test2016.de
-    python scripts/benchmark_engines.py --ckpt model.ckpt --src S --ref R --smoke   # seconds
+    python -m benchmarks.benchmark_engines --ckpt model.ckpt --src S --ref R --smoke   # seconds
 
 The two CTranslate2 exports are written into --exports (default: a temporary directory),
 or reused from there when present.
@@ -18,15 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import median_timed
 from litmt.cli.exits import cli_errors
 from litmt.data.text import read_text_file
 from litmt.decoding.translator import Translator
@@ -52,16 +51,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.smoke:
         args.limit, args.beam, args.reps = 16, 2, 1
     return args
-
-
-def timed(fn: Callable[[], list[str]], reps: int) -> tuple[list[str], float]:
-    """(output of the last run, median seconds over `reps` runs)."""
-    times, out = [], []
-    for _ in range(reps):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return out, statistics.median(times)
 
 
 def ensure_export(ckpt: Path, directory: Path, quantization: str) -> Path:
@@ -100,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, load in engines.items():
                 translator = load()
                 translator.translate(src[:16], **options)  # warm-up
-                hyps, seconds = timed(lambda t=translator: t.translate(src, **options), args.reps)
+                hyps, seconds = median_timed(
+                    lambda t=translator: t.translate(src, **options), args.reps
+                )
                 rows.append(
                     {
                         "engine": name,

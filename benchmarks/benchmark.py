@@ -4,9 +4,9 @@ Training (forward + backward + optimiser step) and decoding (greedy and beam sea
 forced number of generated steps) on identical batches of real Multi30k tokens, at identical
 sizes, interleaved, with medians over several repetitions. Also the peak tensor memory of each.
 
-    python scripts/benchmark.py                       # both sizes, rewrites its section of docs/benchmarks.md
-    python scripts/benchmark.py --sizes small --reps 3 --out -   # print only
-    python scripts/benchmark.py --smoke --out -       # a tiny end-to-end run (the test uses it)
+    python -m benchmarks.benchmark                       # both sizes, rewrites its section of docs/benchmarks.md
+    python -m benchmarks.benchmark --sizes small --reps 3 --out -   # print only
+    python -m benchmarks.benchmark --smoke --out -       # a tiny end-to-end run (the test uses it)
 
 The peers come from the `bench` extra (`pip install -e ".[bench]"`); the library never
 imports them. Shapes: B batch, S source length, T target length, C d_model, V vocabulary,
@@ -21,27 +21,31 @@ import gc
 import math
 import os
 import platform
-import random
 import statistics
 import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
+from benchmarks.common import (
+    REPO,
+    Batch,
+    decode_sources,
+    load_tokenizer,
+    timed,
+    training_batches,
+)
+from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig
 from litmt.errors import LitmtError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
-
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / ".." / "shared" / "data" / "multi30k"
 
 
 @dataclass(frozen=True)
@@ -66,86 +70,6 @@ SIZES = {
     "base": Size("base", 512, 8, 6),
     "tiny": Size("tiny", 32, 2, 1),  # --smoke only
 }
-
-
-# -- data -------------------------------------------------------------------------------
-@dataclass
-class Batch:
-    """One teacher-forced batch: src (B, S), tgt_in = bos+y (B, T), tgt_out = y+eos (B, T)."""
-
-    src: Tensor
-    tgt_in: Tensor
-    tgt_out: Tensor
-    n_tokens: int = field(init=False)  # non-padding target tokens
-
-    def __post_init__(self) -> None:
-        self.n_tokens = int(self.tgt_out.ne(PAD_ID).sum())
-
-    def to(self, device: torch.device) -> Batch:
-        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device))
-
-
-def pad(rows: list[list[int]]) -> Tensor:
-    """Right-pad id lists into a (B, L) long tensor."""
-    out = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return out
-
-
-def load_tokenizer(vocab_size: int, lines: int | None, cache: Path) -> Tokenizer:
-    """A joint sentencepiece model trained on Multi30k train (cached under `cache`)."""
-    settings = TokenizerSettings(vocab_size=vocab_size)
-    where = cache / f"tokenizer-{settings.key()}-lines{lines or 'all'}"
-    if (where / "src.model").exists():
-        return Tokenizer.load(where)
-    en, de = (read_lines("train", lang, lines) for lang in ("en", "de"))
-    tok = Tokenizer.train(en, de, settings)
-    tok.save(where)
-    return tok
-
-
-def read_lines(split: str, lang: str, limit: int | None = None) -> list[str]:
-    path = DATA / f"{split}.{lang}"
-    if not path.exists():
-        raise LitmtError(
-            f"{path} not found; the benchmark needs Multi30k in ../shared/data/multi30k"
-        )
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return lines[:limit] if limit else lines
-
-
-def training_batches(tok: Tokenizer, max_tokens: int, count: int, seed: int = 0) -> list[Batch]:
-    """`count` length-sorted token-budget batches (≤ max_tokens padded target tokens)."""
-    src = tok.encode_src(read_lines("train", "en"))
-    tgt = tok.encode_tgt(read_lines("train", "de"))
-    pairs = sorted(
-        ((s[:126], t[:126]) for s, t in zip(src, tgt, strict=True) if s and t),
-        key=lambda p: (len(p[1]), len(p[0])),
-    )
-    batches, cur = [], []
-    for p in pairs:
-        if cur and (len(cur) + 1) * (len(p[1]) + 1) > max_tokens:
-            batches.append(cur)
-            cur = []
-        cur.append(p)
-    batches.append(cur)
-    # Skip the shortest and longest buckets: a typical batch, the same for every model.
-    middle = batches[len(batches) // 10 : -len(batches) // 10 or None]
-    chosen = random.Random(seed).sample(middle, min(count, len(middle)))
-    return [
-        Batch(
-            pad([s for s, _ in b]),
-            pad([[BOS_ID, *t] for _, t in b]),
-            pad([[*t, EOS_ID] for _, t in b]),
-        )
-        for b in chosen
-    ]
-
-
-def decode_sources(tok: Tokenizer, n: int) -> Tensor:
-    """(B, S) the first `n` test2016 source sentences."""
-    return pad(tok.encode_src(read_lines("test2016", "en", n)))
 
 
 # -- the three models --------------------------------------------------------------------
@@ -292,19 +216,6 @@ def make_train_step(
         return loss.detach()
 
     return step
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], object], device: torch.device) -> float:
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
 
 
 # -- decoding ---------------------------------------------------------------------------
@@ -683,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     minutes = (time.perf_counter() - t_start) / 60
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     header = [
-        f"Command: `{f'python scripts/benchmark.py {argv_text}'.strip()}`",
+        f"Command: `{f'python -m benchmarks.benchmark {argv_text}'.strip()}`",
         "",
         f"Environment: {environment(device, args)}; joint sentencepiece vocabulary {vocab}; "
         f"took {minutes:.1f} min; 1-min load average {load_start:.1f} at the start, "

@@ -1,0 +1,138 @@
+"""What the benchmark scripts share: the Multi30k corpus, batches and timing.
+
+Text is read with litmt's line reader (`litmt.data.text.read_text_file`), the policy the
+package applies to corpora, never `str.splitlines()` (which also splits on characters such
+as U+2028 inside a line). Shapes: B batch, S source length, T target length.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from torch import Tensor
+
+from litmt.data.text import read_text_file
+from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
+from litmt.errors import LitmtError
+
+REPO = Path(__file__).resolve().parents[1]
+MULTI30K = REPO / ".." / "shared" / "data" / "multi30k"
+
+T = TypeVar("T")
+
+
+# -- corpus -----------------------------------------------------------------------------
+def multi30k_lines(split: str, lang: str, limit: int | None = None) -> list[str]:
+    """The first `limit` (None: all) lines of Multi30k's ``<split>.<lang>``."""
+    path = MULTI30K / f"{split}.{lang}"
+    if not path.is_file():
+        raise LitmtError(
+            f"{path} not found; the benchmark needs Multi30k in ../shared/data/multi30k"
+        )
+    lines = read_text_file(path, f"{split}.{lang}")
+    return lines[:limit] if limit else lines
+
+
+def load_tokenizer(vocab_size: int, lines: int | None, cache: Path) -> Tokenizer:
+    """A joint sentencepiece model trained on Multi30k train (cached under `cache`)."""
+    settings = TokenizerSettings(vocab_size=vocab_size)
+    where = cache / f"tokenizer-{settings.key()}-lines{lines or 'all'}"
+    if (where / "src.model").exists():
+        return Tokenizer.load(where)
+    en, de = (multi30k_lines("train", lang, lines) for lang in ("en", "de"))
+    tok = Tokenizer.train(en, de, settings)
+    tok.save(where)
+    return tok
+
+
+# -- batches ----------------------------------------------------------------------------
+@dataclass
+class Batch:
+    """One teacher-forced batch: src (B, S), tgt_in = bos+y (B, T), tgt_out = y+eos (B, T)."""
+
+    src: Tensor
+    tgt_in: Tensor
+    tgt_out: Tensor
+    n_tokens: int = field(init=False)  # non-padding target tokens
+
+    def __post_init__(self) -> None:
+        self.n_tokens = int(self.tgt_out.ne(PAD_ID).sum())
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device))
+
+
+def pad(rows: list[list[int]]) -> Tensor:
+    """Right-pad id lists into a (B, L) long tensor."""
+    out = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+def training_batches(tok: Tokenizer, max_tokens: int, count: int, seed: int = 0) -> list[Batch]:
+    """`count` length-sorted token-budget batches (≤ max_tokens padded target tokens)."""
+    src = tok.encode_src(multi30k_lines("train", "en"))
+    tgt = tok.encode_tgt(multi30k_lines("train", "de"))
+    pairs = sorted(
+        ((s[:126], t[:126]) for s, t in zip(src, tgt, strict=True) if s and t),
+        key=lambda p: (len(p[1]), len(p[0])),
+    )
+    batches, cur = [], []
+    for p in pairs:
+        if cur and (len(cur) + 1) * (len(p[1]) + 1) > max_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(p)
+    batches.append(cur)
+    # Skip the shortest and longest buckets: a typical batch, the same for every model.
+    middle = batches[len(batches) // 10 : -len(batches) // 10 or None]
+    chosen = random.Random(seed).sample(middle, min(count, len(middle)))
+    return [
+        Batch(
+            pad([s for s, _ in b]),
+            pad([[BOS_ID, *t] for _, t in b]),
+            pad([[*t, EOS_ID] for _, t in b]),
+        )
+        for b in chosen
+    ]
+
+
+def decode_sources(tok: Tokenizer, n: int) -> Tensor:
+    """(B, S) the first `n` test2016 source sentences."""
+    return pad(tok.encode_src(multi30k_lines("test2016", "en", n)))
+
+
+# -- timing -----------------------------------------------------------------------------
+def sync(device: torch.device) -> None:
+    """Wait for `device`'s queued work (CUDA kernels run asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one call of `fn`, `device` synchronised before and after."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def median_timed(fn: Callable[[], T], reps: int) -> tuple[T, float]:
+    """(output of the last run, median seconds over `reps` runs) of a CPU-side call."""
+    times: list[float] = []
+    out: T | None = None
+    for _ in range(reps):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    assert out is not None, "reps must be at least 1"
+    return out, statistics.median(times)
