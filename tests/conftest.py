@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 # Tests run tiny models, often several processes at once (DDP, subprocess CLIs): one OpenMP
 # thread per process avoids oversubscribing the cores (set before torch is imported; it is
 # inherited by the scripts the tests start). An explicit OMP_NUM_THREADS wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# torch.compile's on-disk kernel cache is not keyed by ATEN_CPU_CAPABILITY: compiled flex kernels
+# cached under `avx2` and reused under `avx512` gave wrong outputs (torch 2.13). One cache per
+# capability, so the CI rerun under another capability (.ci/run) compiles its own.
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR",
+    os.path.join(
+        tempfile.gettempdir(),
+        f"torchinductor-litmt-{os.environ.get('ATEN_CPU_CAPABILITY', 'native')}",
+    ),
+)
 
 from pathlib import Path
 

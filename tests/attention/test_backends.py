@@ -103,6 +103,22 @@ def test_compiled_flex_matches_math(case):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "options", [{}, {"window": 2}, {"sparse": "strided", "sparse_block_size": 4}]
+)
+def test_flex_mask_mod_masks_indices_past_the_lengths(options):
+    """flex may call mask_mod past the call's lengths (pytorch#137801; inductor's CPU kernel does
+    under ATEN_CPU_CAPABILITY=avx2): those positions are masked, never an index error."""
+    kernel = build_backend("flex", **options)
+    tq = tk = 8
+    valid = torch.ones(2, tk, dtype=torch.bool)  # (B, Tk)
+    q_valid = torch.ones(tq, dtype=torch.bool)  # (Tq,)
+    mask_mod = kernel.mask_mod(tq, tk, torch.tensor(False), valid, "cpu", q_valid)
+    b, h = torch.tensor([1, 1, 1, 1]), torch.tensor([0, 0, 0, 0])
+    q_idx, kv_idx = torch.tensor([3, 3, tq, tq + 5]), torch.tensor([3, tk + 7, 3, tk])
+    assert mask_mod(b, h, q_idx, kv_idx).tolist() == [True, False, False, False]
+
+
 def test_compiled_flex_compiles_a_bounded_number_of_times(monkeypatch):
     """21 distinct (B, T) batch shapes with padding compile exactly 2 kernels (B buckets 2
     and 4, T bucket 128), not one per shape: the old per-shape compile passed dynamo's

@@ -219,8 +219,13 @@ class FlexAttention(AttentionKernel):
         causal_b = bool(causal) if causal_t is None else False
 
         def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            # flex may call mask_mod past the call's lengths (pytorch#137801; inductor's CPU
+            # kernel does under ATEN_CPU_CAPABILITY=avx2): tensors are read at clamped indices
+            # and those positions are masked.
+            ok = (kv_idx >= 0) & (kv_idx < tk) & (q_idx < tq)
+            kv_idx = kv_idx.clamp(0, tk - 1)
+            q_idx = q_idx.clamp(0, tq - 1)
             qpos = q_idx + offset
-            ok = kv_idx >= 0  # all-True of the right shape
             if causal_b:
                 ok = ok & (kv_idx <= qpos)
             if causal_t is not None:
