@@ -24,14 +24,13 @@ import torch.multiprocessing as mp
 from tiny_model import tiny_config
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
-from train_utils import free_port, start_method
+from train_utils import free_port, lr_schedule, start_method
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import LitmtError
 from litmt.training.grad import clip_gradients
 from litmt.training.losses import label_smoothed_nll
 from litmt.training.module import TranslationModule
-from litmt.training.schedules import warmup_scheduler
 
 VOCAB = 24
 SMOOTHING = 0.1
@@ -50,14 +49,7 @@ def tiny_module() -> TranslationModule:
         src_lang="en",
         tgt_lang="de",
         optimizer=functools.partial(torch.optim.SGD, lr=0.5),
-        scheduler=functools.partial(
-            warmup_scheduler,
-            name="constant",
-            warmup_steps=1,
-            min_lr_ratio=0.0,
-            total_steps=None,
-            horizon="steps",
-        ),
+        scheduler=lr_schedule(name="constant", warmup_steps=1),
         label_smoothing=SMOOTHING,
     )
     # float64 weights: the comparisons below are exact to ~1e-12. (The trainer runs

@@ -22,14 +22,21 @@ import yaml
 from lightning.pytorch.callbacks import Timer
 from PIL import Image
 from tiny_model import tiny_config
-from train_utils import REPO, compose_train, run_train_script, tiny_overrides, write_toy_corpus
+from train_utils import (
+    REPO,
+    compose_train,
+    lr_schedule,
+    run_train_script,
+    tiny_overrides,
+    write_toy_corpus,
+)
 
 from litmt.checkpoint.io import load_checkpoint
 from litmt.cli.train import train
 from litmt.errors import ConfigError
 from litmt.training.losses import label_smoothed_nll
 from litmt.training.module import TranslationModule
-from litmt.training.schedules import lr_lambda, warmup_scheduler
+from litmt.training.schedules import lr_lambda
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
 
@@ -90,14 +97,7 @@ def test_cosine_on_the_clock_after_a_resume_decays_over_the_whole_budget(monkeyp
         tokenizer=None,  # type: ignore[arg-type]  # not needed: no decoding
         src_lang="en",
         tgt_lang="de",
-        scheduler=functools.partial(
-            warmup_scheduler,
-            name="cosine",
-            warmup_steps=10,
-            min_lr_ratio=0.1,
-            total_steps=None,
-            horizon="time",
-        ),
+        scheduler=lr_schedule(name="cosine", warmup_steps=10, min_lr_ratio=0.1, horizon="time"),
         optimizer=functools.partial(torch.optim.AdamW, lr=1.0),
     )
     module.trainer = trainer

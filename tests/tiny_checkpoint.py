@@ -56,15 +56,18 @@ def tiny_config(vocab_size: int, **overrides: object) -> TransformerConfig:
     return TransformerConfig(**{**base, **overrides})
 
 
-def build_tiny_checkpoint(directory: Path, steps: int = 60) -> Path:
-    """Train the tiny model and save ``directory/tiny.ckpt`` (a few seconds on CPU)."""
+def build_tiny_checkpoint(
+    directory: Path, steps: int = 60, lr: float = 3e-3, **overrides: object
+) -> Path:
+    """Train the tiny model (`overrides`: other `tiny_config` fields) for `steps` Adam steps and
+    save ``directory/tiny.ckpt`` (a few seconds on CPU)."""
     torch.manual_seed(0)
     en, de = corpus()
     tok = Tokenizer.train(en, de, TokenizerSettings(vocab_size=80, model_type="unigram"))
-    config = tiny_config(tok.src_vocab_size)
+    config = tiny_config(tok.src_vocab_size, **overrides)
     model = Seq2SeqTransformer(config)
     src_ids, tgt_ids = tok.encode_src(en), tok.encode_tgt(de)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(0)
     model.train()
     for _ in range(steps):

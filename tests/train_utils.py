@@ -102,6 +102,16 @@ def compose_train(overrides: list[str], out: Path) -> DictConfig:
     return cfg
 
 
+def lr_schedule(**overrides: object):
+    """The `module.scheduler` partial of conf/train.yaml with `overrides` (its defaults come from
+    the YAML only, as in a training run)."""
+    import hydra
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(REPO / "conf" / "train.yaml").module.scheduler
+    return hydra.utils.instantiate(OmegaConf.merge(cfg, overrides))
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1: MASTER_PORT for a test's gloo process group."""
     import socket

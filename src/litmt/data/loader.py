@@ -63,20 +63,17 @@ def padded_length_array(lengths: np.ndarray, multiple: int) -> np.ndarray:
 def token_budget_loader(
     pairs: TokenizedPairs,
     *,
-    max_tokens: int | None,
-    batch_size: int | None,
-    shuffle: bool,
-    bucket_pool: int | None,
-    seed: int,
     pad_to_multiple: int,
     num_workers: int,
     pin_memory: bool,
+    **sampling: Any,
 ) -> ResumableDataLoader:
     """Length-sorted batches of `pairs` under a token budget (`TokenBudgetBatchSampler`),
     collated with S and T padded to `pad_to_multiple` (the budget counts the padded lengths).
 
     Args:
-        max_tokens, batch_size, shuffle, bucket_pool, seed: see `TokenBudgetBatchSampler`.
+        sampling: `TokenBudgetBatchSampler`'s max_tokens, batch_size, shuffle, bucket_pool
+            and seed (it always sorts by length).
         pad_to_multiple: 1 = no rounding; else `collate`'s ``pad_to_multiple``.
         num_workers, pin_memory: see `torch.utils.data.DataLoader`.
     """
@@ -84,16 +81,7 @@ def token_budget_loader(
     src_lens, tgt_lens = pairs.src_lengths(), pairs.tgt_lengths()
     if m > 1:  # budget the padded batch shapes the collate function will produce
         src_lens, tgt_lens = padded_length_array(src_lens, m), padded_length_array(tgt_lens, m)
-    sampler = TokenBudgetBatchSampler(
-        src_lens,
-        tgt_lens,
-        max_tokens=max_tokens,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        sort=True,
-        bucket_pool=bucket_pool,
-        seed=seed,
-    )
+    sampler = TokenBudgetBatchSampler(src_lens, tgt_lens, sort=True, **sampling)
     return ResumableDataLoader(
         pairs,
         batch_sampler=sampler,

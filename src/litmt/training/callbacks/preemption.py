@@ -102,14 +102,7 @@ class PreemptionCheckpoint(L.Callback):
     ) -> None:
         self._stepped = True  # this batch ends an optimizer step (not mid accumulation)
 
-    def on_train_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any) -> None:
         if self.saved is not None:
             return
         pending = self._pending or trainer.received_sigterm

@@ -25,12 +25,7 @@ class Throughput(L.Callback):
         self._tick = None  # the time between epochs (validation, data setup) is not training
 
     def on_train_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
     ) -> None:
         now = time.perf_counter()
         if self._tick is not None and "ntokens" in batch:
