@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
-from litmt.training.callbacks.translation_scorer import TranslationScorer
+from litmt.training.callbacks.validation_bleu import ValidationBleu
 
 
 class RecordBatches(L.Callback):
@@ -134,8 +134,8 @@ def degrade(reference: str, quality: float) -> str:
     return " ".join(words[:keep] + ["zzz"] * (len(words) - keep))
 
 
-class ScriptedScorer(TranslationScorer):
-    """The real `TranslationScorer` (gather, sacreBLEU, logging) with scripted hypotheses:
+class ScriptedScorer(ValidationBleu):
+    """The real `ValidationBleu` (gather, sacreBLEU, logging) with scripted hypotheses:
     validation k (1-based, sanity checks not counted) returns every reference degraded to
     `quality[k - 1]`; the test split gets quality 1 (the references themselves)."""
 

@@ -28,7 +28,7 @@ from litmt.data.tokenizer import Tokenizer
 from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.search import greedy_search
-from litmt.training.callbacks.translation_scorer import TranslationScorer
+from litmt.training.callbacks.validation_bleu import ValidationBleu
 from litmt.training.module import TranslationModule
 
 N_VALID = 23
@@ -71,7 +71,7 @@ def validate(module: TranslationModule, **kwargs) -> dict[str, float]:
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[TranslationScorer(beam_size=1)],  # greedy, as conf/callbacks/default.yaml
+        callbacks=[ValidationBleu(beam_size=1)],  # greedy, as conf/callbacks/default.yaml
         **kwargs,
     )
     return trainer.validate(module, datamodule=ValidPairs(module.tokenizer), verbose=False)[0]
@@ -110,7 +110,7 @@ def test_the_scorer_decodes_through_the_strategys_wrapper(tiny) -> None:
     wrapper = Wrapper(tiny)
     pl_module = SimpleNamespace(trainer=SimpleNamespace(model=wrapper), tokenizer=tiny.tokenizer)
     batch = ValidPairs(tiny.tokenizer).batches[0]
-    scorer = TranslationScorer(beam_size=2)
+    scorer = ValidationBleu(beam_size=2)
     with torch.no_grad():
         hyps = scorer.hypotheses(pl_module, batch)  # type: ignore[arg-type]
         found = decode(tiny.model, batch["src"], DecodeConfig(beam_size=2))
@@ -141,8 +141,8 @@ def scripted_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
         f"trainer.max_epochs={len(QUALITY)}",
         "module.optimizer.lr=3e-3",  # the weights change at every step
         "module.scheduler.warmup_steps=4",
-        "callbacks.scorer._target_=probe_callbacks.ScriptedScorer",
-        f"+callbacks.scorer.quality=[{','.join(map(str, QUALITY))}]",
+        "callbacks.bleu._target_=probe_callbacks.ScriptedScorer",
+        f"+callbacks.bleu.quality=[{','.join(map(str, QUALITY))}]",
         f"callbacks.early_stopping.patience={PATIENCE}",
         "+callbacks.test_weights._target_=probe_callbacks.RecordTestWeights",
         f"+callbacks.test_weights.path={out / 'test_weights.pt'}",

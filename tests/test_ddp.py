@@ -25,7 +25,7 @@ from train_utils import (
 )
 
 from litmt.checkpoint.io import load_checkpoint
-from litmt.training.callbacks.translation_scorer import TranslationScorer, gather_hypotheses
+from litmt.training.callbacks.validation_bleu import ValidationBleu, gather_hypotheses
 from litmt.training.module import TranslationModule
 
 EPOCHS = 20
@@ -115,7 +115,7 @@ def test_two_process_ddp_trains_scores_like_one_process_and_sees_each_example_on
     trainer = L.Trainer(
         accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
         enable_model_summary=False, use_distributed_sampler=False,
-        callbacks=[TranslationScorer(beam_size=1)],  # greedy, as the training run's scorer
+        callbacks=[ValidationBleu(beam_size=1)],  # greedy, as the training run's scorer
     )  # fmt: skip
     single = trainer.validate(module, datamodule=dm, verbose=False)[0]
     assert single["valid/bleu"] == pytest.approx(ddp_bleu, abs=1e-9)

@@ -65,7 +65,7 @@ def test_job_configs_resolve_to_the_dataclass_defaults():
     score = compose_cfg("score")
     assert DecodeConfig.from_options(score.decoding).length_penalty == DEFAULTS.length_penalty
     # the validation callback overrides one field, on purpose (greedy validation is fast)
-    scorer = instantiate(compose_cfg("train").callbacks.scorer)
+    scorer = instantiate(compose_cfg("train").callbacks.bleu)
     assert scorer.decode_config == dataclasses.replace(DEFAULTS, beam_size=1)
 
 
@@ -111,13 +111,13 @@ def test_translator_and_server_and_module_decode_with_the_defaults(translator, r
 
 
 def test_validation_decodes_with_the_callback_config(translator, recorded):
-    from litmt.training.callbacks.translation_scorer import TranslationScorer
+    from litmt.training.callbacks.validation_bleu import ValidationBleu
 
     module = SimpleNamespace(model=translator.model)
     forward = litmt.training.module.TranslationModule.forward
     trainer = SimpleNamespace(model=lambda src, config: forward(module, src, config))  # type: ignore[arg-type]
     pl_module = SimpleNamespace(trainer=trainer, tokenizer=translator.tokenizer)
-    scorer = TranslationScorer(beam_size=3, length_penalty=0.6)
+    scorer = ValidationBleu(beam_size=3, length_penalty=0.6)
     scorer.hypotheses(pl_module, {"src": torch.tensor([[5, 6, 7]])})  # type: ignore[arg-type]
     assert recorded == [dataclasses.replace(DEFAULTS, beam_size=3, length_penalty=0.6)]
 

@@ -297,8 +297,8 @@ def test_the_average_uses_the_top_k_at_the_end_not_the_one_saved_inside_best(tmp
         _tiny_run(
             tmp_path,
             [
-                "callbacks.scorer._target_=probe_callbacks.ScriptedScorer",
-                f"+callbacks.scorer.quality=[{','.join(map(str, quality))}]",
+                "callbacks.bleu._target_=probe_callbacks.ScriptedScorer",
+                f"+callbacks.bleu.quality=[{','.join(map(str, quality))}]",
                 "finalize.average_best=3",
             ],
             epochs=len(quality),

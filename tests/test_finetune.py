@@ -59,7 +59,7 @@ def finetune_overrides(corpus_dir: Path, out: Path, init: Path, *extra: str) -> 
         "trainer.check_val_every_n_epoch=null",
         "module.optimizer.lr=3e-3",
         "module.scheduler.warmup_steps=10",
-        "callbacks.scorer=null",
+        "callbacks.bleu=null",
         "callbacks.heatmap=null",
         "callbacks.early_stopping=null",
         "callbacks.model_checkpoint.monitor=valid/loss",

@@ -145,6 +145,17 @@ def test_a_moved_key_names_its_new_spelling_in_one_line(capsys):
     assert capsys.readouterr().err == (
         "error: model.compile moved to module.compile: pass module.compile=true\n"
     )
+    for arg, want in (
+        ("callbacks.scorer.beam_size=4", "pass callbacks.bleu.beam_size=4"),
+        ("+callbacks.scorer.quality=[1]", "pass callbacks.bleu.quality=[1]"),
+        ("callbacks.scorer=null", "pass callbacks.bleu=null"),
+    ):
+        with pytest.raises(SystemExit):
+            check_command_line([arg], CONF)
+        assert (
+            capsys.readouterr().err == f"error: callbacks.scorer moved to callbacks.bleu: {want}\n"
+        )
+    check_command_line(["callbacks.bleu.beam_size=4", "callbacks.scorers=1"], CONF)  # no exit
 
 
 @pytest.mark.slow

@@ -80,20 +80,23 @@ def check_group_overrides(overrides: Sequence[str], conf_dir: str | Path = CONF_
 
 
 # Keys that moved: the spelling users typed before -> the one that replaced it.
-MOVED_KEYS = {"model.compile": "module.compile"}
+MOVED_KEYS = {"model.compile": "module.compile", "callbacks.scorer": "callbacks.bleu"}
 
 
 def check_moved_keys(overrides: Sequence[str]) -> None:
     """Raise `ConfigError` naming the new spelling of a key that moved (`MOVED_KEYS`).
 
     Raises:
-        ConfigError: ``model.compile moved to module.compile: pass module.compile=true``.
+        ConfigError: ``model.compile moved to module.compile: pass module.compile=true``;
+            ``callbacks.scorer moved to callbacks.bleu: pass callbacks.bleu.beam_size=4``.
     """
     for arg in overrides:
         key, _, value = arg.partition("=")
-        new = MOVED_KEYS.get(key.lstrip("+~"))
-        if new is not None:
-            raise ConfigError(f"{key.lstrip('+~')} moved to {new}: pass {new}={value}")
+        key = key.lstrip("+~")
+        for old, new in MOVED_KEYS.items():
+            if key == old or key.startswith(old + "."):
+                moved = new + key[len(old) :]
+                raise ConfigError(f"{old} moved to {new}: pass {moved}={value}")
 
 
 def check_command_line(

@@ -1,1 +1,1 @@
-"""Lightning callbacks, one per file: validation/test BLEU (translation_scorer), SIGTERM checkpoints (preemption), the W&B heatmap (attention_heatmap)."""
+"""Lightning callbacks, one per file: validation/test BLEU (validation_bleu), SIGTERM checkpoints (preemption), the W&B heatmap (attention_heatmap)."""

@@ -1,4 +1,4 @@
-"""`TranslationScorer`: validation and test decoding, sacreBLEU's BLEU and chrF on the hypotheses
+"""`ValidationBleu`: validation and test decoding, sacreBLEU's BLEU and chrF on the hypotheses
 gathered from every rank, logged as `valid/bleu`, `valid/chrf` (and `test/...`).
 """
 
@@ -46,7 +46,7 @@ def gather_hypotheses(pairs: list[tuple[int, str]], n_refs: int) -> list[str] | 
     return [by_index[i] for i in range(n_refs)]
 
 
-class TranslationScorer(L.Callback):
+class ValidationBleu(L.Callback):
     """Decodes the validation and test sets, scores them with sacreBLEU (`litmt.metrics`) and
     logs `<split>/bleu` and `<split>/chrf` (what `ModelCheckpoint` and `EarlyStopping` monitor).
 
