@@ -16,8 +16,9 @@ from tiny_model import tiny_config
 from litmt.cli.config_check import expand_short_overrides
 from litmt.cli.translate import translate
 from litmt.data.tokenizer import BOS_ID, EOS_ID
-from litmt.decoding.api import decode, filter_logits
+from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig
+from litmt.decoding.sampling import filter_logits
 from litmt.decoding.search import greedy_search
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer

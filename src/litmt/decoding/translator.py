@@ -30,8 +30,9 @@ from litmt.checkpoint.load import load_model, resolve_device
 from litmt.data.text import clean_line, strip_line_end
 from litmt.data.tokenizer import Tokenizer
 from litmt.decoding.alignment import AlignConfig, align_ids, pharaoh
-from litmt.decoding.api import decode, make_generator
+from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig, decoding_options
+from litmt.decoding.sampling import make_generator
 from litmt.decoding.search import Hypothesis
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
