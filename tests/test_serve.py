@@ -538,15 +538,15 @@ def test_benchmark_server_smoke(ckpt, tmp_path):
 
 
 def _run_batcher(fn, requests: list[list[str]], *, max_batch: int, max_wait_ms: float):
-    """Submit `requests` at once to a DynamicBatcher; (results or exceptions, batcher)."""
+    """Submit `requests` at once to a RequestBatcher; (results or exceptions, batcher)."""
     import asyncio
     from concurrent.futures import ThreadPoolExecutor as Pool
 
-    from litmt.deploy.request_batcher import DynamicBatcher
+    from litmt.deploy.request_batcher import RequestBatcher
 
     async def main():
         with Pool(1) as pool:
-            batcher = DynamicBatcher(fn, pool, max_batch=max_batch, max_wait_ms=max_wait_ms)
+            batcher = RequestBatcher(fn, pool, max_batch=max_batch, max_wait_ms=max_wait_ms)
             batcher.start()
             try:
                 tasks = [batcher.submit(texts) for texts in requests]
@@ -555,6 +555,43 @@ def _run_batcher(fn, requests: list[list[str]], *, max_batch: int, max_wait_ms: 
                 await batcher.stop()
 
     return asyncio.run(main())
+
+
+def test_batcher_survives_a_request_that_goes_away_while_its_batch_fails():
+    """A client that goes (a timeout, a shutdown) while its one-request batch fails must not
+    kill the batcher: the next request is still answered."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor as Pool
+
+    from litmt.deploy.request_batcher import RequestBatcher
+
+    running, release = threading.Event(), threading.Event()
+
+    def fn(texts: list[str]) -> list[str]:
+        if texts == ["bad"]:
+            running.set()
+            release.wait(5)
+            raise ValueError("boom")
+        return [t.upper() for t in texts]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        with Pool(1) as pool:
+            batcher = RequestBatcher(fn, pool, max_batch=4, max_wait_ms=1)
+            batcher.start()
+            try:
+                doomed = asyncio.ensure_future(batcher.submit(["bad"]))
+                await loop.run_in_executor(None, running.wait, 5)
+                doomed.cancel()  # the client goes while its batch runs
+                await asyncio.gather(doomed, return_exceptions=True)
+                release.set()  # now the batch fails
+                return await asyncio.wait_for(batcher.submit(["ok"]), 3)
+            finally:
+                release.set()
+                await batcher.stop()
+
+    assert asyncio.run(main()) == ["OK"]
 
 
 def test_batcher_merges_concurrent_requests_and_splits_results_back():

@@ -1,4 +1,4 @@
-"""Dynamic batching: concurrent requests share one model call.
+"""Request batching for the server: concurrent HTTP requests share one model call.
 
 The first request of a batch waits at most ``max_wait_ms`` for others, until the batch holds
 ``max_batch`` sentences; the batch then runs in a one-thread executor, so the model is never
@@ -25,7 +25,7 @@ class _Pending:
     future: asyncio.Future
 
 
-class DynamicBatcher:
+class RequestBatcher:
     """Collect concurrent requests into batches for one worker thread.
 
     Args:
@@ -100,7 +100,8 @@ class DynamicBatcher:
             out = await loop.run_in_executor(self.executor, self.fn, texts)
         except Exception as exc:  # handed to the waiting request(s), which report it
             if len(live) == 1:
-                live[0].future.set_exception(exc)
+                if not live[0].future.done():  # its client may have gone meanwhile
+                    live[0].future.set_exception(exc)
                 return
             log.warning(
                 "a batch of %d requests failed (%s); retrying them one by one", len(live), exc
@@ -115,4 +116,4 @@ class DynamicBatcher:
             start += len(p.texts)
 
 
-__all__ = ["DynamicBatcher"]
+__all__ = ["RequestBatcher"]

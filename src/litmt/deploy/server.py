@@ -17,7 +17,7 @@ Routes (request and answer shapes follow LibreTranslate's ``libretranslate/app.p
 
 Every answer carries ``Access-Control-Allow-Origin: *`` (``cors``), as LibreTranslate's do.
 
-Concurrent ``/translate`` requests are batched (`litmt.deploy.request_batcher.DynamicBatcher`): the first
+Concurrent ``/translate`` requests are batched (`litmt.deploy.request_batcher.RequestBatcher`): the first
 request of a batch waits at most ``max_wait_ms`` for others, up to ``max_batch_texts``
 sentences; one worker thread runs the model, so decoding never runs twice at once. A failing
 batch fails its requests (500 JSON), not the server.
@@ -47,7 +47,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from litmt.deploy.attention_view import attention_maps, attention_payload
 from litmt.deploy.http_errors import ApiError
-from litmt.deploy.request_batcher import DynamicBatcher
+from litmt.deploy.request_batcher import RequestBatcher
 from litmt.errors import ConfigError, LitmtError
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Any) -> Any:
-        batcher = DynamicBatcher(
+        batcher = RequestBatcher(
             lambda texts: _translate_lines(translator, texts, options),
             executor,
             max_batch=settings.max_batch_texts,
