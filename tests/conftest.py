@@ -25,6 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
+# The data fixtures (text_corpus, dm_kwargs, make_corpus) of unit/data and integration tests;
+# tests/helpers is on pytest's pythonpath (pyproject.toml).
+pytest_plugins = ["corpus_fixtures"]
+
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 

@@ -1,7 +1,7 @@
 """The few Lightning internals litmt needs, in one place (Lightning 2.6; pinned in pyproject).
 
 Lightning has no public API for these three things, so each one is wrapped here, with a test
-per function in `tests/test_lightning_compat.py`. When Lightning changes one of them, that
+per function in `tests/unit/runtime/test_lightning_compat.py`. When Lightning changes one of them, that
 test fails and this file is the only one to fix.
 
 - `set_received_sigterm`: Lightning reads the flag through the public `Trainer.received_sigterm`

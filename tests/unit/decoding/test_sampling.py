@@ -23,7 +23,7 @@ from litmt.decoding.search import greedy_search
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[3] / "conf"
 VOCAB = 40
 
 

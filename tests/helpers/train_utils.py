@@ -8,7 +8,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
 # two DDP processes on the CPU (gloo backend): the trainer overrides of the multi-process tests
 TWO_CPU_RANKS = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
@@ -135,10 +135,10 @@ def start_method() -> str:
 
 
 def script_env() -> dict[str, str]:
-    """Environment for `scripts/*.py` subprocesses: one thread, tests/ importable (probe callbacks)."""
+    """Environment for `scripts/*.py` subprocesses: one thread, tests/helpers importable (probe callbacks)."""
     import os
 
-    path = [str(REPO / "tests"), str(REPO / "src"), os.environ.get("PYTHONPATH", "")]
+    path = [str(REPO / "tests" / "helpers"), str(REPO / "src"), os.environ.get("PYTHONPATH", "")]
     return {
         **os.environ,
         "OMP_NUM_THREADS": "1",

@@ -1,4 +1,4 @@
-"""Fixtures of the data tests: tiny corpora written into tmp_path."""
+"""Fixtures of the data tests: tiny corpora written into tmp_path (a plugin of tests/conftest.py)."""
 
 from __future__ import annotations
 

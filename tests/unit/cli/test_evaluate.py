@@ -28,7 +28,7 @@ from litmt.cli.evaluate import evaluate
 from litmt.errors import CheckpointError, ConfigError, DataError
 from litmt.metrics import corpus_bleu, corpus_scores
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[3] / "conf"
 
 
 @pytest.fixture(scope="session")

@@ -33,7 +33,7 @@ from litmt.models import Seq2SeqTransformer, TransformerConfig  # noqa: E402
 
 pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def held_sentences() -> list[str]:
 
 
 def test_ct2_float32_greedy_equals_litmt_greedy_token_for_token(engines):
-    """Token for token, except at a near-tie under both engines (tests/parity.py); the scores
+    """Token for token, except at a near-tie under both engines (tests/helpers/parity.py); the scores
     of identical outputs are litmt's (GNMT-normalised log-probs of the same tokens)."""
     torch_engine, ct2_engine = engines
     ids = [torch_engine.prepare(s) for s in held_sentences()]
@@ -89,7 +89,7 @@ def test_beam_length_penalty_and_nbest_mean_the_same_on_both_engines(engines, al
     """CTranslate2 divides by len**alpha, litmt by GNMT ((5+n)/6)**alpha: the engine rescores.
 
     A hypothesis both engines return has the same score under both; the n-best lists are
-    identical wherever litmt's search decides with a clear margin (tests/parity.py); where
+    identical wherever litmt's search decides with a clear margin (tests/helpers/parity.py); where
     they differ, each hypothesis only one engine kept is worth the same under the other.
     """
     torch_engine, ct2_engine = engines

@@ -29,7 +29,7 @@ from train_utils import REPO, tiny_overrides, write_toy_corpus
 
 GUARD = textwrap.dedent(
     """
-    # Installed by tests/test_offline.py: record and refuse non-loopback network use.
+    # Installed by tests/integration/test_offline.py: record and refuse non-loopback network use.
     import ipaddress, os, socket
 
     _LOG = os.environ["LITMT_NET_LOG"]

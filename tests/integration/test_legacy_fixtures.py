@@ -15,7 +15,7 @@ import pytest
 
 import litmt
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "legacy_v0_1"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_v0_1"
 RECORD = json.loads((FIXTURES / "expected.json").read_text(encoding="utf-8"))
 
 

@@ -25,7 +25,7 @@ from litmt.decoding.translator import Translator  # noqa: E402
 from litmt.deploy.server import ServerThread, ServeSettings, build_server_app, create_app  # noqa: E402
 from litmt.errors import ConfigError  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DECODING = {"beam_size": 2, "max_len_a": 1.2, "max_len_b": 10}
 SENTENCES = [
     "A red dog runs.",

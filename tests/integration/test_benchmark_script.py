@@ -19,7 +19,7 @@ from tiny_checkpoint import corpus
 from benchmarks import benchmark as bm
 from litmt.errors import LitmtError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 SIZE = bm.Size("test", 32, 4, 2)

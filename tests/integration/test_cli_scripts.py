@@ -24,7 +24,7 @@ from litmt.cli.translate import translate
 from litmt.cli.visualize import visualize
 from litmt.errors import CheckpointError, ConfigError, DataError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 The reference is an uninterrupted run with the same seed. A resumed run must continue at the
 checkpoint's global step with the same batches (example indexes), the same learning rate and
-the same losses. The probe callbacks (tests/probe_callbacks.py) are passed through Hydra.
+the same losses. The probe callbacks (tests/helpers/probe_callbacks.py) are passed through Hydra.
 """
 
 from __future__ import annotations

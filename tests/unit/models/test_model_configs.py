@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from litmt.models import TransformerConfig
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = Path(__file__).resolve().parents[3] / "conf"
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 
 

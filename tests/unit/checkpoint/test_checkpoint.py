@@ -33,7 +33,7 @@ from litmt.data.tokenizer import Tokenizer, TokenizerSettings
 from litmt.errors import BackendError, CheckpointError, ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ piece of the tokenizer, and an existing sentencepiece model is reused byte for b
 from __future__ import annotations
 
 import re
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -106,8 +105,6 @@ def test_extra_sources_and_tags_change_the_cache_keys(tmp_path: Path) -> None:
 
 def test_extra_train_from_the_command_line(tmp_path: Path, text_corpus: Path) -> None:
     import hydra
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from train_utils import compose_train
 
     bt = _write_train(tmp_path / "bt", 10, seed=2)

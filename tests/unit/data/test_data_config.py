@@ -11,7 +11,7 @@ from tiny_corpora import TINY_TOKENIZER, write_text_corpus
 
 from litmt.data import TranslationDataModule
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "data"
+CONF = Path(__file__).resolve().parents[3] / "conf" / "data"
 CONFIGS = sorted(p.stem for p in CONF.glob("*.yaml"))
 
 

@@ -36,7 +36,7 @@ from litmt.models.transformer import Seq2SeqTransformer
 
 pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = Path(__file__).resolve().parents[3] / "conf"
 EMULATIONS = {"flash": flash_emulation, "xformers": xformers_emulation, "te": te_emulation}
 
 

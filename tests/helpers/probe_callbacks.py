@@ -3,7 +3,7 @@ Hydra, e.g.
 
     +callbacks.record._target_=probe_callbacks.RecordBatches +callbacks.record.out_dir=DIR
 
-(with `tests/` on PYTHONPATH). Every record is one JSON line, flushed and fsynced at once, so
+(with `tests/helpers` on PYTHONPATH). Every record is one JSON line, flushed and fsynced at once, so
 it survives a `kill -9` of the process that wrote it.
 """
 

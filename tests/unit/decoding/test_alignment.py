@@ -21,7 +21,7 @@ from litmt.decoding.translator import Translator
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[3] / "conf"
 VOCAB = 24  # ids 4..23 are "words"
 
 

@@ -25,7 +25,7 @@ from litmt.deploy.ct2_export import DEFAULT_DECODING
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 CONF = REPO / "conf"
 DEFAULTS = DecodeConfig()
 

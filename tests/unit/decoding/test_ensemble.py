@@ -28,7 +28,7 @@ from litmt.models import Seq2SeqTransformer
 
 pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[3] / "conf"
 VOCAB = 40
 CONFIGS = [
     DecodeConfig(method="greedy"),
