@@ -1,5 +1,5 @@
 """Trainer configs, precisions and launchers: every config composes; bf16-mixed runs on CPU;
-16-mixed, FSDP and FP8 run on CUDA (marked `gpu`, skipped without one)."""
+16-mixed, FSDP and FP8 on CUDA are in test_scaling_gpu.py."""
 
 from __future__ import annotations
 
@@ -10,14 +10,12 @@ import hydra
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from train_utils import CONF, compose_train, run_train_script, tiny_overrides, write_toy_corpus
+from train_utils import CONF, compose_train, tiny_overrides, write_toy_corpus
 
 from litmt.checkpoint.io import load_checkpoint
 from litmt.cli.train import build_trainer, train
 from litmt.errors import ConfigError
 
-CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 TRAINERS = sorted(p.stem for p in (CONF / "trainer").glob("*.yaml"))
 
 
@@ -77,12 +75,10 @@ def test_unknown_precision_is_a_one_line_error(tmp_path: Path) -> None:
         build_trainer(cfg, [], [])
 
 
-def _few_steps(tmp_path: Path, extra: list[str], gpu: bool = False) -> dict:
+def _few_steps(tmp_path: Path, extra: list[str]) -> dict:
     _needs_datasets()
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 80, "valid": 6, "test": 6})
     over = tiny_overrides(corpus, tmp_path)
-    if gpu:
-        over = [o for o in over if o != "trainer.accelerator=cpu"]
     cfg = compose_train(
         [
             *over,
@@ -108,69 +104,3 @@ def _needs_datasets() -> None:
     """Skip where `datasets` is absent (a bare GPU image): the data module needs it, and
     scripts/gpu_check.py runs the same GPU checks on the text files without it."""
     pytest.importorskip("datasets", reason="the data module needs datasets")
-
-
-# -- CUDA only (scripts/gpu_check.sh runs these on a GPU machine) -----------------------------
-@pytest.mark.gpu
-@needs_cuda
-def test_16_mixed_on_gpu_uses_loss_scaling(tmp_path: Path, monkeypatch) -> None:
-    import litmt.cli.train as train_mod
-
-    captured = {}
-
-    def grab(cfg, callbacks, loggers):
-        trainer = build_trainer(cfg, callbacks, loggers)
-        captured["scaler"] = getattr(trainer.precision_plugin, "scaler", None)
-        captured["device"] = trainer.strategy.root_device
-        return trainer
-
-    monkeypatch.setattr(train_mod, "build_trainer", grab)
-    metrics = _few_steps(tmp_path, ["trainer=gpu", "trainer.precision=16-mixed"], gpu=True)
-    assert captured["device"].type == "cuda"
-    assert isinstance(captured["scaler"], torch.amp.GradScaler)
-    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
-
-
-@pytest.mark.gpu
-@needs_cuda
-def test_bf16_mixed_on_gpu(tmp_path: Path) -> None:
-    metrics = _few_steps(tmp_path, ["trainer=gpu"], gpu=True)
-    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
-
-
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
-def test_multi_gpu_strategy_trains_and_checkpoint_reloads(strategy: str, tmp_path: Path) -> None:
-    """FSDP (or DDP) over every visible GPU, a few steps, in a subprocess (the real script);
-    the full (unsharded) checkpoint loads like any other."""
-    _needs_datasets()
-    devices = torch.cuda.device_count()
-    corpus = write_toy_corpus(tmp_path / "corpus", {"train": 200, "valid": 8, "test": 8})
-    over = [o for o in tiny_overrides(corpus, tmp_path) if o != "trainer.accelerator=cpu"]
-    proc = run_train_script(
-        [
-            *over,
-            f"trainer={strategy}",
-            f"trainer.devices={devices}",
-            "trainer.max_steps=6",
-            "test_after_training=false",
-        ],
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
-    assert ckpt["global_step"] == 6
-    assert all(torch.isfinite(t).all() for t in ckpt["state_dict"].values())
-
-
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.skipif(
-    importlib.util.find_spec("transformer_engine") is None, reason="needs transformer_engine"
-)
-def test_fp8_transformer_engine_runs_a_few_steps(tmp_path: Path) -> None:
-    metrics = _few_steps(
-        tmp_path, ["trainer=gpu", "trainer.precision=transformer-engine", "attention=math"], True
-    )
-    assert torch.isfinite(torch.tensor(metrics["train/loss"]))

@@ -15,12 +15,12 @@ Shapes: B batch, S source length, T target length, V target vocabulary, N = B*T.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import Tensor
 
 from litmt.checkpoint.io import META_KEY, make_meta
@@ -38,9 +38,14 @@ log = logging.getLogger(__name__)
 
 
 def _plain(value: Any) -> Any:
-    """A Hydra/OmegaConf container as plain dicts and lists (other values unchanged)."""
-    if isinstance(value, DictConfig | ListConfig):
-        return OmegaConf.to_container(value, resolve=True)
+    """A Hydra/OmegaConf container as plain dicts and lists (other values unchanged).
+
+    omegaconf is not imported here: a value can be one of its containers only where omegaconf
+    is already imported, and the module must import without it (scripts/gpu_check.py).
+    """
+    omegaconf = sys.modules.get("omegaconf")
+    if omegaconf is not None and isinstance(value, omegaconf.DictConfig | omegaconf.ListConfig):
+        return omegaconf.OmegaConf.to_container(value, resolve=True)
     return dict(value) if isinstance(value, Mapping) else value
 
 

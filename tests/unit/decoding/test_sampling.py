@@ -9,12 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 from tiny_checkpoint import tiny_checkpoint_path
 from tiny_model import tiny_config
 
-from litmt.cli.config_check import expand_short_overrides
-from litmt.cli.translate import translate
 from litmt.data.tokenizer import BOS_ID, EOS_ID
 from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig
@@ -129,6 +126,13 @@ def test_samples_respect_the_budget_and_min_len():
 
 
 def test_translate_job_samples_n_per_line_reproducibly(tmp_path_factory, tmp_path):
+    # Hydra is imported here, not at module level: this module's gpu test must import on a
+    # GPU image without hydra-core (tests/integration/test_gpu_imports.py)
+    from hydra import compose, initialize_config_dir
+
+    from litmt.cli.config_check import expand_short_overrides
+    from litmt.cli.translate import translate
+
     ckpt = tiny_checkpoint_path(tmp_path_factory)
     src = tmp_path / "mono.en"
     src.write_text("A red dog runs.\nA small cat sleeps here.\n")
