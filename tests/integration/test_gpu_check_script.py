@@ -1,10 +1,12 @@
-"""scripts/gpu_check.sh without CUDA (one line, exit 0), and its Python part in smoke mode."""
+"""scripts/gpu_check.sh: its dry run (the GPU code path on the CPU, as CI runs it), the
+machine-without-CUDA and machine-without-torch answers, arguments and the data preparation."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,48 +14,85 @@ import torch
 from train_utils import REPO, script_env
 
 
+def run_sh(
+    *args: str, env: dict[str, str] | None = None, timeout: int = 120
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "scripts/gpu_check.sh", *args], cwd=REPO, env=env or script_env(),
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_the_dry_run_writes_the_whole_table(tmp_path: Path) -> None:
+    """The same code path as on the GPU (read the files, tokenise, parity runs, matmul peak,
+    throughput, recipe training + beam-5 decoding, the gpu-test step) with a tiny model."""
+    out = tmp_path / "out"
+    proc = run_sh("--dry-run", "--out", str(out), timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "gpu_check_rows.jsonl").read_text().splitlines()]
+    by = {(r["check"], r["setting"].split(",")[0]): r for r in rows}
+    assert [r["check"] for r in rows] == [
+        "environment", *["kernel package"] * 3, "loss parity", "loss parity", "matmul peak",
+        "throughput", "flex vs sdpa speed", "recipe BLEU", "FSDP, 1 GPU",
+        "FP8 (transformer-engine)", "gpu-marked tests",
+    ]  # fmt: skip
+    assert by[("loss parity", "sdpa bf16-mixed")]["status"] == "ref"
+    assert by[("loss parity", "math bf16-mixed")]["status"] == "ok"  # exact kernels agree
+    for pkg in ("flash_attn", "xformers", "transformer_engine"):  # absent here: not a pass
+        assert by[("kernel package", pkg)]["status"] in ("not installed", "ok")
+    assert "BLEU " in by[("recipe BLEU", "multi30k_cpu model")]["result"]
+    assert "MFU " in by[("throughput", "tiny")]["result"]
+    gpu_tests = by[("gpu-marked tests", "pytest -m gpu --collect-only")]
+    assert gpu_tests["status"] == "ok" and "collected" in gpu_tests["result"]
+    assert {r["status"] for r in rows} <= {"ok", "ref", "not installed", "skipped"}
+    table = (out / "gpu_check_table.md").read_text()
+    assert table.startswith("| check | setting | result | status | peak mem |")
+    assert f"{len(rows)} rows, 0 failed" in table
+    assert not (out / "gpu_check_current.txt").exists()  # no row left half-measured
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine-without-CUDA path")
 def test_without_cuda_the_script_says_so_in_one_line_and_exits_0(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "--out", str(tmp_path / "out")],
-        cwd=REPO, env=script_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    proc = run_sh("--out", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines == [
+    assert proc.stdout.splitlines() == [
         "gpu_check: no CUDA GPU on this machine; nothing to check "
         "(run it where torch.cuda.is_available())"
     ]
-    assert not (tmp_path / "out").exists()  # nothing installed, nothing run
+    assert not (tmp_path / "out").exists()
 
 
-def test_unknown_argument_is_refused(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "--outdir", "x"],
-        cwd=REPO, env=script_env(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 2
+def test_a_python3_without_torch_is_an_error_not_a_missing_gpu(tmp_path: Path) -> None:
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {**script_env(), "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = run_sh("--out", str(tmp_path / "out"), env=env)
+    assert proc.returncode == 3
     assert proc.stderr.strip() == (
-        "gpu_check: unknown argument --outdir (use --wheels DIR, --data DIR, --out DIR)"
+        "gpu_check: python3 cannot import torch: ModuleNotFoundError: No module named 'torch'"
     )
 
 
-def test_the_training_checks_run_in_smoke_mode(tmp_path: Path) -> None:
-    """The same code paths as on the GPU (tokenise, train each backend, compare with sdpa,
-    save, reload and decode, throughput), on the CPU with a toy corpus and a tiny model."""
-    proc = subprocess.run(
-        [sys.executable, "scripts/gpu_check.py", "--smoke", "--out", str(tmp_path)],
-        cwd=REPO, env=script_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [
-        json.loads(line) for line in (tmp_path / "gpu_check_rows.jsonl").read_text().splitlines()
-    ]
-    by = {(r["check"], r["setting"].split(",")[0]): r for r in rows}
-    assert by[("loss vs sdpa", "sdpa 32-true")]["status"] == "ref"
-    math_row = by[("loss vs sdpa", "math 32-true")]
-    assert math_row["status"] == "ok", math_row  # exact kernels: the same losses
-    decode = by[("decode test2016 (bf16-trained)", "beam 5 on cpu")]
-    assert decode["result"].startswith("20 sentences, BLEU ")
-    assert all(r["status"] in ("ok", "ref", "skipped") for r in rows), rows
-    assert by[("throughput", "base")]["result"].endswith("TFLOP/s")
+def test_unknown_argument_is_refused() -> None:
+    proc = run_sh("--outdir", "x")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("gpu_check: unknown argument --outdir (use --out DIR,")
+
+
+def test_prepare_data_copies_the_multi30k_files(tmp_path: Path) -> None:
+    src, dst = tmp_path / "shared", tmp_path / "data"
+    src.mkdir()
+    names = [f"{s}.{lang}" for s in ("train", "valid", "test2016") for lang in ("en", "de")]
+    for name in names:
+        (src / name).write_text(f"{name}\n")
+    proc = run_sh("--prepare-data", "--from", str(src), "--data", str(dst))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in dst.iterdir()) == sorted(names)
+    (src / "valid.de").unlink()
+    proc = run_sh("--prepare-data", "--from", str(src), "--data", str(tmp_path / "d2"))
+    assert proc.returncode == 1
+    assert "cannot copy" in proc.stderr and "--from DIR" in proc.stderr
