@@ -265,7 +265,12 @@ def train_run(
     if precision == "transformer-engine":
         plugins.append(fp8_precision_plugin(precision))
         trainer_precision = None
-    log = StepLog(stop_at=time.monotonic() + max(1.0, deadline.left() - args.margin_s))
+    # every run stops itself at the deadline (less a margin); a step-counted run also at
+    # --run-cap-s, so one slow kernel cannot eat the rows after it
+    cap = deadline.left() - args.margin_s
+    if steps > 0:
+        cap = min(cap, args.run_cap_s)
+    log = StepLog(stop_at=time.monotonic() + max(1.0, cap))
     max_time = None if max_time_s is None else {"seconds": max_time_s}
     trainer = L.Trainer(
         accelerator=args.accelerator, devices=1, strategy=strategy, precision=trainer_precision,
@@ -349,7 +354,8 @@ def parity(
             done = len(log.losses)
             if done < args.steps or not math.isfinite(loss):
                 result = (
-                    f"{done}/{args.steps} steps in {secs:.0f}s (deadline), last loss {loss:.4f}"
+                    f"{done}/{args.steps} steps in {secs:.0f}s (stopped by --run-cap-s or the "
+                    f"deadline), last loss {loss:.4f}"
                 )
                 rows.add("loss parity", setting, result, "FAIL")
             elif backend == "sdpa":
@@ -408,13 +414,18 @@ def train_flops(config: TransformerConfig, batch: dict[str, Any]) -> float:
     return 3 * 2 * (enc + dec + t_tok * d * v)
 
 
-def throughput(corpus: Corpus, args: argparse.Namespace, rows: Rows, peak: float) -> None:
+def throughput(
+    corpus: Corpus, args: argparse.Namespace, rows: Rows, deadline: Deadline, peak: float
+) -> None:
     """Transformer-base (conf/model/base.yaml), bf16 autocast, sdpa: tokens/s and MFU."""
     device = torch.device("cuda" if args.accelerator == "gpu" else "cpu")
     setting = (
         f"{args.base_name}, bf16, sdpa, max_tokens {args.base_max_tokens}, {args.base_steps} steps"
     )
     rows.start("throughput", setting)
+    if deadline.left() < args.margin_s + 10:
+        rows.add("throughput", setting, "not run: the deadline was reached", "FAIL")
+        return
     config = TransformerConfig.from_dict(model_config(corpus, args.base_size, "sdpa", dropout=True))
     model = Seq2SeqTransformer(config).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
@@ -578,6 +589,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--deadline-s", type=float, default=330.0, help="wall-clock limit of this script"
     )
     p.add_argument("--steps", type=int, default=100, help="optimizer steps of each parity run")
+    p.add_argument("--run-cap-s", type=float, default=60.0,
+                   help="the longest one parity run may take (then it is a FAIL)")  # fmt: skip
     p.add_argument(
         "--bleu-train-s", type=float, default=120.0, help="training time of the recipe row"
     )
@@ -627,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus = Corpus(args.data, args.out, args.vocab_size)
     bf16 = parity(corpus, args, rows, deadline)
     peak = matmul_peak(args, rows)
-    throughput(corpus, args, rows, peak)
+    throughput(corpus, args, rows, deadline, peak)
     flex_speed(bf16, args, rows)
     recipe_bleu(corpus, args, rows, deadline)
     run_worker("fsdp", args, rows, deadline)

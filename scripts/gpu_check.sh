@@ -5,11 +5,11 @@
 # hydra-core, omegaconf, datasets or wandb, no network, `python3` (not `python`): nothing is
 # installed, no wheel folder is needed (scripts/gpu_check.py builds everything without Hydra).
 #
-# Before the run, on a machine that has ../shared/data/multi30k (once; 4.1 MB, git-ignored,
+# Before the run, on a machine that has ../shared/data/multi30k (once; 4.2 MB, git-ignored,
 # travels with the repository as data/multi30k/):
 #     bash scripts/gpu_check.sh --prepare-data [--from ../shared/data/multi30k]
 # The check (on the GPU machine):
-#     bash scripts/gpu_check.sh --out DIR [--deadline-s 480] [--tests-s 120] [--data data/multi30k]
+#     bash scripts/gpu_check.sh --out DIR [--deadline-s 480] [--tests-s 90] [--data data/multi30k]
 # The same code path on the CPU with a toy corpus and a tiny model, in seconds (CI runs it):
 #     bash scripts/gpu_check.sh --dry-run [--out DIR]
 #
@@ -32,7 +32,7 @@ data="data/multi30k"
 from="../shared/data/multi30k"
 out="${OUT:-/tmp/litmt_gpu_check}"
 deadline_s=480
-tests_s=120
+tests_s=90
 dry_run=0
 prepare=0
 while [ $# -gt 0 ]; do
