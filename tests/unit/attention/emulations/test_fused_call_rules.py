@@ -119,7 +119,7 @@ def test_te_encoder_memory_feeds_another_cross_kernel_without_nan(cross, monkeyp
     src = ragged_sources([6, 3, 4, 1])
     tgt = ragged_sources([5, 5, 5, 5])
     with torch.no_grad():
-        memory, mask = model.encode(src)
+        memory, _ = model.encode(src)  # (B, S, E)
         assert torch.isfinite(memory).all()
         logits = model(src, tgt)
     assert torch.isfinite(logits).all()
