@@ -26,6 +26,7 @@ Two more methods complete the contract (both have defaults here):
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import math
@@ -358,13 +359,26 @@ def causal_padded_attention(
     return out.transpose(1, 2)
 
 
+def device_context(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Make `device` CUDA's current device for a library call (nothing to do off CUDA).
+
+    The libraries allocate some tensors on the *current* device, not the inputs' one
+    (Transformer Engine ``get_cu_seqlens``: ``torch.zeros(1, device="cuda")``; xFormers
+    ``_get_default_bias_device``), so a call on ``cuda:1`` with device 0 current fails.
+    """
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
 class FusedKernel(AttentionKernel):
     """A library kernel (`flash`, `xformers`, `te`): the shared `forward` around `attend`.
 
     `forward` refuses inputs outside `support` (`check_inputs`), un-masks fully padded rows
     (`safe_padding_mask`) and runs causal + padding with Tq != Tk (a chunk against a padded
     cache), which the libraries align differently, exactly through sdpa
-    (`causal_padded_attention`). Every other call goes to the subclass's `attend`.
+    (`causal_padded_attention`). Every other call goes to the subclass's `attend`, under
+    q's device (`device_context`); padded query rows of a self-attention come back as 0.
     """
 
     def attend(
@@ -389,7 +403,14 @@ class FusedKernel(AttentionKernel):
         kpm = safe_padding_mask(key_padding_mask)
         if kpm is not None and causal and q.size(1) != k.size(1):
             return causal_padded_attention(q, k, v, ~kpm, dropout_p)
-        return self.attend(q, k, v, kpm, causal, dropout_p)
+        with device_context(q.device):
+            out = self.attend(q, k, v, kpm, causal, dropout_p)  # (B, Tq, H, D)
+        if kpm is not None and q.size(1) == k.size(1) and (causal or self.self_attention):
+            # Padded query rows of a self-attention: a library may leave them uninitialised
+            # (TE's cuDNN path for bshd). They become encoder memory that a cross-attention
+            # reads with weight 0, and 0 * NaN = NaN: zero them.
+            out = out.masked_fill(kpm[:, :, None, None], 0.0)
+        return out
 
 
 class PackedKernel(FusedKernel):

@@ -31,7 +31,12 @@ query mask stated explicitly, which is correct at any site:
 
 TE's mask convention is True = masked out, the same as our key_padding_mask. TE's padding
 path turns masks into sequence lengths (``get_cu_seqlens``), so it assumes right padding
-(what the data pipeline produces). Padded query rows of self-attention return 0.
+(what the data pipeline produces). TE's cuDNN backend leaves padded query rows of a bshd
+self-attention uninitialised (it zeroes O only for THD, ``attention.cpp``
+``fused_attn_fwd``); `FusedKernel.forward` zeroes them.
+
+Every call runs under q's CUDA device (`device_context`): ``get_cu_seqlens`` builds its
+leading zero on ``"cuda"``, the current device. TE's ``is_training`` follows grad mode.
 
 FP8: `fp8_autocast` wraps TE's autocast with a DelayedScaling recipe. Only TE modules run in
 FP8 (the projections here are torch ``nn.Linear``); with ``fp8_dpa=True`` the attention
@@ -86,7 +91,10 @@ class TEAttention(FusedKernel):
                 attention_type=attention_type,
             )
             self._modules_by_key[key] = mod
-        mod.train(dropout_p > 0)  # TE applies its dropout only in training mode
+        # TE's is_training (DotProductAttention.forward -> get_attention_backend) drops the
+        # backends that cannot run a backward, and gates its dropout: on whenever a backward
+        # may follow (grad mode), whatever the attention dropout.
+        mod.train(dropout_p > 0 or torch.is_grad_enabled())
         return mod
 
     def attention_type(self, tq: int, tk: int, causal: bool) -> str:

@@ -27,6 +27,8 @@ import pytest
 import torch
 from torch import Tensor
 
+from . import emulate_current_device
+
 ALLOW_CPU_FP32 = {"on": False}  # set by `install`; see the package docstring
 CALLS: list[dict] = []
 
@@ -154,5 +156,6 @@ def install(monkeypatch: pytest.MonkeyPatch, *, allow_cpu_fp32: bool) -> list[di
     mod.flash_attn_varlen_func = flash_attn_varlen_func
     monkeypatch.setitem(sys.modules, "flash_attn", mod)
     monkeypatch.setitem(ALLOW_CPU_FP32, "on", allow_cpu_fp32)
+    emulate_current_device(monkeypatch)
     CALLS.clear()
     return CALLS

@@ -12,7 +12,7 @@ import torch
 
 from litmt.attention import build_backend, get_backend_class
 
-from . import allow_cpu_fp32
+from . import CURRENT_DEVICE, allow_cpu_fp32
 from . import flash_attn as flash_emulation
 from . import transformer_engine as te_emulation
 from . import xformers as xformers_emulation
@@ -32,16 +32,22 @@ def right_padding(lengths: list[int], t: int) -> torch.Tensor:
     return torch.arange(t)[None, :] >= torch.tensor(lengths)[:, None]
 
 
+def on_the_tensors_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Direct calls of an emulation: the CPU tensors' device is the current device."""
+    monkeypatch.setitem(CURRENT_DEVICE, "device", torch.device("cpu"))
+
+
 # -- Transformer Engine -----------------------------------------------------------------------
 def test_te_self_attention_takes_query_lengths_from_the_one_mask(monkeypatch):
     """dot_product_attention.py: "self" -> cu_seqlens_q = get_cu_seqlens(attention_mask)."""
     calls = te_emulation.install(monkeypatch, allow_cpu_fp32=True)
+    on_the_tensors_device(monkeypatch)
     te = te_emulation.DotProductAttention(2, 8, qkv_format="bshd", attention_type="self")
     q, k, v = qkv(2, 4, 4)
     mask = right_padding([4, 2], 4)[:, None, None, :]  # (B, 1, 1, S)
     out = te(q, k, v, attention_mask=mask, attn_mask_type="padding")  # (B, S, H*D)
     assert calls[-1].cu_seqlens_q == calls[-1].cu_seqlens_kv == [0, 4, 6]
-    assert out[1, 2:].abs().max() == 0  # query rows past the (key) length are zeroed
+    assert out[1, 2:].isnan().all()  # rows past the (key) length: uninitialised (bshd, cuDNN)
     cross = te_emulation.DotProductAttention(2, 8, qkv_format="bshd", attention_type="cross")
     q_mask = torch.zeros(2, 1, 1, 4, dtype=torch.bool)
     out = cross(q, k, v, attention_mask=(q_mask, mask), attn_mask_type="padding")
@@ -51,6 +57,7 @@ def test_te_self_attention_takes_query_lengths_from_the_one_mask(monkeypatch):
 
 def test_te_defaults_and_diagonals_follow_transformer_engine(monkeypatch):
     te_emulation.install(monkeypatch, allow_cpu_fp32=True)
+    on_the_tensors_device(monkeypatch)
     te = te_emulation.DotProductAttention(2, 8)  # TE defaults: sbhd, causal, self
     assert (te.qkv_format, te.attn_mask_type, te.attention_type) == ("sbhd", "causal", "self")
     q, k, v = qkv(1, 2, 5)
@@ -217,6 +224,7 @@ def test_te_padding_masks_become_lengths_so_padding_must_be_on_the_right(monkeyp
     """utils.py get_cu_seqlens counts the unmasked positions; get_indices then keeps the
     first `length` positions. A left-padded row would lose its last tokens instead."""
     calls = te_emulation.install(monkeypatch, allow_cpu_fp32=True)
+    on_the_tensors_device(monkeypatch)
     te = te_emulation.DotProductAttention(2, 8, qkv_format="bshd", attention_type="cross")
     q, k, v = qkv(1, 2, 4)
     q_mask = torch.zeros(1, 1, 1, 2, dtype=torch.bool)

@@ -12,7 +12,20 @@ Sources (NVIDIA/TransformerEngine, ``transformer_engine/pytorch/``):
   ``get_indices``, ``get_full_mask``;
 - ``attention/dot_product_attention/backends.py``: ``FlashAttention.forward`` (packing by
   ``get_indices`` and zero-filled unpacking, ``UnpackTensor``);
-- ``constants.py``: ``AttnMaskTypes``, ``AttnTypes``.
+- ``constants.py``: ``AttnMaskTypes``, ``AttnTypes``;
+- ``csrc/extensions/attention.cpp``: ``fused_attn_fwd`` (the cuDNN fused backend allocates
+  O uninitialised and zeroes it only for the THD format, so padded query rows of bshd/sbhd
+  outputs hold whatever the memory held; emulated as NaN).
+
+The device rule: ``get_cu_seqlens`` builds its leading zero with ``device="cuda"``, the
+*current* CUDA device, and concatenates it with lengths on the mask's device (emulated with
+the package's `current_device`). ``DotProductAttention.forward`` passes
+``is_training=self.training`` to ``get_attention_backend`` (which drops backends without a
+backward, e.g. FlashAttention 3 for FP8 training), recorded per call.
+
+TE picks its backend per call; this emulation is the cuDNN fused backend (TE's first choice
+on sm90 for bshd), whose padded query rows are not zeroed. FlashAttention's backend zero-fills
+them (``backends.py``, ``UnpackTensor``); litmt must not rely on either.
 
 The attention itself is softmax(q kᵀ · scale + mask) v in float64. Every call is recorded
 in `CALLS` (attention type, mask type, the derived cu_seqlens) so tests can check the
@@ -30,6 +43,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from . import check_same_device, current_device, emulate_current_device
 
 # constants.py: AttnMaskTypes, AttnTypes
 ATTN_MASK_TYPES = (
@@ -54,6 +69,7 @@ class Call:
     attn_mask_type: str
     cu_seqlens_q: list[int]
     cu_seqlens_kv: list[int]
+    is_training: bool = True
 
 
 CALLS: list[Call] = []
@@ -62,10 +78,12 @@ CALLS: list[Call] = []
 def get_cu_seqlens(mask: Tensor) -> Tensor:
     """utils.py ``get_cu_seqlens``: (B, 1, 1, S) bool, True = padding -> (B+1,) int32.
 
-    Only the *count* of unmasked positions matters: TE assumes right padding.
+    Only the *count* of unmasked positions matters: TE assumes right padding. The leading
+    zero is made with ``device="cuda"``: the current device, not the mask's.
     """
     mask = mask.squeeze(1).squeeze(1)
     reduced = mask.logical_not().sum(dim=1)
+    check_same_device(current_device(), reduced)  # torch.cat((zero, cu_seqlens))
     return torch.cat([torch.zeros(1, dtype=torch.int32), reduced.cumsum(0).to(torch.int32)])
 
 
@@ -193,7 +211,13 @@ class DotProductAttention(nn.Module):
                 "Maximum sequence length for Q and KV should be the same."
             )
         CALLS.append(
-            Call(self.attention_type, attn_mask_type, cu_seqlens_q.tolist(), cu_seqlens_kv.tolist())
+            Call(
+                self.attention_type,
+                attn_mask_type,
+                cu_seqlens_q.tolist(),
+                cu_seqlens_kv.tolist(),
+                is_training=self.training,  # forward: get_attention_backend(is_training=...)
+            )
         )
 
         # Which (query, key) pairs are attended: utils.py get_full_mask.
@@ -227,9 +251,11 @@ class DotProductAttention(nn.Module):
         probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a fully masked row -> 0
         if self.training and self.attention_dropout > 0:
             probs = F.dropout(probs, p=self.attention_dropout)
+        vh = vh.masked_fill(~kv_real[:, None, :, None], 0.0)  # keys past cu_seqlens: unread
         out = (probs @ vh).to(q.dtype)  # (B, H, Sq, D)
-        # backends.py: padded query rows are zero-filled when unpacking (UnpackTensor)
-        out = out.masked_fill(~q_real[:, None, :, None], 0.0)
+        # attention.cpp fused_attn_fwd: O is zeroed only for THD; bshd/sbhd padded query
+        # rows keep uninitialised memory
+        out = out.masked_fill(~q_real[:, None, :, None], float("nan"))
         out = out.permute(0, 2, 1, 3).reshape(batch_size, max_seqlen_q, -1)  # (B, Sq, H*D)
         if qkv_format == "sbhd":
             out = out.transpose(0, 1)
@@ -245,5 +271,6 @@ def install(monkeypatch: pytest.MonkeyPatch, *, allow_cpu_fp32: bool) -> list[Ca
     monkeypatch.setitem(sys.modules, "transformer_engine", root)
     monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", te)
     monkeypatch.setitem(ALLOW_CPU_FP32, "on", allow_cpu_fp32)
+    emulate_current_device(monkeypatch)
     CALLS.clear()
     return CALLS

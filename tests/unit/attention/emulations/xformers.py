@@ -35,6 +35,8 @@ import pytest
 import torch
 from torch import Tensor
 
+from . import emulate_current_device
+
 ALLOW_CPU_FP32 = {"on": False}  # set by `install`; see the package docstring
 DEFAULT_DEVICE: dict[str, torch.device | None] = {"device": None}
 CALLS: list[dict[str, Any]] = []
@@ -231,6 +233,7 @@ def install(monkeypatch: pytest.MonkeyPatch, *, allow_cpu_fp32: bool) -> list[di
     ):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setitem(ALLOW_CPU_FP32, "on", allow_cpu_fp32)
+    emulate_current_device(monkeypatch)
     monkeypatch.setitem(DEFAULT_DEVICE, "device", None)
     CALLS.clear()
     return CALLS
