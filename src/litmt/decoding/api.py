@@ -51,6 +51,7 @@ def decode(
     config: DecodeConfig | None = None,
     *,
     generator: torch.Generator | None = None,
+    sync_steps: bool = False,
 ) -> list[list[Hypothesis]]:
     """Decode a batch of sources with one model or an ensemble.
 
@@ -61,6 +62,8 @@ def decode(
         config: the settings; None = the defaults.
         generator: method "sample": the random generator (None: a fresh one seeded with
             ``config.seed``). Pass one generator to successive calls to continue its stream.
+        sync_steps: every rank of the default process group runs the same number of decoder
+            steps (needed under FSDP; see `litmt.decoding.search`).
 
     Returns:
         For each source row, its hypotheses best first: ``n_best`` of them for beam and
@@ -74,6 +77,7 @@ def decode(
         max_len_b=config.max_len_b,
         length_penalty=config.length_penalty,
         min_len=config.min_len,
+        sync_steps=sync_steps,
     )
     if method == "greedy":
         return [[h] for h in greedy_search(model, src, **common)]

@@ -72,6 +72,7 @@ def sample_search(
     max_len_b: int = _D.max_len_b,
     length_penalty: float = _D.length_penalty,
     min_len: int = _D.min_len,
+    sync_steps: bool = False,
 ) -> list[list[Hypothesis]]:
     """Ancestral sampling: `n` independent samples per source, batched (B * N rows).
 
@@ -87,6 +88,7 @@ def sample_search(
         src: (B, S) source ids, right-padded.
         n: samples per source.
         generator: random generator on src's device (None: torch's global one).
+        sync_steps: every rank runs the same number of decoder steps (`decode_rows`).
 
     Returns:
         For each source row, its `n` samples sorted by decreasing score.
@@ -109,6 +111,7 @@ def sample_search(
         max_len_b=max_len_b,
         length_penalty=length_penalty,
         min_len=min_len,
+        sync_steps=sync_steps,
     )
     return [
         sorted(hyps[i : i + n], key=lambda h: h.score, reverse=True) for i in range(0, len(hyps), n)

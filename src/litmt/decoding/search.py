@@ -16,6 +16,12 @@ Conventions shared by both searches:
   at that point eos is forced.
 - ``min_len`` (default 0) suppresses eos until a hypothesis has that many tokens (the
   budget still wins: a sentence whose budget is below ``min_len`` ends at its budget).
+- ``sync_steps`` (default False): every rank of the default `torch.distributed` group runs
+  the same number of decoder steps (a rank whose sentences are all done keeps calling
+  `decode_step` on its finished rows and ignores the result until every rank is done). Set
+  it under a strategy that shards parameters (FSDP): each decoder layer all-gathers its
+  weights on every call, so ranks stepping a different number of times would hang. One
+  all-reduce of a flag per step; the hypotheses are those of the unsynchronised search.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -151,6 +158,21 @@ def constrain_eos(logp: Tensor, step: int, min_len: int, eos: int, budget: Tenso
         logp.masked_fill_(at_budget & ~keep, NEG_INF)
 
 
+def _global_max(value: int, device: torch.device) -> int:
+    """The largest `value` over the ranks of the default process group (a collective)."""
+    t = torch.tensor([value], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _stop(done_here: bool, sync_steps: bool, device: torch.device) -> bool:
+    """Whether the search loop ends: when this rank is done or, under `sync_steps`, when
+    every rank is (a collective every rank calls at every step)."""
+    if not sync_steps:
+        return done_here
+    return _global_max(int(not done_here), device) == 0
+
+
 TokenRule = Callable[[Tensor, Tensor], Tensor]
 """``rule(logits, logp) -> tokens``: the next token (R,) of each row from the step's logits
 (R, V) and their log-softmax under the length constraints (R, V) (-inf where forbidden)."""
@@ -171,6 +193,7 @@ def decode_rows(
     max_len_b: int = _D.max_len_b,
     length_penalty: float = _D.length_penalty,
     min_len: int = _D.min_len,
+    sync_steps: bool = False,
 ) -> list[Hypothesis]:
     """Decode `n` rows per source (R = B * n rows) one token at a time with `rule`.
 
@@ -186,6 +209,7 @@ def decode_rows(
         max_len_a, max_len_b: output budget a * src_len + b (see module docstring).
         length_penalty: alpha, used only for the reported `score`.
         min_len: no eos before this many tokens (see module docstring).
+        sync_steps: every rank runs the same number of decoder steps (see module docstring).
 
     Returns:
         R hypotheses, row r decoding source r // n.
@@ -198,8 +222,11 @@ def decode_rows(
     budget = output_budgets(src.ne(PAD_ID).sum(1), max_len_a, max_len_b, model.config.max_positions)
     budget = budget.to(device).repeat_interleave(n)  # (R,)
     rows = bsz * n
+    steps = int(budget.max()) + 1  # this rank's; under sync_steps, every rank's longest
+    if sync_steps:
+        steps = _global_max(steps, device)
     memory, mask = model.encode(src)
-    state = model.init_state(memory, mask, capacity=int(budget.max()) + 1)
+    state = model.init_state(memory, mask, capacity=steps)
     if n > 1:
         state.reorder(torch.arange(bsz, device=device).repeat_interleave(n), cross=True)  # B -> R
     tokens = torch.full((rows,), BOS_ID, dtype=torch.long, device=device)  # (R,)
@@ -208,16 +235,21 @@ def decode_rows(
     log_prob = torch.zeros(rows, dtype=torch.float32, device=device)  # (R,)
     lengths = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) incl. eos
     force_steps = set(budget.tolist())  # steps at which some row must emit eos
-    for step in range(out.size(1)):
-        logits = model.decode_step(tokens, state).float()  # (R, V)
-        logp = F.log_softmax(logits, dim=-1)  # the model's distribution, for log_prob
-        constrain_eos(logp, step, min_len, EOS_ID, budget if step in force_steps else None)
-        tokens = rule(logits, logp).masked_fill(finished, PAD_ID)  # (R,)
-        log_prob += logp.gather(1, tokens[:, None])[:, 0].masked_fill(finished, 0.0)
-        lengths += (~finished).long()
-        out[:, step] = tokens
-        finished |= tokens.eq(EOS_ID)
-        if bool(finished.all()):  # the one host sync per step
+    done_here = False
+    for step in range(steps):
+        if done_here:  # sync_steps only: another rank still decodes; match its collectives
+            model.decode_step(tokens, state)
+        else:
+            logits = model.decode_step(tokens, state).float()  # (R, V)
+            logp = F.log_softmax(logits, dim=-1)  # the model's distribution, for log_prob
+            constrain_eos(logp, step, min_len, EOS_ID, budget if step in force_steps else None)
+            tokens = rule(logits, logp).masked_fill(finished, PAD_ID)  # (R,)
+            log_prob += logp.gather(1, tokens[:, None])[:, 0].masked_fill(finished, 0.0)
+            lengths += (~finished).long()
+            out[:, step] = tokens
+            finished |= tokens.eq(EOS_ID)
+            done_here = bool(finished.all())  # the one host sync per step
+        if _stop(done_here, sync_steps, device):
             break
     score = log_prob / length_penalty_factor(lengths.float(), length_penalty)
     toks, lps, scs, lens = out.tolist(), log_prob.tolist(), score.tolist(), lengths.tolist()
@@ -233,6 +265,7 @@ def greedy_search(
     max_len_b: int = _D.max_len_b,
     length_penalty: float = _D.length_penalty,
     min_len: int = _D.min_len,
+    sync_steps: bool = False,
 ) -> list[Hypothesis]:
     """Batched greedy decoding (`decode_rows` with one row per source, argmax).
 
@@ -242,6 +275,7 @@ def greedy_search(
         max_len_a, max_len_b: output budget a * src_len + b (see module docstring).
         length_penalty: alpha, used only for the reported `score`.
         min_len: no eos before this many tokens (see module docstring).
+        sync_steps: every rank runs the same number of decoder steps (see module docstring).
 
     Returns:
         One `Hypothesis` per source row, in input order.
@@ -253,6 +287,7 @@ def greedy_search(
         max_len_b=max_len_b,
         length_penalty=length_penalty,
         min_len=min_len,
+        sync_steps=sync_steps,
     )
 
 
@@ -267,6 +302,7 @@ def beam_search(
     max_len_b: int = _D.max_len_b,
     n_best: int = _D.n_best,
     min_len: int = _D.min_len,
+    sync_steps: bool = False,
 ) -> list[list[Hypothesis]]:
     """Batched beam search with per-layer decode caches, GNMT length penalty and n-best output.
 
@@ -293,6 +329,7 @@ def beam_search(
         max_len_a, max_len_b: output budget a * src_len + b.
         n_best: hypotheses returned per sentence (<= K), best first.
         min_len: no eos before this many tokens (see module docstring).
+        sync_steps: every rank runs the same number of decoder steps (see module docstring).
 
     Returns:
         For each source row, `n_best` hypotheses sorted by decreasing score.
@@ -312,9 +349,10 @@ def beam_search(
         raise ConfigError(f"beam_size={k} is too large for a target vocabulary of {vocab}")
     budget = output_budgets(src.ne(PAD_ID).sum(1), max_len_a, max_len_b, cfg.max_positions)
     max_steps = int(budget.max()) + 1
+    steps = _global_max(max_steps, device) if sync_steps else max_steps  # loop bound
 
     memory, mask = model.encode(src)  # (B, S, C), (B, S)
-    state = model.init_state(memory, mask, capacity=max_steps)  # one row per sentence first
+    state = model.init_state(memory, mask, capacity=steps)  # one row per sentence first
 
     # Finished hypotheses of every sentence (global, indexed by original sentence id).
     fin_score = torch.full((bsz, k), NEG_INF, device=device)  # (B, K) normalised
@@ -332,7 +370,13 @@ def beam_search(
     lp_max = length_penalty_factor(budget.double() + 1, length_penalty).float()  # (B,)
     force_steps = set(budget.tolist())  # steps at which some sentence must emit eos
 
-    for step in range(max_steps):
+    done_here = False
+    for step in range(steps):
+        if done_here:  # sync_steps only: another rank still decodes; match its collectives
+            model.decode_step(last, state)
+            if _stop(True, sync_steps, device):
+                break
+            continue
         b, kk = active.numel(), scores.size(1)
         logp = F.log_softmax(model.decode_step(last, state).float(), dim=-1)  # (b*kk, V)
         rows_budget = budget[active].repeat_interleave(kk) if step in force_steps else None
@@ -389,9 +433,10 @@ def beam_search(
         beaten = keep_score[:, n_best - 1] >= reachable  # (b,) False while < n_best finished
         done = (n_done_fin >= k) | beaten | budget[active].le(step) | ~torch.isfinite(best_live)
         n_done = int(done.sum())
-        if n_done == b:
+        done_here = n_done == b  # then the rows stay, for the dummy steps of sync_steps
+        if _stop(done_here, sync_steps, device):
             break
-        if n_done:
+        if n_done and not done_here:
             keep_rows = (~done).nonzero().squeeze(1)  # (b',)
             active = active.index_select(0, keep_rows)
             scores = scores.index_select(0, keep_rows)

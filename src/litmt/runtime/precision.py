@@ -25,9 +25,11 @@ log = logging.getLogger(__name__)
 # `_PRECISION_INPUT_STR` and `_PRECISION_INPUT_STR_ALIAS_CONVERSION`) → the dtype the model
 # computes in. The Transformer Engine plugin is built by Lightning's accelerator connector
 # (`_AcceleratorConnector._check_and_init_precision`) with `weights_dtype=torch.bfloat16`
-# ("transformer-engine") or `torch.float16` ("transformer-engine-float16"); its
-# `forward_context` runs an autocast to that dtype around `te.fp8_autocast`, so everything
-# that is not an FP8 GEMM (attention included) computes in bf16 / fp16.
+# ("transformer-engine") or `torch.float16` ("transformer-engine-float16"); litmt builds it
+# itself with float32 weights and that dtype as `fallback_compute_dtype`
+# (`fp8_precision_plugin`). Its `forward_context` runs an autocast to the compute dtype
+# around `te.fp8_autocast`, so everything that is not an FP8 GEMM (attention included)
+# computes in bf16 / fp16.
 _COMPUTE_DTYPES: dict[str, torch.dtype] = {
     "64-true": torch.float64,
     "32-true": torch.float32,
@@ -260,12 +262,17 @@ _FP8_PLUGIN: type | None = None
 
 
 def fp8_precision_plugin(precision: str) -> Any:
-    """Lightning's Transformer Engine plugin for `precision`, keeping tied weights tied.
+    """Lightning's Transformer Engine plugin for `precision`, with float32 master weights and
+    tied weights kept tied.
 
-    Same weights dtype as Lightning's accelerator connector picks for the string
-    (`_check_and_init_precision`: bf16 for "transformer-engine", fp16 for
-    "transformer-engine-float16"); its `convert_module` converts every untied `nn.Linear` /
-    `nn.LayerNorm` exactly as Lightning does (`hide_tied_linears`).
+    Lightning's accelerator connector builds the plugin with ``weights_dtype`` bf16
+    ("transformer-engine") or fp16 ("-float16") (`_check_and_init_precision`), and
+    `convert_module` casts the whole module to it: the optimizer then updates bf16 weights
+    with no float32 copy, and an update below the weight's bf16 spacing (2^-8 relative) is
+    lost. Here the weights stay float32 (the optimizer's master copy; TE casts them to FP8 at
+    each GEMM) and ``fallback_compute_dtype`` keeps the compute in bf16 / fp16: the plugin's
+    `forward_context` autocasts to it around `te.fp8_autocast`. `convert_module` converts
+    every untied `nn.Linear` / `nn.LayerNorm` exactly as Lightning does (`hide_tied_linears`).
     """
     global _FP8_PLUGIN
     if _FP8_PLUGIN is None:
@@ -289,10 +296,10 @@ def fp8_precision_plugin(precision: str) -> Any:
 
         _FP8_PLUGIN = TiedTransformerEnginePrecision
     name = normalize_precision(precision)
-    weights = {"transformer-engine": torch.bfloat16, "transformer-engine-float16": torch.float16}
-    if name not in weights:
+    compute = {"transformer-engine": torch.bfloat16, "transformer-engine-float16": torch.float16}
+    if name not in compute:
         raise ConfigError(f"{precision!r} is not an FP8 precision; use transformer-engine")
-    return _FP8_PLUGIN(weights_dtype=weights[name])
+    return _FP8_PLUGIN(weights_dtype=torch.float32, fallback_compute_dtype=compute[name])
 
 
 EXTRA_STATE_SUFFIX = "._extra_state"

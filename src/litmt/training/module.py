@@ -106,7 +106,9 @@ class TranslationModule(L.LightningModule):
             self._compiled = True
 
     # -- inference --------------------------------------------------------------------------
-    def forward(self, src: Tensor, config: DecodeConfig | None = None) -> list[list[int]]:
+    def forward(
+        self, src: Tensor, config: DecodeConfig | None = None, sync_steps: bool = False
+    ) -> list[list[int]]:
         """Decode with `litmt.decoding.api.decode`: the best hypothesis' target ids per source row.
 
         Callbacks call it through `trainer.model`, so that a DDP or FSDP wrapper runs it as a
@@ -115,11 +117,14 @@ class TranslationModule(L.LightningModule):
         Args:
             src: (B, S) source ids, right-padded.
             config: decoding settings (None = `DecodeConfig`'s defaults).
+            sync_steps: every rank runs the same number of decoder steps (under FSDP; see
+                `litmt.decoding.search`).
 
         Returns:
             B lists of target ids without bos/eos.
         """
-        return [hyps[0].tokens if hyps else [] for hyps in decode(self.model, src, config)]
+        hyps = decode(self.model, src, config, sync_steps=sync_steps)
+        return [h[0].tokens if h else [] for h in hyps]
 
     # -- training ---------------------------------------------------------------------------
     def _loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:

@@ -115,7 +115,10 @@ def test_validation_decodes_with_the_callback_config(translator, recorded):
 
     module = SimpleNamespace(model=translator.model)
     forward = litmt.training.module.TranslationModule.forward
-    trainer = SimpleNamespace(model=lambda src, config: forward(module, src, config))  # type: ignore[arg-type]
+    trainer = SimpleNamespace(
+        model=lambda src, config, sync_steps: forward(module, src, config, sync_steps),  # type: ignore[arg-type]
+        strategy=None,  # no process group: no lock step
+    )
     pl_module = SimpleNamespace(trainer=trainer, tokenizer=translator.tokenizer)
     scorer = ValidationBleu(beam_size=3, length_penalty=0.6)
     scorer.hypotheses(pl_module, {"src": torch.tensor([[5, 6, 7]])})  # type: ignore[arg-type]

@@ -248,7 +248,33 @@ def test_fp8_conversion_keeps_the_output_projection_tied(fake_te) -> None:
     assert isinstance(model.proj, fake_te.Linear)  # untied layers are converted
     assert not isinstance(model.out, fake_te.Linear)
     assert model.out.weight is model.embed.weight  # still one parameter
-    assert model.embed.weight.dtype == torch.bfloat16
+    assert model.embed.weight.dtype == torch.float32  # master weights (see below)
+
+
+@pytest.mark.parametrize(
+    ("name", "compute"),
+    [("transformer-engine", torch.bfloat16), ("transformer-engine-float16", torch.float16)],
+)
+def test_fp8_training_keeps_float32_master_weights(fake_te, name, compute) -> None:
+    """Lightning's plugin casts the module to `weights_dtype` (bf16 / fp16), so the optimizer
+    updates half-precision weights and an update below their spacing is lost; litmt's plugin
+    keeps float32 weights and computes in bf16 / fp16 (`fallback_compute_dtype`)."""
+    from litmt.runtime.precision import fp8_precision_plugin, precision_name
+
+    plugin = fp8_precision_plugin(name)
+    assert plugin.weights_dtype == torch.float32
+    assert compute_dtype(plugin) == plugin.fallback_compute_dtype == compute
+    assert precision_name(plugin) == name  # recorded in checkpoints as before
+    model = plugin.convert_module(_Tied())
+    assert isinstance(model.proj, fake_te.Linear)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    # a small update survives: 1 - 1e-4 is 1.0 in bf16 (spacing 2^-8) and in fp16 (2^-11)
+    weight = model.proj.weight
+    with torch.no_grad():
+        weight.fill_(1.0)
+    weight.grad = torch.ones_like(weight)
+    torch.optim.SGD([weight], lr=1e-4).step()
+    assert torch.all(weight < 1.0)
 
 
 def test_fp8_refuses_a_linear_lightning_converts_but_te_cannot_run(fake_te) -> None:
@@ -276,7 +302,8 @@ def test_build_trainer_uses_the_tied_fp8_plugin(
     fake_te, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """trainer.precision=transformer-engine(-float16) builds litmt's plugin (tied weights stay
-    tied) with Lightning's weights dtype for the string, not Lightning's plain plugin."""
+    tied, float32 master weights) computing in the string's dtype, not Lightning's plain
+    plugin."""
     import litmt.cli.train as train_mod
 
     monkeypatch.setattr(train_mod, "check_precision", lambda precision: None)  # TE is faked
@@ -285,7 +312,7 @@ def test_build_trainer_uses_the_tied_fp8_plugin(
         cfg = compose_train(["trainer=cpu", f"trainer.precision={name}"], tmp_path)
         plugin = train_mod.build_trainer(cfg, [], []).precision_plugin
         assert type(plugin).__name__ == "TiedTransformerEnginePrecision"
-        assert plugin.weights_dtype == dtype
+        assert plugin.weights_dtype == torch.float32
         assert compute_dtype(plugin) == dtype
 
 

@@ -108,7 +108,8 @@ def test_the_scorer_decodes_through_the_strategys_wrapper(tiny) -> None:
             return self.module(*args, **kwargs)
 
     wrapper = Wrapper(tiny)
-    pl_module = SimpleNamespace(trainer=SimpleNamespace(model=wrapper), tokenizer=tiny.tokenizer)
+    trainer = SimpleNamespace(model=wrapper, strategy=None)
+    pl_module = SimpleNamespace(trainer=trainer, tokenizer=tiny.tokenizer)
     batch = ValidPairs(tiny.tokenizer).batches[0]
     scorer = ValidationBleu(beam_size=2)
     with torch.no_grad():
@@ -116,6 +117,20 @@ def test_the_scorer_decodes_through_the_strategys_wrapper(tiny) -> None:
         found = decode(tiny.model, batch["src"], DecodeConfig(beam_size=2))
         want = tiny.tokenizer.decode_tgt([h[0].tokens for h in found])
     assert wrapper.calls == 1 and hyps == want
+
+
+def test_decoding_runs_in_lock_step_only_across_ranks_that_shard_parameters(monkeypatch) -> None:
+    """`sync_steps` (every rank the same number of decoder steps) under FSDP with 2 ranks;
+    not under DDP, nor without a process group (see tests/unit/decoding/test_sync_steps.py)."""
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+
+    from litmt.training.callbacks import validation_bleu
+
+    assert not validation_bleu.lockstep(FSDPStrategy())  # no process group
+    monkeypatch.setattr(validation_bleu.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(validation_bleu.dist, "get_world_size", lambda: 2)
+    assert validation_bleu.lockstep(FSDPStrategy())
+    assert not validation_bleu.lockstep(DDPStrategy())
 
 
 def test_a_partial_validation_logs_no_bleu(tiny) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch.distributed as dist
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, Strategy
 from torch import Tensor
 
 from litmt.decoding.config import decoding_options
@@ -46,6 +47,17 @@ def gather_hypotheses(pairs: list[tuple[int, str]], n_refs: int) -> list[str] | 
     return [by_index[i] for i in range(n_refs)]
 
 
+def lockstep(strategy: Strategy) -> bool:
+    """Whether every rank must run the same number of decoder steps (``sync_steps``): under
+    more than one process with a strategy that shards parameters (FSDP, `ModelParallelStrategy`,
+    DeepSpeed ZeRO-3), each decoder layer all-gathers its weights on every call, so a rank
+    whose sentences finish first would leave the others waiting in their all-gathers."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    sharded = isinstance(strategy, FSDPStrategy | ModelParallelStrategy)
+    return sharded or bool(getattr(strategy, "zero_stage_3", False))
+
+
 class ValidationBleu(L.Callback):
     """Decodes the validation and test sets, scores them with sacreBLEU (`litmt.metrics`) and
     logs `<split>/bleu` and `<split>/chrf` (what `ModelCheckpoint` and `EarlyStopping` monitor).
@@ -72,9 +84,11 @@ class ValidationBleu(L.Callback):
         """Detokenised hypotheses of one batch (B,) with this callback's decoding settings.
 
         Decodes through `trainer.model` (the DDP/FSDP wrapper when there is one; every rank
-        calls it once per batch), i.e. `TranslationModule.forward`.
+        calls it once per batch), i.e. `TranslationModule.forward`; in lock step (`lockstep`)
+        when the strategy shards parameters.
         """
-        ids = pl_module.trainer.model(batch["src"], self.decode_config)
+        trainer = pl_module.trainer
+        ids = trainer.model(batch["src"], self.decode_config, sync_steps=lockstep(trainer.strategy))
         return pl_module.tokenizer.decode_tgt(ids)
 
     def _start(self, trainer: L.Trainer, split: str) -> None:
