@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
@@ -121,6 +122,33 @@ def _caused_by_oom(exc: BaseException) -> bool:
         seen.add(id(cur))
         cur = getattr(cur, "inner_exception", None) or cur.__cause__ or cur.__context__
     return False
+
+
+# Block masks shared by the layers of one forward. Every encoder layer gets the same
+# padding-mask tensor, so its `BlockMask` is built once, not once per layer. An entry is keyed
+# on that tensor's identity and version (checked through a weak reference, so a new mask never
+# matches a freed one that had the same id) and on everything else the mask depends on.
+_SHARED: OrderedDict[tuple[Any, ...], tuple[weakref.ref | None, Any]] = OrderedDict()
+_SHARED_SIZE = 8
+
+
+def shared_block_mask(
+    key_padding_mask: Tensor | None, key: tuple[Any, ...], build: Callable[[], Any]
+) -> Any:
+    """The `BlockMask` built by `build()` for (`key_padding_mask`, `key`), built once and
+    reused while that same mask tensor, unchanged, comes back (the next layer's call)."""
+    ident = None if key_padding_mask is None else (id(key_padding_mask), key_padding_mask._version)
+    full = (ident, *key)
+    hit = _SHARED.get(full)
+    if hit is not None and (hit[0] is None or hit[0]() is key_padding_mask):
+        _SHARED.move_to_end(full)
+        return hit[1]
+    block_mask = build()
+    ref = None if key_padding_mask is None else weakref.ref(key_padding_mask)
+    _SHARED[full] = (ref, block_mask)
+    while len(_SHARED) > _SHARED_SIZE:
+        _SHARED.popitem(last=False)
+    return block_mask
 
 
 def _next_pow2(n: int) -> int:
@@ -278,35 +306,53 @@ class FlexAttention(AttentionKernel):
         if tq != tk or (q.device.type == "cpu" and needs_grad):
             return self._dense(q, k, v, causal, kpm).transpose(1, 2)
         if self.compile and not _COMPILED["failed"]:
-            out = self._compiled(q, k, v, causal, kpm, needs_grad)
+            out = self._compiled(q, k, v, causal, kpm, needs_grad, key_padding_mask)
             if out is not None:
                 return out.transpose(1, 2)  # (B, Tq, H, D)
             if not _COMPILED["failed"]:  # over MAX_COMPILES: dense, never eager flex
                 return self._dense(q, k, v, causal, kpm).transpose(1, 2)
         # Eager flex on the exact shapes; without padding the mask does not depend on the
         # batch, so it is built once per shape.
-        valid = None if kpm is None else ~kpm  # (B, Tk)
-        mask_mod = self.mask_mod(tq, tk, causal, valid, q.device)
-        cache_key = None if kpm is not None else (tq, tk, causal, str(q.device))
-        block_mask = self.block_mask(
-            mask_mod, b if kpm is not None else None, tq, tk, q.device, cache_key
-        )
+        if kpm is None:
+            mask_mod = self.mask_mod(tq, tk, causal, None, q.device)
+            cache_key = (tq, tk, causal, str(q.device))
+            block_mask = self.block_mask(mask_mod, None, tq, tk, q.device, cache_key)
+        else:  # built once per padding mask: the layers of one forward share it
+            mask_mod = self.mask_mod(tq, tk, causal, ~kpm, q.device)  # valid: (B, Tk)
+            block_mask = shared_block_mask(
+                key_padding_mask,
+                ("eager", b, tq, tk, causal, str(q.device), *self._mask_config()),
+                lambda: self.block_mask(mask_mod, b, tq, tk, q.device, None),
+            )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*without torch.compile.*")
             out = self._flex.flex_attention(q, k, v, block_mask=block_mask)  # (B, H, Tq, D)
         return out.transpose(1, 2)  # (B, Tq, H, D)
 
+    def _mask_config(self) -> tuple[Any, ...]:
+        """The kernel settings a block mask depends on (besides shapes and padding)."""
+        return (self.window, self.sparse, self.sparse_block_size, self.sparse_stride,
+                self.sparse_summary, self.kernel_block_size)  # fmt: skip
+
     def _compiled(
-        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, kpm: Tensor | None, grad: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        causal: bool,
+        kpm: Tensor | None,
+        grad: bool,
+        key_padding_mask: Tensor | None,
     ) -> Tensor | None:
         """The compiled kernel on bucketed shapes: (B, H, T, D), or None if it cannot run.
 
-        q, k, v: (B, H, T, D) with Tq == Tk; kpm: (B, T) bool, True = padding, or None.
+        q, k, v: (B, H, T, D) with Tq == Tk; kpm: (B, T) bool, True = padding, or None
+        (`safe_padding_mask` of the caller's `key_padding_mask`, which keys the shared
+        block mask).
         """
         b, h, t, d = q.shape
         bp, tp = _next_pow2(b), -(-t // self.kernel_block_size) * self.kernel_block_size
-        config = (self.window, self.sparse, self.sparse_block_size, self.sparse_stride)
-        config += (self.sparse_summary, self.kernel_block_size)  # what the closure fixes
+        config = self._mask_config()  # what the closure fixes
         bucket = (bp, h, tp, d, q.dtype, str(q.device), grad, config)
         if bucket not in _COMPILED["buckets"] and len(_COMPILED["buckets"]) >= MAX_COMPILES:
             if not _COMPILED["capped"]:
@@ -320,12 +366,18 @@ class FlexAttention(AttentionKernel):
         pad = (0, 0, 0, tp - t, 0, 0, 0, bp - b)  # (D, T, H, B) right padding
         # contiguous: a zero pad returns the strided view, and strides are compiled in
         q, k, v = (F.pad(x, pad).contiguous() for x in (q, k, v))  # (Bp, H, Tp, D)
-        valid = torch.zeros(bp, tp, dtype=torch.bool, device=q.device)  # (Bp, Tp)
-        valid[:b, :t] = True if kpm is None else ~kpm
-        q_valid = torch.arange(tp, device=q.device) < t  # (Tp,)
-        causal_t = torch.tensor(causal, device=q.device)
-        mask_mod = self.mask_mod(tp, tp, causal_t, valid, q.device, q_valid)
-        block_mask = self.block_mask(mask_mod, bp, tp, tp, q.device, None)
+
+        def build() -> Any:
+            valid = torch.zeros(bp, tp, dtype=torch.bool, device=q.device)  # (Bp, Tp)
+            valid[:b, :t] = True if kpm is None else ~kpm
+            q_valid = torch.arange(tp, device=q.device) < t  # (Tp,)
+            causal_t = torch.tensor(causal, device=q.device)
+            mask_mod = self.mask_mod(tp, tp, causal_t, valid, q.device, q_valid)
+            return self.block_mask(mask_mod, bp, tp, tp, q.device, None)
+
+        # built once per padding mask (or shape): the layers of one forward share it
+        shared_key = ("compiled", b, t, bp, tp, causal, str(q.device), *config)
+        block_mask = shared_block_mask(key_padding_mask, shared_key, build)
         if _COMPILED["fn"] is None:
             _COMPILED["fn"] = torch.compile(self._flex.flex_attention, dynamic=False)
         # Dynamo's own recompile limit (8 per function) must not turn bucket 9 into eager

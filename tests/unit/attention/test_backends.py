@@ -149,6 +149,46 @@ def test_compiled_flex_compiles_a_bounded_number_of_times(monkeypatch):
     assert len(flex._COMPILED["buckets"]) == 2
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_flex_builds_one_block_mask_per_forward_shared_by_the_layers(monkeypatch, compiled):
+    """Every encoder layer gets the same padding mask: its BlockMask is built once per
+    forward, not once per layer; a new batch (a new mask) builds a new one, and the output
+    still equals the same model on `math`."""
+    from litmt.attention import flex
+    from litmt.models import Seq2SeqTransformer
+
+    if compiled:
+        torch._dynamo.reset()
+        for key, value in (("fn", None), ("failed", False), ("buckets", set()), ("capped", False)):
+            monkeypatch.setitem(flex._COMPILED, key, value)
+    module = flex._flex_module()
+    built = []
+    original = module.create_block_mask
+
+    def counting(*args, **kwargs):
+        built.append(args[3:5])  # (Q_LEN, KV_LEN)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "create_block_mask", counting)
+    attention = {"encoder_self": "flex", "encoder_self_options": {"compile": compiled}}
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_model.tiny_config(n_encoder_layers=3, attention=attention))
+    reference = Seq2SeqTransformer(tiny_model.tiny_config(n_encoder_layers=3))
+    reference.load_state_dict(model.state_dict())
+    model.eval(), reference.eval()
+    for step, lengths in enumerate(([9, 4, 7], [3, 9, 9])):
+        src = torch.randint(4, 60, (3, 9))
+        for i, n in enumerate(lengths):
+            src[i, n:] = PAD_ID
+        with torch.no_grad():
+            memory, mask = model.encode(src)
+            if compiled and flex._COMPILED["failed"]:
+                pytest.skip("torch.compile cannot build kernels on this machine")
+            want, _ = reference.encode(src)
+        assert len(built) == step + 1, f"{len(built)} block masks after {step + 1} forwards"
+        torch.testing.assert_close(memory[~mask], want[~mask], atol=1e-5, rtol=1e-5)
+
+
 def _cannot_compile() -> Exception:
     from torch._inductor.exc import InvalidCxxCompiler
 
