@@ -1,21 +1,27 @@
-"""The export command: a checkpoint to a CTranslate2 directory (conf/export.yaml)."""
+"""The export command: a checkpoint to a CTranslate2 directory or an Argos Translate package
+(conf/export.yaml)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from litmt.deploy.argos_package import export_argos_package
 from litmt.deploy.ct2_export import export_model
 from litmt.errors import ConfigError
 
+FORMATS = ("ct2", "argos")
+
 
 def export(cfg: Any) -> Path:
-    """The `scripts/export.py` job: ``ckpt_path``, ``out``, ``quantization``, ``force``, ``decoding``.
+    """The `scripts/export.py` job: ``ckpt_path``, ``out``, ``format``, ``quantization``,
+    ``force``, ``decoding``, ``argos``.
 
-    Prints the export directory on stdout (the job's one line of data).
+    Prints the export directory (format=argos: the package file) on stdout (the job's one
+    line of data).
 
     Returns:
-        The export directory.
+        The export directory or package file.
     """
     if not cfg.get("ckpt_path"):
         raise ConfigError("no checkpoint given: pass ckpt_path=<path to a .ckpt file>")
@@ -23,13 +29,17 @@ def export(cfg: Any) -> Path:
         raise ConfigError("no output directory given: pass out=<directory>")
     ckpt = cfg.ckpt_path
     ckpt = [str(p) for p in ckpt] if not isinstance(ckpt, str) else ckpt
-    decoding = dict(cfg.get("decoding") or {})
-    out = export_model(
-        ckpt,
-        str(cfg.out),
-        quantization=str(cfg.get("quantization") or "none"),
-        force=bool(cfg.get("force", False)),
-        decoding=decoding,
-    )
+    fmt = str(cfg.get("format") or "ct2")
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown format '{fmt}'; valid values: {', '.join(FORMATS)}")
+    options = {
+        "quantization": str(cfg.get("quantization") or "none"),
+        "force": bool(cfg.get("force", False)),
+        "decoding": dict(cfg.get("decoding") or {}),
+    }
+    if fmt == "argos":
+        out = export_argos_package(ckpt, str(cfg.out), dict(cfg.argos), **options)
+    else:
+        out = export_model(ckpt, str(cfg.out), **options)
     print(out, flush=True)
     return out

@@ -1,0 +1,136 @@
+"""Export a litmt checkpoint as an Argos Translate package (``.argosmodel``).
+
+Argos Translate (and LibreTranslate, which serves Argos packages) installs a package with
+``argostranslate.package.install_from_path``: it checks that the file is a zip and extracts
+it into its packages directory. Each directory there is one installed package, read by
+``argostranslate.package.Package``:
+
+- ``metadata.json``: ``package_version``, ``argos_version``, ``from_code``/``from_name``,
+  ``to_code``/``to_name`` (``type`` defaults to ``translate``);
+- ``model/``: a CTranslate2 model directory (``ctranslate2.Translator(package/"model")``);
+- ``sentencepiece.model``: one sentencepiece model, used for both sides (encode the source,
+  decode the target pieces);
+- optionally ``minisbd/<lang>.onnx``: the MiniSBD sentence splitter, which Argos otherwise
+  downloads on first use; or ``spacy/``: a spaCy pipeline, which Argos loads (adding spaCy's
+  rule-based ``sentencizer``) when run with ``ARGOS_CHUNK_TYPE=SPACY`` (docs/deploy.md,
+  "Argos Translate and LibreTranslate").
+
+So the zip holds one top-level directory (``translate-<src>_<tgt>-<version>``, as Argos's own
+packages are named) with those entries. One sentencepiece model means a joint vocabulary:
+a checkpoint with separate source and target vocabularies is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from litmt.checkpoint.load import load_model
+from litmt.deploy.ct2_export import export_model, read_metadata
+from litmt.errors import ConfigError
+
+PACKAGE_SUFFIX = ".argosmodel"
+SEPARATE_VOCABULARIES = (
+    "cannot export an Argos package: the checkpoint has separate source and target "
+    "sentencepiece vocabularies, and an Argos package holds one sentencepiece.model; "
+    "train with a joint vocabulary (data.tokenizer.joint=true) or use format=ct2"
+)
+
+
+def package_dir_name(src_lang: str, tgt_lang: str, package_version: str) -> str:
+    """Argos's naming of a package directory: ``translate-en_de-1_0``."""
+    return f"translate-{src_lang}_{tgt_lang}-{package_version.replace('.', '_')}"
+
+
+def argos_metadata(meta: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``metadata.json`` from the export's ``litmt.json`` and the ``argos.*`` settings.
+
+    A null ``from_name``/``to_name`` is the language code.
+    """
+    src, tgt = str(meta["src_lang"]), str(meta["tgt_lang"])
+    return {
+        "package_version": str(settings["package_version"]),
+        "argos_version": str(settings["argos_version"]),
+        "from_code": src,
+        "from_name": str(settings.get("from_name") or src),
+        "to_code": tgt,
+        "to_name": str(settings.get("to_name") or tgt),
+        "type": "translate",
+        "links": [],
+    }
+
+
+def export_argos_package(
+    ckpt_path: str | Path | Sequence[str | Path],
+    out: str | Path,
+    settings: Mapping[str, Any],
+    *,
+    quantization: str = "none",
+    force: bool = False,
+    decoding: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write the Argos package `out` (a ``.argosmodel`` zip) for a checkpoint.
+
+    Args:
+        ckpt_path: a litmt ``.ckpt`` or a list of them (weights averaged).
+        out: the zip to write (must not exist unless `force`).
+        settings: conf/export.yaml's ``argos`` block: package_version, argos_version,
+            from_name, to_name, sbd_model, spacy_model.
+        quantization, decoding: as for `export_model`.
+
+    Raises:
+        ConfigError: `out` exists, separate vocabularies, a missing ``sbd_model`` file or
+            ``spacy_model`` directory.
+    """
+    out = Path(out)
+    if out.suffix != PACKAGE_SUFFIX:
+        raise ConfigError(f"an Argos package is a {PACKAGE_SUFFIX} file; got out={out}")
+    if out.exists() and not force:
+        raise ConfigError(f"{out} already exists; pass force=true to replace it")
+    if out.exists() and not out.is_file():
+        raise ConfigError(f"{out} exists and is not a file")
+    sbd_model = settings.get("sbd_model")
+    if sbd_model and not Path(sbd_model).is_file():
+        raise ConfigError(f"argos.sbd_model={sbd_model} is not a file (a MiniSBD .onnx model)")
+    spacy_model = settings.get("spacy_model")
+    if spacy_model and not (Path(spacy_model) / "config.cfg").is_file():
+        raise ConfigError(
+            f"argos.spacy_model={spacy_model} is not a spaCy pipeline directory (no config.cfg)"
+        )
+    first = ckpt_path if isinstance(ckpt_path, str | Path) else ckpt_path[0]
+    if not load_model(first, map_location="cpu").tokenizer.joint:  # refuse before any work
+        raise ConfigError(SEPARATE_VOCABULARIES)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model_dir = export_model(
+            ckpt_path, work / "model", quantization=quantization, decoding=decoding
+        )
+        meta = read_metadata(model_dir)
+        metadata = argos_metadata(meta, settings)
+        root = package_dir_name(meta["src_lang"], meta["tgt_lang"], metadata["package_version"])
+        (model_dir / "src.model").rename(work / "sentencepiece.model")
+        tmp_zip = work / out.name
+        with zipfile.ZipFile(tmp_zip, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr(f"{root}/metadata.json", json.dumps(metadata, indent=2) + "\n")
+            z.write(work / "sentencepiece.model", f"{root}/sentencepiece.model")
+            for f in sorted(model_dir.iterdir()):
+                z.write(f, f"{root}/model/{f.name}")
+            if sbd_model:
+                z.write(sbd_model, f"{root}/minisbd/{Path(sbd_model).name}")
+            if spacy_model:
+                for f in sorted(Path(spacy_model).rglob("*")):
+                    if f.is_file():
+                        z.write(f, f"{root}/spacy/{f.relative_to(spacy_model).as_posix()}")
+        tmp_zip.replace(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+__all__ = ["PACKAGE_SUFFIX", "argos_metadata", "export_argos_package", "package_dir_name"]
