@@ -939,3 +939,56 @@ def test_attention_caps_its_source_and_its_target(long_ckpt):
         assert len(body["target_pieces"]) <= 256 + 1  # the budget (<= 256) and its eos
         assert (body["layer"], body["head"]) == (1, "mean")  # one (T, S) map by default
         assert len(body["weights"]) == len(body["target_pieces"])
+
+
+SLOW_SERVER = """
+import sys, time, uvicorn
+from litmt.deploy.server import ServeSettings, create_app
+
+class Slow:
+    src_lang, tgt_lang = "en", "de"
+    def translate(self, texts, **options):
+        print("decoding", flush=True)
+        time.sleep(float(sys.argv[2]))
+        return [t.upper() for t in texts]
+
+app = create_app(Slow(), ServeSettings(max_wait_ms=0))
+uvicorn.run(app, port=int(sys.argv[1]), log_level="warning", timeout_graceful_shutdown=10)
+print("stopped", flush=True)  # not reached: uvicorn re-raises SIGTERM after the drain
+"""
+
+
+def test_sigterm_lets_the_request_in_flight_finish():
+    """A real SIGTERM to a uvicorn process: the request being decoded gets its 200 within
+    timeout_graceful_shutdown, then the process ends by the signal."""
+    import signal
+
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_SERVER, str(port), "1.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.2)
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(_ask, f"http://127.0.0.1:{port}", "last")
+            assert proc.stdout.readline().strip() == "decoding"
+            proc.send_signal(signal.SIGTERM)
+            r = answer.result()
+        assert r.status_code == 200 and r.json() == {"translatedText": "LAST"}
+        out, err = proc.communicate(timeout=30)
+        # uvicorn re-raises the signal once its graceful shutdown is done (capture_signals)
+        assert proc.returncode == -signal.SIGTERM, err
+        assert "graceful shutdown exceeded" not in err and "stopped" not in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -6,21 +6,26 @@ Routes (request and answer shapes follow LibreTranslate's ``libretranslate/app.p
   ``format`` (``text``; default text) as JSON, ``application/x-www-form-urlencoded`` or
   ``multipart/form-data`` → ``{"translatedText": str | list[str]}`` (a list in, a list
   out). Errors are ``{"error": message}``: malformed JSON, missing ``q``/``source``/
-  ``target`` or an unsupported pair or format → 400; a request over the configured size
-  (bytes, texts or characters) → 413 (LibreTranslate answers 400 there).
+  ``target`` or an unsupported pair or format → 400; a request over a configured limit
+  (bytes, texts, characters, lines, tokens) → 413 naming it (LibreTranslate answers 400);
+  a full queue or a dead batcher → 503 with ``Retry-After``; past ``request_timeout_s`` →
+  504.
 - ``GET /languages``: ``[{"code", "name", "targets"}]``.
-- ``GET /health``: ``{"status": "ok", ...}`` with batching counters.
+- ``GET /health``: ``{"status": "ok", ...}`` with batching counters (queued, skipped,
+  rejected); 503 when the batcher task has ended.
 - ``GET /``: the attention explorer (``litmt/deploy/static/``); ``POST /attention`` with
-  ``{"q": sentence}`` (optionally ``layer`` and ``head``: an int or ``"mean"``) → the greedy
-  translation, the source/target pieces and the cross-attention weights of the torch
-  model (`litmt.decoding.attention_maps.collect_attention`).
+  ``{"q": sentence}`` (optionally ``layer``: an int or ``"all"``, and ``head``: an int or
+  ``"mean"``) → the greedy translation, the source/target pieces and one cross-attention
+  map of the torch model (`litmt.decoding.attention_maps.collect_attention`), or every map
+  with ``layer="all"``; at most ``attention_max_tokens`` source and target tokens.
 
 Every answer carries ``Access-Control-Allow-Origin: *`` (``cors``), as LibreTranslate's do.
 
 Concurrent ``/translate`` requests are batched (`litmt.deploy.request_batcher.RequestBatcher`): the first
 request of a batch waits at most ``max_wait_ms`` for others, up to ``max_batch_texts``
 sentences; one worker thread runs the model, so decoding never runs twice at once. A failing
-batch fails its requests (500 JSON), not the server.
+batch fails its requests (500 JSON), not the server. A request whose client hangs up (or
+times out) while it waits has its queued work cancelled; the batcher skips it.
 """
 
 from __future__ import annotations
