@@ -22,7 +22,13 @@ from parity import assert_same_decisions  # noqa: E402
 from tiny_checkpoint import tiny_checkpoint_path  # noqa: E402
 
 from litmt.decoding.translator import Translator  # noqa: E402
-from litmt.deploy.server import ServerThread, ServeSettings, build_server_app, create_app  # noqa: E402
+from litmt.deploy.server import (  # noqa: E402
+    POSITIVE,
+    ServerThread,
+    ServeSettings,
+    build_server_app,
+    create_app,
+)
 from litmt.errors import ConfigError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +58,7 @@ def server(ckpt):
         max_wait_ms=200,  # wide window: the concurrent requests below must meet in a batch
         max_texts=8,
         max_chars=300,
+        max_text_chars=200,
         max_body_bytes=4000,
         decoding=DECODING,
     )
@@ -149,6 +156,21 @@ BAD = {
         dict(json={"q": "A dog runs. " * 30, "source": "en", "target": "de"}),
         413,
         "exceeds text limit (300)",
+    ),
+    "text over max_text_chars": (
+        dict(json={"q": ["A dog.", "A dog runs. " * 17], "source": "en", "target": "de"}),
+        413,
+        "text 1 has 204 characters, over the limit (max_text_chars=200)",
+    ),
+    "a line longer than the model takes": (  # refused, never silently truncated
+        dict(json={"q": "A dog runs. " * 15, "source": "en", "target": "de"}),
+        413,
+        "source tokens, over the model's limit (48); split it into sentences",
+    ),
+    "nested json": (
+        dict(content=b"[" * 3900, headers={"content-type": "application/json"}),
+        400,
+        "Invalid JSON format: nested too deeply",
     ),
     "too many texts": (
         dict(json={"q": ["A dog."] * 9, "source": "en", "target": "de"}),
@@ -252,12 +274,17 @@ def test_exactly_max_texts_are_translated_and_one_more_is_refused(client, refere
 
 
 def test_max_chars_counts_all_texts_at_its_boundary(client, reference):
-    one = "A dog runs. " * 25  # max_chars=300: exactly the limit in one text
+    one = "A dog runs.\n" * 25  # max_chars=300: exactly the limit in one request
     assert len(one) == 300
-    r = _translate(client, json={"q": one, "source": "en", "target": "de"})
+    r = _translate(client, json={"q": [one], "source": "en", "target": "de"})
+    assert r.status_code == 413  # over max_text_chars=200 (per text) first
+    assert "(max_text_chars=200)" in r.json()["error"]
+    two = [one[:150], one[150:]]  # each text under it, together exactly max_chars
+    r = _translate(client, json={"q": two, "source": "en", "target": "de"})
     assert r.status_code == 200
-    assert r.json() == {"translatedText": reference.translate([one], **DECODING)[0]}
-    half = "A red dog runs. " * 9 + "A dog."  # 150 characters
+    expected = ["\n".join(reference.translate(t.split("\n"), **DECODING)) for t in two]
+    assert r.json() == {"translatedText": expected}
+    half = "A red dog runs.\n" * 9 + "A dog."  # 150 characters
     assert len(half) == 150
     r = _translate(client, json={"q": [half, half], "source": "en", "target": "de"})
     assert r.status_code == 200 and len(r.json()["translatedText"]) == 2
@@ -266,17 +293,20 @@ def test_max_chars_counts_all_texts_at_its_boundary(client, reference):
     assert r.json() == {"error": "Invalid request: request (301) exceeds text limit (300)"}
 
 
-def test_attention_max_chars_at_its_boundary(client):
+def test_attention_max_chars_at_its_boundary_and_its_token_cap(client):
     one = "A dog runs. " * 25
-    r = client.post("/attention", json={"q": one})
-    assert r.status_code == 200 and r.json()["layers"] == 2
     r = client.post("/attention", json={"q": one + "x"})
     assert r.status_code == 413
     assert r.json() == {"error": "Invalid request: request (301) exceeds text limit (300)"}
+    r = client.post("/attention", json={"q": one})  # within max_chars, over the model's 48
+    assert r.status_code == 413, r.text  # refused, not truncated to 48 tokens
+    assert "over the attention limit (48: attention_max_tokens=256" in r.json()["error"]
+    r = client.post("/attention", json={"q": "A dog runs. " * 3})
+    assert r.status_code == 200 and r.json()["layers"] == 2
 
 
 def test_attention_layer_and_head_bounds(client):
-    full = client.post("/attention", json={"q": SENTENCES[0]}).json()  # 2 layers, 4 heads
+    full = client.post("/attention", json={"q": SENTENCES[0], "layer": "all"}).json()
     assert (full["layers"], full["heads"]) == (2, 4)
 
     def ask(**choice):
@@ -341,7 +371,7 @@ def test_languages_in_libretranslate_shape(client):
 
 
 def test_attention_route_returns_pieces_and_cross_attention(client, reference):
-    r = client.post("/attention", json={"q": SENTENCES[0]})
+    r = client.post("/attention", json={"q": SENTENCES[0], "layer": "all"})
     assert r.status_code == 200
     body = r.json()
     assert body["translation"] == reference.translate(SENTENCES[:1], beam_size=1)[0]
@@ -361,6 +391,9 @@ def test_attention_route_returns_pieces_and_cross_attention(client, reference):
     assert got == pytest.approx([w for row in expected for w in row], abs=1e-3)
     one = client.post("/attention", json={"q": SENTENCES[0], "layer": 0, "head": 3}).json()
     assert one["weights"] == weights[0][3]
+    default = client.post("/attention", json={"q": SENTENCES[0]}).json()  # one (T, S) map
+    assert (default["layer"], default["head"]) == (1, "mean")
+    assert default["weights"] == mean["weights"]
     bad = client.post("/attention", json={"q": SENTENCES[0], "layer": 5})
     assert bad.status_code == 400 and "layer 5 does not exist" in bad.json()["error"]
     assert client.post("/attention", json={"q": " "}).status_code == 400
@@ -438,7 +471,7 @@ def test_a_failing_batch_fails_its_request_not_the_server():
         assert c.get("/health").json()["status"] == "ok"
 
 
-@pytest.mark.parametrize("name", ["max_batch_texts", "max_texts", "max_chars", "max_body_bytes"])
+@pytest.mark.parametrize("name", POSITIVE)
 def test_settings_are_validated(name):
     with pytest.raises(ConfigError, match=f"{name} must be positive, got 0"):
         ServeSettings(**{name: 0})
@@ -459,20 +492,28 @@ def test_serve_job_passes_every_limit_of_the_config(monkeypatch):
     import litmt.cli.serve
 
     overrides = ["model_path=m.ckpt", "max_batch_texts=3", "max_wait_ms=4", "max_texts=5",
-                 "max_chars=6", "max_body_bytes=7", "cors=false", "max_tokens=8"]  # fmt: skip
+                 "max_chars=6", "max_body_bytes=7", "cors=false", "max_tokens=8",
+                 "max_queue=9", "request_timeout_s=10", "retry_after_s=11", "max_text_chars=12",
+                 "max_lines=13", "max_source_tokens=14", "attention_max_tokens=15",
+                 "limit_concurrency=16", "timeout_graceful_shutdown=17"]  # fmt: skip
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="serve", overrides=overrides)
     built: list[ServeSettings] = []
     monkeypatch.setattr(
         litmt.cli.serve, "build_server_app", lambda *a, **k: built.append(k["settings"])
     )
-    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
+    ran: list[dict] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: ran.append(k))
     litmt.cli.serve.serve(cfg)
     (settings,) = built
     got = (settings.max_batch_texts, settings.max_wait_ms, settings.max_texts,
-           settings.max_chars, settings.max_body_bytes, settings.cors)  # fmt: skip
-    assert got == (3, 4.0, 5, 6, 7, False)
+           settings.max_chars, settings.max_body_bytes, settings.cors, settings.max_queue,
+           settings.request_timeout_s, settings.retry_after_s, settings.max_text_chars,
+           settings.max_lines, settings.max_source_tokens, settings.attention_max_tokens)  # fmt: skip
+    assert got == (3, 4.0, 5, 6, 7, False, 9, 10.0, 11, 12, 13, 14, 15)
     assert settings.decoding["max_tokens"] == 8
+    (run,) = ran
+    assert (run["limit_concurrency"], run["timeout_graceful_shutdown"]) == (16, 17.0)
 
 
 def _free_port() -> int:
@@ -642,3 +683,312 @@ def test_batcher_runs_a_full_batch_at_once_and_a_lone_request_after_max_wait():
     assert timed([["a", "b", "c", "d"]], max_wait_ms=10_000) < 4  # max_batch reached: no wait
     assert timed([["a", "b"], ["c", "d"]], max_wait_ms=10_000) < 4
     assert 0.45 <= timed([["a"]], max_wait_ms=500) < 4  # waits max_wait_ms for company
+
+
+# -- holding under abuse (issue 24) -----------------------------------------------------
+class _Gated(_Flaky):
+    """A translator that blocks in every call until `gate` is set; `calls` records the texts."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.gate, self.entered, self.calls = threading.Event(), threading.Event(), []
+
+    def translate(self, texts: list[str], **options) -> list[str]:
+        self.calls.append(list(texts))
+        self.entered.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+        return [t.upper() for t in texts]
+
+
+def _ask(url: str, text: str, timeout: float = 30) -> httpx.Response:
+    return httpx.post(
+        url + "/translate", json={"q": text, "source": "en", "target": "de"}, timeout=timeout
+    )
+
+
+def _until(check, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out waiting for the server"
+        time.sleep(0.02)
+
+
+def test_a_full_queue_gives_503_with_retry_after_then_the_server_recovers():
+    model = _Gated()
+    app = create_app(model, ServeSettings(max_batch_texts=1, max_wait_ms=0, max_queue=2))
+    with ServerThread(app) as running, ThreadPoolExecutor(8) as pool:
+        health = lambda: httpx.get(running.url + "/health").json()  # noqa: E731
+        first = pool.submit(_ask, running.url, "one")
+        assert model.entered.wait(10)  # the model is busy with "one"
+        queued = [pool.submit(_ask, running.url, t) for t in ("two", "three")]
+        _until(lambda: health()["queued"] == 2)
+        refused = [_ask(running.url, "four") for _ in range(3)]
+        for r in refused:
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert r.json() == {"error": "Server busy: too many requests are waiting; retry later"}
+        model.gate.set()
+        assert first.result().json() == {"translatedText": "ONE"}
+        assert [f.result().json()["translatedText"] for f in queued] == ["TWO", "THREE"]
+        assert _ask(running.url, "five").json() == {"translatedText": "FIVE"}  # recovered
+        after = health()
+        assert (after["status"], after["rejected"], after["queued"]) == ("ok", 3, 0)
+
+
+def test_twenty_clients_that_disconnect_have_their_queued_work_skipped():
+    model = _Gated()
+    app = create_app(model, ServeSettings(max_wait_ms=0))
+    with ServerThread(app) as running, ThreadPoolExecutor(1) as pool:
+        health = lambda: httpx.get(running.url + "/health").json()  # noqa: E731
+        busy = pool.submit(_ask, running.url, "busy")
+        assert model.entered.wait(10)
+        body = json.dumps({"q": "gone", "source": "en", "target": "de"}).encode()
+        head = (f"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        clients = []
+        for _ in range(20):
+            sock = socket.create_connection(("127.0.0.1", running.port))
+            sock.sendall(head + body)
+            clients.append(sock)
+        _until(lambda: health()["queued"] == 20)
+        for sock in clients:  # each client hangs up while its request waits
+            sock.close()
+        time.sleep(1.0)  # the server notices each disconnect (uvicorn: connection_lost)
+        model.gate.set()
+        assert busy.result().json() == {"translatedText": "BUSY"}
+        _until(lambda: health()["skipped"] == 20)
+        assert _ask(running.url, "after").json() == {"translatedText": "AFTER"}
+    assert model.calls == [["busy"], ["after"]]  # nothing was decoded for the 20
+
+
+def test_a_request_over_its_timeout_gets_504_and_the_server_lives_on():
+    model = _Gated()
+    app = create_app(model, ServeSettings(max_wait_ms=0, request_timeout_s=0.3))
+    with ServerThread(app) as running:
+        r = _ask(running.url, "slow")
+        assert r.status_code == 504
+        assert r.json() == {"error": "Translation timed out (request_timeout_s=0.3)"}
+        model.gate.set()
+        assert _ask(running.url, "fine").json() == {"translatedText": "FINE"}
+
+
+def test_health_is_503_when_the_batcher_task_has_died():
+    app = create_app(_Flaky(), ServeSettings(max_wait_ms=0))
+    with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=30) as c:
+        assert c.get("/health").status_code == 200
+        task = app.state.batcher._task
+        task.get_loop().call_soon_threadsafe(task.cancel)  # as if it had crashed
+        _until(task.done)
+        r = c.get("/health")
+        assert r.status_code == 503 and r.json()["status"].startswith("unavailable")
+        r = c.post("/translate", json={"q": "fine", "source": "en", "target": "de"})
+        assert r.status_code == 503 and "retry-after" in r.headers
+        assert r.json() == {"error": "Server unavailable: the request batcher has stopped"}
+
+
+def test_batcher_loop_survives_an_error_outside_the_model_call():
+    """A bug in batching itself (here: a result list of the wrong type) fails that batch's
+    requests; the loop goes on and answers the next one."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor as Pool
+
+    from litmt.deploy.request_batcher import RequestBatcher
+
+    def fn(texts: list[str]) -> list[str]:
+        return None if texts == ["bad"] else texts  # None[0:1]: TypeError in the loop
+
+    async def main():
+        with Pool(1) as pool:
+            batcher = RequestBatcher(fn, pool, max_batch=4, max_wait_ms=0)
+            batcher.start()
+            try:
+                bad = await asyncio.wait_for(
+                    asyncio.gather(batcher.submit(["bad"]), return_exceptions=True), 3
+                )
+                good = await asyncio.wait_for(batcher.submit(["ok"]), 3)
+                return bad, good, batcher.alive
+            finally:
+                await batcher.stop()
+
+    (bad,), good, alive = asyncio.run(main())
+    assert isinstance(bad, TypeError) and good == ["ok"] and alive
+
+
+def test_shutdown_drains_a_request_in_flight():
+    """uvicorn's SIGTERM handler sets should_exit; the request being decoded still gets its
+    answer within timeout_graceful_shutdown."""
+    model = _Gated()
+    app = create_app(model, ServeSettings(max_wait_ms=0))
+    server = ServerThread(app, timeout_graceful_shutdown=10)
+    with server, ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(_ask, server.url, "last")
+        assert model.entered.wait(10)
+        server.server.should_exit = True  # what SIGTERM does (uvicorn Server.handle_exit)
+        time.sleep(0.3)
+        model.gate.set()
+        r = answer.result()
+    assert r.status_code == 200 and r.json() == {"translatedText": "LAST"}
+
+
+def test_a_2500_line_text_and_deeply_nested_json_get_json_4xx():
+    app = create_app(_Flaky(), ServeSettings(max_wait_ms=0))  # the defaults of serve.yaml
+    with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=30) as c:
+        text = "\n".join(["a"] * 2500)  # 4,999 characters: within max_chars=5000
+        r = c.post("/translate", json={"q": text, "source": "en", "target": "de"})
+        assert r.status_code == 413
+        assert r.json() == {
+            "error": "Invalid request: text 0 has 2500 lines, over the limit (max_lines=100)"
+        }
+        nested = b"[" * 900_000  # within max_body_bytes=1000000
+        for route in ("/translate", "/attention"):
+            r = c.post(route, content=nested, headers={"content-type": "application/json"})
+            if route == "/attention":  # no torch model here: 501 comes first
+                assert r.status_code == 501
+                continue
+            assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+            assert r.json() == {"error": "Invalid JSON format: nested too deeply"}
+        assert c.get("/health").json()["status"] == "ok"
+
+
+def test_max_source_tokens_counts_every_line_of_the_request(reference):
+    app = create_app(reference, ServeSettings(max_wait_ms=0, max_source_tokens=20))
+    with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=60) as c:
+        n = len(reference.tokenizer.encode_src([SENTENCES[1]])[0])
+        fits = [SENTENCES[1]] * (20 // n)
+        r = c.post("/translate", json={"q": fits, "source": "en", "target": "de"})
+        assert r.status_code == 200
+        over = [*fits, SENTENCES[1]]
+        r = c.post("/translate", json={"q": over, "source": "en", "target": "de"})
+        assert r.status_code == 413
+        assert r.json() == {
+            "error": f"Invalid request: {n * len(over)} source tokens, over the limit "
+            "(max_source_tokens=20)"
+        }
+
+
+def test_bad_decoding_option_is_refused_when_the_app_is_built():
+    with pytest.raises(ConfigError, match=r"^decoding: beam_size must be at least 1, got 0$"):
+        ServeSettings(decoding={"beam_size": 0})
+    with pytest.raises(ConfigError, match="decoding: decoding option top_p must be of type"):
+        create_app(_Flaky(), ServeSettings(decoding={"top_p": "high"}))
+
+
+def test_serve_script_with_a_bad_decoding_option_is_one_line_exit_2(ckpt):
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "serve.py"), f"model_path={ckpt}",
+         "decoding.beam_size=0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        "error: decoding: beam_size must be at least 1, got 0"
+    ]
+
+
+@pytest.fixture(scope="module")
+def long_ckpt(tmp_path_factory) -> Path:
+    """A barely trained tiny model that takes 600 source positions (for long /attention)."""
+    from tiny_checkpoint import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("long"), steps=3, max_positions=600)
+
+
+@pytest.mark.slow
+def test_health_answers_fast_while_a_1000_character_attention_request_is_served(long_ckpt):
+    text = ("A big man sleeps here and a small cat eats today. " * 20)[:1000]
+    settings = ServeSettings(max_wait_ms=0, max_chars=1000, attention_max_tokens=600)
+    app = build_server_app(long_ckpt, device="cpu", settings=settings)
+    with (
+        ServerThread(app) as running,
+        ThreadPoolExecutor(1) as pool,
+        httpx.Client(base_url=running.url, timeout=60) as c,
+        httpx.Client(base_url=running.url, timeout=10) as h,
+    ):
+        h.get("/health")  # connection warm
+        start = time.monotonic()
+        big = pool.submit(c.post, "/attention", json={"q": text, "layer": "all"})
+        latencies = []
+        while not big.done():
+            t0 = time.monotonic()
+            assert h.get("/health").status_code == 200
+            latencies.append(time.monotonic() - t0)
+            time.sleep(0.02)
+        r = big.result()
+        took = time.monotonic() - start
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["source_pieces"]) > 256 and len(body["weights"]) == body["layers"]
+    assert len(latencies) >= 5, (
+        f"{len(latencies)} /health answers in {took:.2f}s: the loop was blocked"
+    )
+    slowest = sorted(latencies)[-3:]
+    assert max(latencies) < 0.1, f"/health took {[round(x * 1000) for x in slowest]} ms"
+    assert took < 60
+
+
+def test_attention_caps_its_source_and_its_target(long_ckpt):
+    text = ("A big man sleeps here and a small cat eats today. " * 20)[:1000]
+    app = build_server_app(long_ckpt, device="cpu", settings=ServeSettings(max_wait_ms=0))
+    with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=60) as c:
+        r = c.post("/attention", json={"q": text})
+        assert r.status_code == 413
+        assert "over the attention limit (256: attention_max_tokens=256" in r.json()["error"]
+        r = c.post("/attention", json={"q": text[:300]})
+        assert r.status_code == 200, r.text
+        body = r.json()  # an untrained model babbles to its budget
+        assert len(body["target_pieces"]) <= 256 + 1  # the budget (<= 256) and its eos
+        assert (body["layer"], body["head"]) == (1, "mean")  # one (T, S) map by default
+        assert len(body["weights"]) == len(body["target_pieces"])
+
+
+SLOW_SERVER = """
+import sys, time, uvicorn
+from litmt.deploy.server import ServeSettings, create_app
+
+class Slow:
+    src_lang, tgt_lang = "en", "de"
+    def translate(self, texts, **options):
+        print("decoding", flush=True)
+        time.sleep(float(sys.argv[2]))
+        return [t.upper() for t in texts]
+
+app = create_app(Slow(), ServeSettings(max_wait_ms=0))
+uvicorn.run(app, port=int(sys.argv[1]), log_level="warning", timeout_graceful_shutdown=10)
+print("stopped", flush=True)  # not reached: uvicorn re-raises SIGTERM after the drain
+"""
+
+
+def test_sigterm_lets_the_request_in_flight_finish():
+    """A real SIGTERM to a uvicorn process: the request being decoded gets its 200 within
+    timeout_graceful_shutdown, then the process ends by the signal."""
+    import signal
+
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_SERVER, str(port), "1.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.2)
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(_ask, f"http://127.0.0.1:{port}", "last")
+            assert proc.stdout.readline().strip() == "decoding"
+            proc.send_signal(signal.SIGTERM)
+            r = answer.result()
+        assert r.status_code == 200 and r.json() == {"translatedText": "LAST"}
+        out, err = proc.communicate(timeout=30)
+        # uvicorn re-raises the signal once its graceful shutdown is done (capture_signals)
+        assert proc.returncode == -signal.SIGTERM, err
+        assert "graceful shutdown exceeded" not in err and "stopped" not in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

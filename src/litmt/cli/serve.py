@@ -22,12 +22,20 @@ def serve(cfg: Any) -> None:
         raise ConfigError(
             "no model given: pass model_path=<a .ckpt file or a CTranslate2 export directory>"
         )
+    # first: a bad limit or decoding option is one line and exit 2, before the model loads
     settings = ServeSettings(
         max_batch_texts=int(cfg.max_batch_texts),
         max_wait_ms=float(cfg.max_wait_ms),
+        max_queue=int(cfg.max_queue),
+        request_timeout_s=float(cfg.request_timeout_s),
+        retry_after_s=int(cfg.retry_after_s),
         max_texts=int(cfg.max_texts),
         max_chars=int(cfg.max_chars),
+        max_text_chars=int(cfg.max_text_chars),
+        max_lines=int(cfg.max_lines),
+        max_source_tokens=int(cfg.max_source_tokens),
         max_body_bytes=int(cfg.max_body_bytes),
+        attention_max_tokens=int(cfg.attention_max_tokens),
         cors=bool(cfg.cors),
         decoding={**cfg.decoding, "max_tokens": int(cfg.max_tokens)},
     )
@@ -43,4 +51,12 @@ def serve(cfg: Any) -> None:
         compute_type=str(cfg.get("compute_type") or "default"),
     )
     log.info("serving %s on http://%s:%d", cfg.model_path, cfg.host, int(cfg.port))
-    uvicorn.run(app, host=str(cfg.host), port=int(cfg.port), log_level=str(cfg.log_level))
+    limit = cfg.get("limit_concurrency")
+    uvicorn.run(
+        app,
+        host=str(cfg.host),
+        port=int(cfg.port),
+        log_level=str(cfg.log_level),
+        limit_concurrency=int(limit) if limit else None,  # over it: 503 from uvicorn itself
+        timeout_graceful_shutdown=float(cfg.timeout_graceful_shutdown),  # SIGTERM: drain
+    )

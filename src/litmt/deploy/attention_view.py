@@ -9,21 +9,30 @@ from litmt.decoding.config import DecodeConfig
 from litmt.deploy.http_errors import ApiError
 
 
-def attention_maps(translator: Any, sentence: str, options: dict[str, Any]) -> Any:
+def attention_maps(
+    translator: Any, sentence: str, options: dict[str, Any], max_target: int | None = None
+) -> Any:
+    """The greedy translation's attention maps; at most `max_target` target tokens."""
+    import math
+
     from litmt.decoding.attention_maps import collect_attention
     from litmt.runtime.precision import autocast_context
 
     # one line (the page sends one sentence), cleaned as every engine cleans its input
     cleaned = clean_line(sentence.replace("\n", " "), "attention request")
     config = DecodeConfig.from_options(options)  # null/absent keys: DecodeConfig's defaults
+    max_len_a, max_len_b = config.max_len_a, config.max_len_b
+    if max_target is not None:  # the same budget rule, capped: floor(0 * S + min(budget, cap))
+        n_src = len(translator.tokenizer.encode_src([cleaned])[0])
+        max_len_a, max_len_b = 0.0, min(math.floor(max_len_a * n_src + max_len_b), max_target)
     # the Translator's autocast: a flash/te checkpoint's kernel computes in half only
     with autocast_context(translator.device, translator.autocast):
         return collect_attention(
             translator.model,
             translator.tokenizer,
             cleaned,
-            max_len_a=config.max_len_a,
-            max_len_b=config.max_len_b,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
         )
 
 
@@ -40,7 +49,8 @@ def _index(value: Any, n: int, what: str) -> int | None:
 
 
 def attention_payload(maps: Any, layer: Any, head: Any) -> dict[str, Any]:
-    """JSON of `AttentionMaps` cross-attention: all weights [L][H][T][S], or one (T, S) map."""
+    """JSON of `AttentionMaps` cross-attention: one (T, S) map (default: the last layer, the
+    mean over heads), or every weight [L][H][T][S] with ``layer="all"``."""
     cross = maps.weights["cross"]  # L x (H, T, S)
     n_layers, n_heads = len(cross), int(cross[0].size(0))
     payload: dict[str, Any] = {
@@ -50,7 +60,7 @@ def attention_payload(maps: Any, layer: Any, head: Any) -> dict[str, Any]:
         "layers": n_layers,
         "heads": n_heads,
     }
-    if layer is None and head is None:
+    if layer == "all":
         payload["weights"] = [[_rounded(h) for h in w] for w in cross]  # (L, H, T, S)
         return payload
     li = _index(layer, n_layers, "layer")

@@ -6,21 +6,26 @@ Routes (request and answer shapes follow LibreTranslate's ``libretranslate/app.p
   ``format`` (``text``; default text) as JSON, ``application/x-www-form-urlencoded`` or
   ``multipart/form-data`` → ``{"translatedText": str | list[str]}`` (a list in, a list
   out). Errors are ``{"error": message}``: malformed JSON, missing ``q``/``source``/
-  ``target`` or an unsupported pair or format → 400; a request over the configured size
-  (bytes, texts or characters) → 413 (LibreTranslate answers 400 there).
+  ``target`` or an unsupported pair or format → 400; a request over a configured limit
+  (bytes, texts, characters, lines, tokens) → 413 naming it (LibreTranslate answers 400);
+  a full queue or a dead batcher → 503 with ``Retry-After``; past ``request_timeout_s`` →
+  504.
 - ``GET /languages``: ``[{"code", "name", "targets"}]``.
-- ``GET /health``: ``{"status": "ok", ...}`` with batching counters.
+- ``GET /health``: ``{"status": "ok", ...}`` with batching counters (queued, skipped,
+  rejected); 503 when the batcher task has ended.
 - ``GET /``: the attention explorer (``litmt/deploy/static/``); ``POST /attention`` with
-  ``{"q": sentence}`` (optionally ``layer`` and ``head``: an int or ``"mean"``) → the greedy
-  translation, the source/target pieces and the cross-attention weights of the torch
-  model (`litmt.decoding.attention_maps.collect_attention`).
+  ``{"q": sentence}`` (optionally ``layer``: an int or ``"all"``, and ``head``: an int or
+  ``"mean"``) → the greedy translation, the source/target pieces and one cross-attention
+  map of the torch model (`litmt.decoding.attention_maps.collect_attention`), or every map
+  with ``layer="all"``; at most ``attention_max_tokens`` source and target tokens.
 
 Every answer carries ``Access-Control-Allow-Origin: *`` (``cors``), as LibreTranslate's do.
 
 Concurrent ``/translate`` requests are batched (`litmt.deploy.request_batcher.RequestBatcher`): the first
 request of a batch waits at most ``max_wait_ms`` for others, up to ``max_batch_texts``
 sentences; one worker thread runs the model, so decoding never runs twice at once. A failing
-batch fails its requests (500 JSON), not the server.
+batch fails its requests (500 JSON), not the server. A request whose client hangs up (or
+times out) while it waits has its queued work cancelled; the batcher skips it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import logging
 import threading
 import time
 import urllib.parse
+from asyncio import FIRST_COMPLETED
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -41,13 +47,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from litmt.decoding.config import DecodeConfig
 from litmt.deploy.attention_view import attention_maps, attention_payload
 from litmt.deploy.http_errors import ApiError
-from litmt.deploy.request_batcher import RequestBatcher
+from litmt.deploy.request_batcher import BatcherDead, QueueFull, RequestBatcher
 from litmt.errors import ConfigError, LitmtError
 
 log = logging.getLogger(__name__)
@@ -61,24 +68,45 @@ LANGUAGE_NAMES = {
 }  # fmt: skip
 
 
+POSITIVE = ("max_batch_texts", "max_texts", "max_chars", "max_text_chars", "max_lines",
+            "max_source_tokens", "max_body_bytes", "max_queue", "attention_max_tokens")  # fmt: skip
+
+
 @dataclass
 class ServeSettings:
-    """Server and decoding settings (``conf/serve.yaml``)."""
+    """Server and decoding settings (``conf/serve.yaml``, where each is explained).
+
+    The decoding options are validated here (`DecodeConfig.from_options`), so a bad one
+    stops the server at startup with a `ConfigError`, never a 400 on each request.
+    """
 
     max_batch_texts: int = 64  # sentences decoded together at most
     max_wait_ms: float = 10.0  # how long a batch's first request waits for company
-    max_texts: int = 64  # sentences per request, else 413
-    max_chars: int = 5000  # characters per request (all of q), else 413
+    max_queue: int = 256  # requests waiting for a batch, else 503 + Retry-After
+    request_timeout_s: float = 60.0  # a request's wait for its translation, else 504
+    retry_after_s: int = 1  # the Retry-After header of a 503
+    max_texts: int = 64  # texts per request, else 413
+    max_chars: int = 5000  # characters per request (all of q, LibreTranslate's char_limit)
+    max_text_chars: int = 5000  # characters per text, else 413
+    max_lines: int = 100  # lines per text, else 413
+    max_source_tokens: int = 4096  # subword tokens per request (all lines), else 413
     max_body_bytes: int = 1_000_000  # request body, else 413
+    attention_max_tokens: int = 256  # /attention: source tokens (else 413) and target budget
     cors: bool = True  # Access-Control-Allow-Origin: * on every answer, as LibreTranslate
     decoding: dict[str, Any] = field(default_factory=dict)  # Translator.translate options
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_texts", "max_texts", "max_chars", "max_body_bytes"):
+        for name in POSITIVE:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if float(self.max_wait_ms) < 0:
             raise ConfigError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        if float(self.request_timeout_s) <= 0:
+            raise ConfigError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
+        try:
+            DecodeConfig.from_options(self.decoding)
+        except ConfigError as exc:
+            raise ConfigError(f"decoding: {exc}") from None
 
 
 def language_name(code: str) -> str:
@@ -126,6 +154,8 @@ async def read_params(request: Request, max_body_bytes: int) -> dict[str, Any]:
             data = json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ApiError(400, f"Invalid JSON format: {exc}") from exc
+        except RecursionError:  # [[[[... within the body limit
+            raise ApiError(400, "Invalid JSON format: nested too deeply") from None
         if not isinstance(data, dict):
             raise ApiError(400, "Invalid JSON format: expected an object")
         return data
@@ -164,7 +194,54 @@ def _texts(
         raise ApiError(
             413, f"Invalid request: request ({chars}) exceeds text limit ({settings.max_chars})"
         )
+    for i, text in enumerate(texts):
+        if len(text) > settings.max_text_chars:
+            raise ApiError(
+                413,
+                f"Invalid request: text {i} has {len(text)} characters, over the limit "
+                f"(max_text_chars={settings.max_text_chars})",
+            )
+        lines = text.count("\n") + 1
+        if lines > settings.max_lines:
+            raise ApiError(
+                413,
+                f"Invalid request: text {i} has {lines} lines, over the limit "
+                f"(max_lines={settings.max_lines})",
+            )
     return texts, batch
+
+
+def _check_tokens(translator: Any, texts: list[str], settings: ServeSettings) -> None:
+    """413 when the request's lines hold over `max_source_tokens` subword tokens, or one line
+    is longer than the model's source limit (it would be truncated, not translated whole)."""
+    tokenizer = getattr(translator, "tokenizer", None)
+    if tokenizer is None:  # a translator without a litmt tokenizer (a test double)
+        return
+    lines = [line for text in texts for line in text.split("\n")]
+    counts = [len(ids) for ids in tokenizer.encode_src(lines)]
+    total = sum(counts)
+    if total > settings.max_source_tokens:
+        raise ApiError(
+            413,
+            f"Invalid request: {total} source tokens, over the limit "
+            f"(max_source_tokens={settings.max_source_tokens})",
+        )
+    longest = getattr(translator, "max_source_tokens", None)
+    if longest is not None and counts and max(counts) > int(longest):
+        raise ApiError(
+            413,
+            f"Invalid request: a line has {max(counts)} source tokens, over the model's limit "
+            f"({longest}); split it into sentences",
+        )
+
+
+def _json_in_pieces(value: list[Any]) -> str:
+    """JSON of nested lists of numbers, one innermost list per `json.dumps` call, so that a
+    thread encoding a large attention payload lets the event loop's thread run in between
+    (one call on it all would hold the GIL throughout)."""
+    if not value or not isinstance(value[0], list):
+        return json.dumps(value)
+    return "[" + ",".join(_json_in_pieces(v) for v in value) + "]"
 
 
 def _translate_lines(translator: Any, texts: list[str], options: dict[str, Any]) -> list[str]:
@@ -210,9 +287,10 @@ def create_app(
             executor,
             max_batch=settings.max_batch_texts,
             max_wait_ms=settings.max_wait_ms,
+            max_queue=settings.max_queue,
         )
         batcher.start()
-        state["batcher"] = batcher
+        state["batcher"] = app.state.batcher = batcher
         yield
         await batcher.stop()
         executor.shutdown(wait=False, cancel_futures=True)
@@ -243,6 +321,41 @@ def create_app(
     async def _user_error(request: Request, exc: LitmtError) -> JSONResponse:
         return JSONResponse({"error": str(exc).splitlines()[0]}, status_code=400)
 
+    @app.exception_handler(Exception)
+    async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"error": f"Internal error: {type(exc).__name__}"}, status_code=500)
+
+    def unavailable(message: str) -> JSONResponse:
+        """503 with LibreTranslate's error JSON and a Retry-After (seconds)."""
+        headers = {"Retry-After": str(settings.retry_after_s)}
+        return JSONResponse({"error": message}, status_code=503, headers=headers)
+
+    async def until_disconnect(request: Request) -> None:
+        """Return when the client hangs up (the body is read: only a disconnect comes)."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    async def translate_for(request: Request, texts: list[str]) -> list[str] | None:
+        """The batcher's translation of `texts`; None when the client went first (its
+        queued work is cancelled, so the batcher skips it)."""
+        work = asyncio.ensure_future(state["batcher"].submit(texts))
+        gone = asyncio.ensure_future(until_disconnect(request))
+        try:
+            done, _ = await asyncio.wait(
+                {work, gone}, timeout=settings.request_timeout_s, return_when=FIRST_COMPLETED
+            )
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()  # a disconnect or the timeout: the batcher skips it
+        if work in done:
+            return work.result()
+        if gone in done:
+            return None
+        raise ApiError(
+            504, f"Translation timed out (request_timeout_s={settings.request_timeout_s:g})"
+        )
+
     @app.post("/translate")
     async def translate(request: Request) -> JSONResponse:
         params = await read_params(request, settings.max_body_bytes)
@@ -259,13 +372,20 @@ def create_app(
         fmt = params.get("format") or "text"
         if fmt != "text":
             raise ApiError(400, f"{fmt} format is not supported (only text)")
+        _check_tokens(translator, texts, settings)
         try:
-            out = await state["batcher"].submit(texts)
-        except LitmtError:
-            raise  # the user's mistake: 400 via its handler
+            out = await translate_for(request, texts)
+        except QueueFull:
+            return unavailable("Server busy: too many requests are waiting; retry later")
+        except BatcherDead:
+            return unavailable("Server unavailable: the request batcher has stopped")
+        except (LitmtError, ApiError):
+            raise  # the user's mistake: 400 via its handler; a timeout: 504
         except Exception as exc:  # a failed batch: this request gets a 500, the server lives on
             log.exception("translation failed")
             raise ApiError(500, f"Cannot translate text: {exc}") from exc
+        if out is None:  # nobody to answer; 499 is what proxies log for it
+            return JSONResponse({"error": "Client closed the request"}, status_code=499)
         return JSONResponse({"translatedText": out if batch else out[0]})
 
     @app.get("/languages")
@@ -280,16 +400,21 @@ def create_app(
     @app.get("/health")
     async def health() -> JSONResponse:
         batcher = state.get("batcher")
+        alive = batcher is not None and batcher.alive
         return JSONResponse(
             {
-                "status": "ok",
+                "status": "ok" if alive else "unavailable: the request batcher has stopped",
                 "engine": engine,
                 "source": src,
                 "target": tgt,
                 "attention": attention_model is not None,
                 "batches": batcher.batches if batcher else 0,
                 "largest_batch": batcher.largest_batch if batcher else 0,
-            }
+                "queued": batcher.queue.qsize() if batcher else 0,
+                "skipped": batcher.skipped if batcher else 0,  # requests whose client went
+                "rejected": batcher.rejected if batcher else 0,  # 503: the queue was full
+            },
+            status_code=200 if alive else 503,
         )
 
     @app.post("/attention")
@@ -305,15 +430,33 @@ def create_app(
                 413,
                 f"Invalid request: request ({len(q)}) exceeds text limit ({settings.max_chars})",
             )
+        n_src = len(attention_model.tokenizer.encode_src([q.replace("\n", " ")])[0])
+        cap = min(settings.attention_max_tokens, int(attention_model.max_source_tokens))
+        if n_src > cap:  # refused, not truncated
+            raise ApiError(
+                413,
+                f"Invalid request: {n_src} source tokens, over the attention limit ({cap}: "
+                f"attention_max_tokens={settings.attention_max_tokens}, the model's "
+                f"{attention_model.max_source_tokens})",
+            )
+        layer, head = params.get("layer"), params.get("head")
+
+        def compute() -> bytes:  # maps, payload and JSON in the model's thread: the loop is free
+            maps = attention_maps(attention_model, q, options, settings.attention_max_tokens)
+            payload = attention_payload(maps, layer, head)
+            weights = _json_in_pieces(payload.pop("weights"))
+            head_json = json.dumps(payload, ensure_ascii=False)[:-1]  # without its closing }
+            return f'{head_json}, "weights": {weights}}}'.encode()
+
         loop = asyncio.get_running_loop()
         try:
-            maps = await loop.run_in_executor(executor, attention_maps, attention_model, q, options)
-        except LitmtError:
+            payload = await loop.run_in_executor(executor, compute)
+        except (LitmtError, ApiError):
             raise
         except Exception as exc:  # this request gets a 500, the server lives on
             log.exception("attention failed")
             raise ApiError(500, f"Cannot compute attention: {exc}") from exc
-        return JSONResponse(attention_payload(maps, params.get("layer"), params.get("head")))
+        return Response(payload, media_type="application/json")
 
     @app.get("/")
     async def index() -> FileResponse:
@@ -331,11 +474,12 @@ class ServerThread:
     ...     httpx.get(server.url + "/health")
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
-        import uvicorn
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, **uvicorn: Any) -> None:
+        """`uvicorn`: more `uvicorn.Config` options (``limit_concurrency``, ...)."""
+        from uvicorn import Config, Server
 
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
+        config = Config(app, host=host, port=port, log_level="warning", lifespan="on", **uvicorn)
+        self.server = Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True, name="litmt-serve")
         self.host = host
         self.port = port

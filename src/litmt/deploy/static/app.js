@@ -1,5 +1,5 @@
 // Attention explorer: POST /attention {q} -> translation, pieces and cross-attention
-// weights [layer][head][target][source]; the heatmap is an HTML table (one cell per pair).
+// weights [layer][head][target][source] (layer: "all"); the heatmap is an HTML table (one cell per pair).
 "use strict";
 const $ = (id) => document.getElementById(id);
 let data = null;
@@ -70,7 +70,7 @@ async function explore() {
     const response = await fetch("/attention", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ q }),
+      body: JSON.stringify({ q, layer: "all" }), // every layer and head: the page picks locally
     });
     const body = await response.json();
     if (ticket !== pending) return; // a newer request is on its way
