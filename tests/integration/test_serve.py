@@ -140,17 +140,17 @@ BAD = {
     "unsupported source": (
         dict(json={"q": "A dog.", "source": "fr", "target": "de"}),
         400,
-        "fr is not supported (this model translates en to de)",
+        "fr is not supported",
     ),
     "unsupported target": (
         dict(data={"q": "A dog.", "source": "en", "target": "es"}),
         400,
         "es is not supported",
     ),
-    "html format": (
-        dict(json={"q": "A dog.", "source": "en", "target": "de", "format": "html"}),
+    "xml format": (
+        dict(json={"q": "A dog.", "source": "en", "target": "de", "format": "xml"}),
         400,
-        "html format is not supported",
+        "xml format is not supported",
     ),
     "too many characters": (
         dict(json={"q": "A dog runs. " * 30, "source": "en", "target": "de"}),

@@ -3,10 +3,13 @@
 Routes (request and answer shapes follow LibreTranslate's ``libretranslate/app.py``):
 
 - ``POST /translate``: ``q`` (a string or a list of strings), ``source``, ``target``,
-  ``format`` (``text``; default text) as JSON, ``application/x-www-form-urlencoded`` or
-  ``multipart/form-data`` → ``{"translatedText": str | list[str]}`` (a list in, a list
-  out). Errors are ``{"error": message}``: malformed JSON, missing ``q``/``source``/
-  ``target`` or an unsupported pair or format → 400; a request over a configured limit
+  ``format`` (``text`` or ``html``; default text), ``alternatives`` as JSON,
+  ``application/x-www-form-urlencoded`` or ``multipart/form-data`` →
+  ``{"translatedText": str | list[str]}`` (a list in, a list out), with
+  ``detectedLanguage`` for ``source=auto`` and ``alternatives`` when asked
+  (`litmt.deploy.libretranslate`, which also adds ``/detect``, ``/frontend/settings``,
+  ``/suggest`` and ``/translate_file``). Errors are ``{"error": message}``: malformed JSON,
+  missing ``q``/``source``/``target`` or an unsupported pair or format → 400; a request over a configured limit
   (bytes, texts, characters, lines, tokens) → 413 naming it (LibreTranslate answers 400);
   a full queue or a dead batcher → 503 with ``Retry-After``; past ``request_timeout_s`` →
   504.
@@ -33,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -52,6 +56,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from litmt.decoding.config import DecodeConfig
+from litmt.deploy import libretranslate as lt
 from litmt.deploy.attention_view import attention_maps, attention_payload
 from litmt.deploy.http_errors import ApiError
 from litmt.deploy.request_batcher import BatcherDead, QueueFull, RequestBatcher
@@ -127,11 +132,14 @@ def _replay(body: bytes) -> Callable[[], Any]:
     return receive
 
 
-async def read_params(request: Request, max_body_bytes: int) -> dict[str, Any]:
+async def read_params(
+    request: Request, max_body_bytes: int, files: dict[str, tuple[str, bytes]] | None = None
+) -> dict[str, Any]:
     """The request's parameters: a JSON object, or form fields (urlencoded or multipart).
 
     Like LibreTranslate's ``request.values``, query-string parameters count for forms.
-    A form field given several times (``q=a&q=b``) becomes a list.
+    A form field given several times (``q=a&q=b``) becomes a list. Uploaded files go to
+    `files` (name → (filename, content)) when it is given.
 
     Raises:
         ApiError: 413 over `max_body_bytes`; 400 malformed JSON or not a JSON object.
@@ -168,6 +176,9 @@ async def read_params(request: Request, max_body_bytes: int) -> dict[str, Any]:
             values = [v for v in form.getlist(key) if isinstance(v, str)]
             if values:
                 params[key] = values[0] if len(values) == 1 else values
+            upload = form.get(key)
+            if files is not None and not isinstance(upload, str) and upload is not None:
+                files[key] = (upload.filename or "", await upload.read())
     return params
 
 
@@ -356,25 +367,24 @@ def create_app(
             504, f"Translation timed out (request_timeout_s={settings.request_timeout_s:g})"
         )
 
-    @app.post("/translate")
-    async def translate(request: Request) -> JSONResponse:
-        params = await read_params(request, settings.max_body_bytes)
-        is_json = request.headers.get("content-type", "").split(";")[0].strip().endswith("json")
-        texts, batch = _texts(params, settings, is_json)
-        for name in ("source", "target"):
-            if not params.get(name):
-                raise ApiError(400, f"Invalid request: missing {name} parameter")
-        source, target = str(params["source"]), str(params["target"])
-        if source != src:
-            raise ApiError(400, f"{source} is not supported (this model translates {src} to {tgt})")
-        if target != tgt:
-            raise ApiError(400, f"{target} is not supported (this model translates {src} to {tgt})")
-        fmt = params.get("format") or "text"
-        if fmt != "text":
-            raise ApiError(400, f"{fmt} format is not supported (only text)")
+    async def batched(request: Request, texts: list[str], n_best: int = 1) -> Any:
+        """The translations of `texts` (n-best lists when `n_best` > 1), or the error
+        response (503, 499) to answer."""
         _check_tokens(translator, texts, settings)
         try:
-            out = await translate_for(request, texts)
+            if n_best == 1:
+                out = await translate_for(request, texts)
+            else:  # other options than the batch's: one job in the model's thread
+                out = await asyncio.wait_for(
+                    asyncio.get_running_loop().run_in_executor(
+                        executor, lt.nbest_lines, translator, texts, options, n_best
+                    ),
+                    settings.request_timeout_s,
+                )
+        except TimeoutError:
+            raise ApiError(
+                504, f"Translation timed out (request_timeout_s={settings.request_timeout_s:g})"
+            ) from None
         except QueueFull:
             return unavailable("Server busy: too many requests are waiting; retry later")
         except BatcherDead:
@@ -386,14 +396,39 @@ def create_app(
             raise ApiError(500, f"Cannot translate text: {exc}") from exc
         if out is None:  # nobody to answer; 499 is what proxies log for it
             return JSONResponse({"error": "Client closed the request"}, status_code=499)
-        return JSONResponse({"translatedText": out if batch else out[0]})
+        return out
+
+    service = lt.Service(
+        src=src,
+        tgt=tgt,
+        tgt_name=language_name(tgt),
+        char_limit=settings.max_chars,
+        beam_size=DecodeConfig.from_options(options).beam_size,
+        read_params=lambda request, files=None: read_params(
+            request, settings.max_body_bytes, files
+        ),
+        texts=lambda params, is_json: _texts(params, settings, is_json),
+        batched=batched,
+        nbest=batched,
+        upload_dir=Path(tempfile.mkdtemp(prefix="litmt-files-")),
+    )
+    lt.register_routes(app, service)  # /detect, /frontend/settings, /suggest, files
+
+    @app.post("/translate")
+    async def translate(request: Request) -> JSONResponse:
+        params = await read_params(request, settings.max_body_bytes)
+        return await lt.translate(request, params, service)
 
     @app.get("/languages")
     async def languages() -> JSONResponse:
         return JSONResponse(
             [
-                {"code": src, "name": language_name(src), "targets": [tgt]},
-                {"code": tgt, "name": language_name(tgt), "targets": []},
+                {
+                    "code": lt.model2iso(src),
+                    "name": language_name(src),
+                    "targets": [lt.model2iso(tgt)],
+                },
+                {"code": lt.model2iso(tgt), "name": language_name(tgt), "targets": []},
             ]
         )
 

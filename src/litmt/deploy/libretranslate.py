@@ -1,0 +1,318 @@
+"""LibreTranslate parity: what its clients send and expect beyond a plain ``/translate``.
+
+Shapes, messages and status codes follow LibreTranslate's ``libretranslate/app.py`` and
+``libretranslate/language.py`` (read at commit 39429cb):
+
+- Language codes: lowercased, and LibreTranslate's aliases accepted (``pt-BR`` → ``pb``,
+  ``zh-Hans`` → ``zh``, ``zh-Hant`` → ``zt``; `iso2model`), answered back in ISO form
+  (`model2iso`). Regional codes such as ``en-US`` are refused, as LibreTranslate does.
+- ``source=auto``: the answer gains ``detectedLanguage`` (``{"confidence", "language"}``,
+  a list of them for a list ``q``). A litmt model translates one pair, so detection is
+  the model's source language, with the confidence LibreTranslate gives a sure answer
+  (100.0). ``POST /detect`` answers ``[{"confidence": 100.0, "language": src}]``.
+- ``alternatives=N``: ``alternatives`` holds up to N other translations per text (the
+  beam's n-best after the best, duplicates dropped); N is capped by the beam size
+  (``decoding.beam_size``), so greedy decoding has none. Not for ``format=html``, as in
+  LibreTranslate.
+- ``format=html``: the text nodes are translated and the markup kept (`HtmlText`, on the
+  standard library's `html.parser`); ``<script>``/``<style>`` content is left alone.
+- ``GET /frontend/settings`` (the web UI's first call), ``POST /suggest`` (403: disabled),
+  ``POST /translate_file`` for ``.txt`` (multipart ``file``, ``source``, ``target``) →
+  ``{"translatedFileUrl": ...}``, fetched from ``GET /download_file/{name}``.
+
+Routes are added by `register_routes`, called once by `litmt.deploy.server.create_app`.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
+
+from litmt.deploy.http_errors import ApiError
+
+ALIASES = {"pb": "pt-BR", "zh": "zh-Hans", "zt": "zh-Hant"}  # model code → ISO code
+REV_ALIASES = {iso.lower(): code for code, iso in ALIASES.items()}
+SURE = 100.0  # LibreTranslate's confidence for a language it is sure of
+FILE_FORMATS = [".txt"]  # /translate_file
+FILE_TTL_S = 1800  # translated files are deleted after this long (LibreTranslate: 30 min)
+NO_TRANSLATE = {"script", "style"}  # elements whose text is not prose
+
+
+def iso2model(code: Any) -> Any:
+    """A request's language code as the model names it: lowercased, aliases resolved."""
+    if not isinstance(code, str):
+        return code
+    code = code.lower()
+    return REV_ALIASES.get(code, code)
+
+
+def model2iso(code: str) -> str:
+    """A model's language code as LibreTranslate answers it (``zh`` → ``zh-Hans``)."""
+    code = code.lower()
+    return ALIASES.get(code, code)
+
+
+def detection(src: str) -> dict[str, Any]:
+    """The detected language of any text: a one-pair model's source, for sure."""
+    return {"confidence": SURE, "language": model2iso(src)}
+
+
+def check_pair(source: str, target: str, src: str, tgt: str, *, auto: bool = True) -> None:
+    """400 ``"xx is not supported"`` (LibreTranslate's message) unless this is the model's
+    pair; ``source="auto"`` is the model's source when `auto`."""
+    if source != src and not (auto and source == "auto"):
+        raise ApiError(400, f"{source} is not supported")
+    if target != tgt:
+        raise ApiError(400, f"{target} is not supported")
+
+
+def text_format(params: dict[str, Any]) -> str:
+    fmt = params.get("format") or "text"
+    if fmt not in ("text", "html"):
+        raise ApiError(400, f"{fmt} format is not supported")
+    return str(fmt)
+
+
+def num_alternatives(params: dict[str, Any]) -> int:
+    """``alternatives`` as LibreTranslate reads it: an int, negative = 0; else 400."""
+    try:
+        return max(0, int(params.get("alternatives", 0) or 0))
+    except (TypeError, ValueError):
+        raise ApiError(400, "Invalid request: alternatives parameter is not a number") from None
+
+
+def filter_unique(seq: list[str], best: str) -> list[str]:
+    """`seq` without duplicates, the best translation or empty strings, order kept."""
+    seen = {best, ""}
+    out = []
+    for x in seq:
+        if x not in seen:
+            seen.add(x)
+            out.append(x)
+    return out
+
+
+def nbest_lines(translator: Any, texts: list[str], options: dict[str, Any], n: int) -> list[Any]:
+    """Per text, its n-best list (best first); a text with line breaks is translated line
+    by line, and its i-th hypothesis joins each line's i-th (or last) one."""
+    lines, spans = [], []
+    for text in texts:
+        parts = text.split("\n")
+        spans.append(len(parts))
+        lines.extend(parts)
+    found = translator.translate(lines, **{**options, "n_best": n, "return_scores": True})
+    out, start = [], 0
+    for span in spans:
+        per_line = [[t for t, *_ in hyps] for hyps in found[start : start + span]]
+        start += span
+        depth = max(len(h) for h in per_line)
+        out.append(["\n".join(h[min(i, len(h) - 1)] for h in per_line) for i in range(depth)])
+    return out
+
+
+# -- format=html ------------------------------------------------------------------------
+class HtmlText(HTMLParser):
+    """An HTML fragment as markup and text nodes: ``texts`` are the nodes to translate
+    (stripped, entities decoded), `render` puts translations back into the markup."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str | int] = []  # markup, or the index of a text node
+        self.texts: list[str] = []
+        self.open: list[str] = []
+        self.feed(source)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        self.parts.append(self.get_starttag_text() or "")
+        self.open.append(tag)
+
+    def handle_startendtag(self, tag: str, attrs: Any) -> None:
+        self.parts.append(self.get_starttag_text() or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        self.parts.append(f"</{tag}>")
+        if tag in self.open:
+            del self.open[len(self.open) - 1 - self.open[::-1].index(tag) :]
+
+    def handle_data(self, data: str) -> None:
+        core = data.strip()
+        if not core or (self.open and self.open[-1] in NO_TRANSLATE):
+            raw = self.open and self.open[-1] in NO_TRANSLATE
+            self.parts.append(data if raw else html.escape(data, quote=False))
+            return
+        lead, trail = data[: len(data) - len(data.lstrip())], data[len(data.rstrip()) :]
+        self.parts.extend([lead, len(self.texts), trail])
+        self.texts.append(core)
+
+    def handle_comment(self, data: str) -> None:
+        self.parts.append(f"<!--{data}-->")
+
+    def handle_decl(self, decl: str) -> None:
+        self.parts.append(f"<!{decl}>")
+
+    def handle_pi(self, data: str) -> None:
+        self.parts.append(f"<?{data}>")
+
+    def unknown_decl(self, data: str) -> None:
+        self.parts.append(f"<![{data}]>")
+
+    def render(self, translations: list[str]) -> str:
+        return "".join(
+            html.escape(translations[p], quote=False) if isinstance(p, int) else p
+            for p in self.parts
+        )
+
+
+# -- routes -----------------------------------------------------------------------------
+@dataclass
+class Service:
+    """What the LibreTranslate routes need from the server (`create_app` builds it)."""
+
+    src: str
+    tgt: str
+    tgt_name: str  # the target language's English name
+    char_limit: int  # /frontend/settings' charLimit
+    beam_size: int  # caps alternatives
+    read_params: Callable[..., Awaitable[dict[str, Any]]]  # (request, files=None) -> params
+    texts: Callable[[dict[str, Any], bool], tuple[list[str], bool]]  # q, checked
+    batched: Callable[[Request, list[str]], Awaitable[Any]]  # list[str] or a JSONResponse
+    nbest: Callable[[Request, list[str], int], Awaitable[Any]]  # list[list[str]] or response
+    upload_dir: Path
+
+
+async def translate(request: Request, params: dict[str, Any], svc: Service) -> JSONResponse:
+    """``POST /translate``: every LibreTranslate option (see the module docstring)."""
+    is_json = request.headers.get("content-type", "").split(";")[0].strip().endswith("json")
+    texts, batch = svc.texts(params, is_json)
+    for name in ("source", "target"):
+        if not params.get(name):
+            raise ApiError(400, f"Invalid request: missing {name} parameter")
+    n_alt = num_alternatives(params)
+    source, target = iso2model(str(params["source"])), iso2model(str(params["target"]))
+    check_pair(source, target, svc.src, svc.tgt)
+    fmt = text_format(params)
+    alternatives: list[list[str]] = [[] for _ in texts]
+    if fmt == "html":
+        docs = [HtmlText(t) for t in texts]
+        nodes = [node for d in docs for node in d.texts]
+        out = await svc.batched(request, nodes) if nodes else []
+        if isinstance(out, JSONResponse):
+            return out
+        translated, start = [], 0
+        for d in docs:
+            translated.append(d.render(out[start : start + len(d.texts)]))
+            start += len(d.texts)
+    elif n_alt > 0 and min(n_alt + 1, svc.beam_size) > 1:
+        found = await svc.nbest(request, texts, min(n_alt + 1, svc.beam_size))
+        if isinstance(found, JSONResponse):
+            return found
+        translated = [hyps[0] for hyps in found]
+        alternatives = [filter_unique(hyps[1:], hyps[0]) for hyps in found]
+    else:
+        translated = await svc.batched(request, texts)
+        if isinstance(translated, JSONResponse):
+            return translated
+    result: dict[str, Any] = {"translatedText": translated if batch else translated[0]}
+    if source == "auto":
+        found_lang = detection(svc.src)
+        result["detectedLanguage"] = [found_lang] * len(texts) if batch else found_lang
+    if n_alt > 0:
+        result["alternatives"] = alternatives if batch else alternatives[0]
+    return JSONResponse(result)
+
+
+def _clean(upload_dir: Path) -> None:
+    """Delete translated files older than `FILE_TTL_S`."""
+    cutoff = time.time() - FILE_TTL_S
+    for path in upload_dir.iterdir():
+        if path.stat().st_mtime < cutoff:
+            path.unlink(missing_ok=True)
+
+
+def register_routes(app: FastAPI, svc: Service) -> None:
+    """Add ``/detect``, ``/frontend/settings``, ``/suggest``, ``/translate_file`` and
+    ``/download_file/{name}`` to `app`."""
+
+    @app.post("/detect")
+    async def detect(request: Request) -> JSONResponse:
+        params = await svc.read_params(request)
+        if not params.get("q"):
+            raise ApiError(400, "Invalid request: missing q parameter")
+        return JSONResponse([detection(svc.src)])
+
+    @app.get("/frontend/settings")
+    async def frontend_settings() -> JSONResponse:
+        return JSONResponse(
+            {
+                "charLimit": svc.char_limit,
+                "frontendTimeout": 500,  # LibreTranslate's default (ms before translating)
+                "apiKeys": False,
+                "keyRequired": False,
+                "suggestions": False,
+                "filesTranslation": True,
+                "supportedFilesFormat": FILE_FORMATS,
+                "language": {
+                    "source": {"code": "auto", "name": "Auto Detect"},
+                    "target": {"code": model2iso(svc.tgt), "name": svc.tgt_name},
+                },
+            }
+        )
+
+    @app.post("/suggest")
+    async def suggest() -> JSONResponse:
+        raise ApiError(403, "Suggestions are disabled on this server.")
+
+    @app.post("/translate_file")
+    async def translate_file(request: Request) -> JSONResponse:
+        files: dict[str, tuple[str, bytes]] = {}
+        params = await svc.read_params(request, files=files)
+        if "file" not in files:
+            raise ApiError(400, "Invalid request: missing file parameter")
+        for name in ("source", "target"):
+            if not params.get(name):
+                raise ApiError(400, f"Invalid request: missing {name} parameter")
+        filename, data = files["file"]
+        if filename == "":
+            raise ApiError(400, "Invalid request: empty file")
+        if Path(filename).suffix not in FILE_FORMATS:
+            raise ApiError(400, "Invalid request: file format not supported")
+        source, target = iso2model(str(params["source"])), iso2model(str(params["target"]))
+        check_pair(source, target, svc.src, svc.tgt)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(400, "Invalid request: the file is not UTF-8 text") from None
+        ends_with_newline = text.endswith("\n")
+        texts, _ = svc.texts({"q": text.rstrip("\n") or " "}, False)  # the request limits
+        out = await svc.batched(request, texts)
+        if isinstance(out, JSONResponse):
+            return out
+        svc.upload_dir.mkdir(parents=True, exist_ok=True)
+        _clean(svc.upload_dir)
+        safe = "".join(c for c in Path(filename).name if c.isalnum() or c in "._-") or "file.txt"
+        name = f"{uuid.uuid4()}.{safe}"
+        (svc.upload_dir / name).write_text(out[0] + ("\n" if ends_with_newline else ""), "utf-8")
+        url = str(request.url_for("download_file", filename=name))
+        return JSONResponse({"translatedFileUrl": url})
+
+    @app.get("/download_file/{filename}")
+    async def download_file(filename: str) -> FileResponse:
+        path = (svc.upload_dir / filename).resolve()
+        if path.parent != svc.upload_dir.resolve():
+            raise ApiError(400, "Invalid filename")
+        if not path.is_file():
+            raise ApiError(404, "File not found (translated files are kept 30 minutes)")
+        return FileResponse(path, filename=filename.split(".", 1)[1], media_type="text/plain")
+
+
+__all__ = ["HtmlText", "Service", "iso2model", "model2iso", "register_routes", "translate"]

@@ -1,0 +1,261 @@
+"""LibreTranslate parity of the HTTP server on 127.0.0.1 (`litmt.deploy.libretranslate`):
+source=auto, /detect, alternatives, format=html, language codes, /frontend/settings,
+/suggest, /translate_file, and the cases of LibreTranslate's own API tests
+(``libretranslate/tests/test_api/``, commit 39429cb) that apply to a one-pair server."""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
+pytest.importorskip("fastapi", reason="the serve extra is not installed")
+pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+
+from tiny_checkpoint import tiny_checkpoint_path  # noqa: E402
+
+from litmt.decoding.translator import Translator  # noqa: E402
+from litmt.deploy.libretranslate import HtmlText, filter_unique, iso2model, model2iso  # noqa: E402
+from litmt.deploy.server import ServerThread, ServeSettings, build_server_app  # noqa: E402
+
+DECODING = {"beam_size": 3, "max_len_a": 1.2, "max_len_b": 10}
+SENTENCES = ["A red dog runs.", "A big man sleeps here.", "A small cat eats today."]
+SURE = {"confidence": 100.0, "language": "en"}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return tiny_checkpoint_path(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt) -> Translator:
+    return Translator.from_checkpoint(ckpt, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def client(ckpt):
+    settings = ServeSettings(max_texts=8, max_chars=300, max_text_chars=200, decoding=DECODING)
+    app = build_server_app(ckpt, device="cpu", settings=settings, attention=False)
+    with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+def _ok(r: httpx.Response) -> dict:
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _error(r: httpx.Response, status: int, message: str) -> None:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json() == {"error": message}
+
+
+# -- source=auto and /detect ------------------------------------------------------------
+def test_auto_source_answers_detected_language(client, reference):
+    expected = reference.translate(SENTENCES, **DECODING)
+    body = _ok(
+        client.post("/translate", json={"q": SENTENCES[0], "source": "auto", "target": "de"})
+    )
+    assert body == {"translatedText": expected[0], "detectedLanguage": SURE}
+    body = _ok(client.post("/translate", data={"q": SENTENCES, "source": "auto", "target": "de"}))
+    assert body == {"translatedText": expected, "detectedLanguage": [SURE] * 3}
+    # a named source has no detectedLanguage, as in LibreTranslate
+    body = _ok(client.post("/translate", json={"q": SENTENCES[0], "source": "en", "target": "de"}))
+    assert body == {"translatedText": expected[0]}
+
+
+def test_detect_answers_libretranslate_list_shape(client):
+    assert _ok(client.post("/detect", json={"q": "Hallo"})) == [SURE]
+    assert _ok(client.post("/detect", data={"q": ["A dog.", "A cat."]})) == [SURE]
+    _error(client.post("/detect", json={}), 400, "Invalid request: missing q parameter")
+
+
+# -- alternatives -----------------------------------------------------------------------
+def test_alternatives_are_the_beam_nbest_capped_by_beam_size(client, reference):
+    nbest = reference.translate(SENTENCES, n_best=3, return_scores=True, **DECODING)
+    texts = [[t for t, _ in hyps] for hyps in nbest]
+    best = [hyps[0] for hyps in texts]
+    others = [[t for t in dict.fromkeys(hyps[1:]) if t not in (hyps[0], "")] for hyps in texts]
+    assert any(others), "the tiny model's beam gave no alternative: the test proves nothing"
+    q = {"q": SENTENCES[0], "source": "en", "target": "de"}
+    body = _ok(client.post("/translate", json={**q, "alternatives": 1}))
+    assert body == {"translatedText": best[0], "alternatives": others[0][:1]}
+    body = _ok(client.post("/translate", json={**q, "alternatives": 10}))  # beam_size=3 caps it
+    assert body == {"translatedText": best[0], "alternatives": others[0]}
+    body = _ok(client.post("/translate", data={**q, "q": SENTENCES, "alternatives": "5"}))
+    assert body == {"translatedText": best, "alternatives": others}
+    assert _ok(client.post("/translate", json={**q, "alternatives": 0})) == {
+        "translatedText": best[0]
+    }
+    _error(
+        client.post("/translate", json={**q, "alternatives": "many"}),
+        400,
+        "Invalid request: alternatives parameter is not a number",
+    )
+
+
+def test_alternatives_drop_the_best_duplicates_and_empty_strings_like_libretranslate():
+    # a beam's distinct token sequences can detokenise to the same text
+    assert filter_unique(["b", "a", "", "c", "b", "a"], "a") == ["b", "c"]
+
+
+# -- format=html ------------------------------------------------------------------------
+def test_html_translates_text_nodes_and_keeps_the_markup(client, reference):
+    a, b = reference.translate(SENTENCES[:2], **DECODING)
+    source = (
+        f'<p class="x">{SENTENCES[0]}</p>\n<!-- note --><br/>'
+        f"<b> {SENTENCES[1]} </b><script>var a = 1 < 2;</script>"
+    )
+    want = (
+        f'<p class="x">{html.escape(a, quote=False)}</p>\n<!-- note --><br/>'
+        f"<b> {html.escape(b, quote=False)} </b><script>var a = 1 < 2;</script>"
+    )
+    body = _ok(
+        client.post(
+            "/translate", json={"q": source, "source": "en", "target": "de", "format": "html"}
+        )
+    )
+    assert body == {"translatedText": want}
+
+
+@pytest.mark.parametrize(
+    "markup",
+    [
+        '<div id="a"><p>One &amp; two</p><img src="x.png" alt="y"><p>three</p></div>',
+        "<!DOCTYPE html><html><body>Text<br>more &lt;b&gt;</body></html>",
+        "<ul><li>open<li>unclosed</ul><style>p { color: red }</style>",
+        "plain text, no tags",
+    ],
+)
+def test_html_round_trips_when_each_node_translates_to_itself(markup):
+    doc = HtmlText(markup)
+    assert doc.render(doc.texts) == markup
+
+
+# -- language codes ---------------------------------------------------------------------
+def test_language_codes_are_lowercased_and_aliases_accepted(client, reference):
+    expected = reference.translate(SENTENCES[:1], **DECODING)[0]
+    body = _ok(client.post("/translate", json={"q": SENTENCES[0], "source": "EN", "target": "De"}))
+    assert body == {"translatedText": expected}
+    # LibreTranslate does not strip regions: en-US is refused, lowercased in the message
+    _error(
+        client.post("/translate", json={"q": "A dog.", "source": "en-US", "target": "de"}),
+        400,
+        "en-us is not supported",
+    )
+    assert [iso2model(c) for c in ("pt-BR", "ZH-Hans", "zh-hant", "FR")] == ["pb", "zh", "zt", "fr"]
+    assert [model2iso(c) for c in ("pb", "zh", "zt", "fr")] == ["pt-BR", "zh-Hans", "zh-Hant", "fr"]
+
+
+# -- /frontend/settings, /suggest, /translate_file --------------------------------------
+def test_frontend_settings_has_what_the_web_ui_reads(client):
+    assert _ok(client.get("/frontend/settings")) == {
+        "charLimit": 300,
+        "frontendTimeout": 500,
+        "apiKeys": False,
+        "keyRequired": False,
+        "suggestions": False,
+        "filesTranslation": True,
+        "supportedFilesFormat": [".txt"],
+        "language": {
+            "source": {"code": "auto", "name": "Auto Detect"},
+            "target": {"code": "de", "name": "German"},
+        },
+    }
+
+
+def test_suggest_is_disabled_with_403(client):
+    r = client.post(
+        "/suggest", json={"q": "A dog.", "s": "Ein Hund.", "source": "en", "target": "de"}
+    )
+    _error(r, 403, "Suggestions are disabled on this server.")
+
+
+def test_translate_file_txt_round_trip(client, reference):
+    expected = reference.translate(SENTENCES[:2], **DECODING)
+    content = f"{SENTENCES[0]}\r\n{SENTENCES[1]}\n".encode()
+    fields = {"source": "auto", "target": "de"}
+    r = client.post("/translate_file", data=fields, files={"file": ("notes.txt", content)})
+    url = _ok(r)["translatedFileUrl"]
+    assert url.startswith(str(client.base_url)) and url.endswith(".notes.txt")
+    got = client.get(url)
+    assert got.status_code == 200
+    assert got.text == "\n".join(expected) + "\n"
+    assert 'filename="notes.txt"' in got.headers["content-disposition"]
+
+
+def test_translate_file_errors(client):
+    fields = {"source": "en", "target": "de"}
+    post = client.post
+    _error(post("/translate_file", data=fields, files={"file": ("a.pdf", b"x")}), 400,
+           "Invalid request: file format not supported")  # fmt: skip
+    _error(post("/translate_file", data=fields, files={"other": ("a.txt", b"x")}), 400,
+           "Invalid request: missing file parameter")  # fmt: skip
+    _error(post("/translate_file", data={"source": "en"}, files={"file": ("a.txt", b"x")}), 400,
+           "Invalid request: missing target parameter")  # fmt: skip
+    _error(post("/translate_file", data={**fields, "target": "zz"}, files={"file": ("a.txt", b"x")}),
+           400, "zz is not supported")  # fmt: skip
+    _error(client.get("/download_file/%2E%2E"), 400, "Invalid filename")
+    assert client.get("/download_file/nothing.txt").status_code == 404
+
+
+# -- LibreTranslate's own API tests, ported (en→es there, en→de here) -------------------
+def test_lt_api_translate(client):
+    r = client.post(
+        "/translate", data={"q": "Hello", "source": "en", "target": "de", "format": "text"}
+    )
+    assert r.status_code == 200 and "translatedText" in r.json()
+
+
+def test_lt_api_translate_batch(client):
+    r = client.post(
+        "/translate",
+        json={"q": ["Hello", "World"], "source": "en", "target": "de", "format": "text"},
+    )
+    body = r.json()
+    assert r.status_code == 200 and isinstance(body["translatedText"], list)
+    assert len(body["translatedText"]) == 2
+
+
+def test_lt_api_translate_unsupported_language(client):
+    r = client.post(
+        "/translate", data={"q": "Hello", "source": "en", "target": "zz", "format": "text"}
+    )
+    _error(r, 400, "zz is not supported")
+
+
+def test_lt_api_translate_missing_parameter(client):
+    r = client.post("/translate", data={"source": "en", "target": "de", "format": "text"})
+    _error(r, 400, "Invalid request: missing q parameter")
+
+
+def test_lt_api_detect_language(client):
+    body = _ok(client.post("/detect", data={"q": "Hello"}))
+    assert len(body) >= 1 and "confidence" in body[0] and "language" in body[0]
+
+
+def test_lt_api_detect_language_must_fail_without_parameters(client):
+    r = client.post("/detect")
+    assert r.status_code == 400 and "error" in r.json()
+
+
+@pytest.mark.parametrize(
+    "method, route",
+    [("get", "/detect"), ("post", "/languages"), ("post", "/health"), ("get", "/suggest")],
+)
+def test_lt_api_must_fail_bad_request_type(client, method, route):
+    assert getattr(client, method)(route).status_code == 405
+
+
+def test_lt_api_get_frontend_settings_and_languages(client):
+    assert client.get("/frontend/settings").status_code == 200
+    body = _ok(client.get("/languages"))
+    assert len(body) >= 1 and "code" in body[0] and "name" in body[0]
+
+
+def test_lt_api_get_health(client):
+    # LibreTranslate answers exactly {"status": "ok"}; litmt adds its batching counters
+    assert _ok(client.get("/health"))["status"] == "ok"
