@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from litmt.deploy.access import AccessSettings, exposure_warning, load_keys
 from litmt.deploy.server import ServeSettings, build_server_app
 from litmt.errors import ConfigError
 
@@ -36,9 +39,20 @@ def serve(cfg: Any) -> None:
         max_source_tokens=int(cfg.max_source_tokens),
         max_body_bytes=int(cfg.max_body_bytes),
         attention_max_tokens=int(cfg.attention_max_tokens),
-        cors=bool(cfg.cors),
+        cors=OmegaConf.to_object(cfg.cors) if OmegaConf.is_config(cfg.cors) else cfg.cors,
+        access=AccessSettings(
+            api_keys_file=cfg.api_keys_file,
+            api_keys_env=cfg.api_keys_env,
+            require_api_key=bool(cfg.require_api_key),
+            require_api_key_origin=cfg.require_api_key_origin,
+            req_limit=int(cfg.req_limit),
+            trust_forwarded_for=bool(cfg.trust_forwarded_for),
+        ),
         decoding={**cfg.decoding, "max_tokens": int(cfg.max_tokens)},
     )
+    warning = exposure_warning(cfg.host, keys_on=bool(load_keys(settings.access)))
+    if warning:  # before the model loads; a missing key file is one line and exit 2 here too
+        log.warning(warning)
     app = build_server_app(
         str(cfg.model_path),
         engine=str(cfg.engine),

@@ -188,6 +188,9 @@ class Service:
     batched: Callable[[Request, list[str]], Awaitable[Any]]  # list[str] or a JSONResponse
     nbest: Callable[[Request, list[str], int], Awaitable[Any]]  # list[list[str]] or response
     upload_dir: Path
+    check: Callable[[Request, dict[str, Any]], JSONResponse | None]  # keys, rate limit
+    api_keys: bool  # /frontend/settings' apiKeys: keys are on
+    key_required: bool  # /frontend/settings' keyRequired
 
 
 async def translate(request: Request, params: dict[str, Any], svc: Service) -> JSONResponse:
@@ -246,6 +249,8 @@ def register_routes(app: FastAPI, svc: Service) -> None:
     @app.post("/detect")
     async def detect(request: Request) -> JSONResponse:
         params = await svc.read_params(request)
+        if denied := svc.check(request, params):  # 403 bad/missing key, 429 rate limit
+            return denied
         if not params.get("q"):
             raise ApiError(400, "Invalid request: missing q parameter")
         return JSONResponse([detection(svc.src)])
@@ -256,8 +261,8 @@ def register_routes(app: FastAPI, svc: Service) -> None:
             {
                 "charLimit": svc.char_limit,
                 "frontendTimeout": 500,  # LibreTranslate's default (ms before translating)
-                "apiKeys": False,
-                "keyRequired": False,
+                "apiKeys": svc.api_keys,
+                "keyRequired": svc.key_required,
                 "suggestions": False,
                 "filesTranslation": True,
                 "supportedFilesFormat": FILE_FORMATS,
@@ -276,6 +281,8 @@ def register_routes(app: FastAPI, svc: Service) -> None:
     async def translate_file(request: Request) -> JSONResponse:
         files: dict[str, tuple[str, bytes]] = {}
         params = await svc.read_params(request, files=files)
+        if denied := svc.check(request, params):  # 403 bad/missing key, 429 rate limit
+            return denied
         if "file" not in files:
             raise ApiError(400, "Invalid request: missing file parameter")
         for name in ("source", "target"):

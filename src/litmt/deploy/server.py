@@ -22,7 +22,8 @@ Routes (request and answer shapes follow LibreTranslate's ``libretranslate/app.p
   map of the torch model (`litmt.decoding.attention_maps.collect_attention`), or every map
   with ``layer="all"``; at most ``attention_max_tokens`` source and target tokens.
 
-Every answer carries ``Access-Control-Allow-Origin: *`` (``cors``), as LibreTranslate's do.
+API keys, the rate limit (403/429) and CORS (none by default; ``cors``) are
+`litmt.deploy.access`'s.
 
 Concurrent ``/translate`` requests are batched (`litmt.deploy.request_batcher.RequestBatcher`): the first
 request of a batch waits at most ``max_wait_ms`` for others, up to ``max_batch_texts``
@@ -50,13 +51,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from litmt.decoding.config import DecodeConfig
 from litmt.deploy import libretranslate as lt
+from litmt.deploy.access import AccessGuard, AccessSettings, install_cors
 from litmt.deploy.attention_view import attention_maps, attention_payload
 from litmt.deploy.http_errors import ApiError
 from litmt.deploy.request_batcher import BatcherDead, QueueFull, RequestBatcher
@@ -97,7 +98,8 @@ class ServeSettings:
     max_source_tokens: int = 4096  # subword tokens per request (all lines), else 413
     max_body_bytes: int = 1_000_000  # request body, else 413
     attention_max_tokens: int = 256  # /attention: source tokens (else 413) and target budget
-    cors: bool = True  # Access-Control-Allow-Origin: * on every answer, as LibreTranslate
+    cors: bool | str | list[str] = False  # allowed origins; False = same origin (access.py)
+    access: AccessSettings = field(default_factory=AccessSettings)  # API keys, rate limit
     decoding: dict[str, Any] = field(default_factory=dict)  # Translator.translate options
 
     def __post_init__(self) -> None:
@@ -307,13 +309,8 @@ def create_app(
         executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="litmt", lifespan=lifespan, docs_url="/docs", redoc_url=None)
-    if settings.cors:  # browser clients on other origins (LibreTranslate's after_request)
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=["*"],
-            allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
-        )
+    install_cors(app, settings.cors)  # litmt.deploy.access
+    guard = app.state.access_guard = AccessGuard(settings.access)  # API keys, rate limit
     src, tgt = translator.src_lang, translator.tgt_lang
 
     @app.exception_handler(ApiError)
@@ -411,12 +408,17 @@ def create_app(
         batched=batched,
         nbest=batched,
         upload_dir=Path(tempfile.mkdtemp(prefix="litmt-files-")),
+        check=guard.check,
+        api_keys=guard.keys_on,
+        key_required=bool(settings.access.require_api_key),
     )
     lt.register_routes(app, service)  # /detect, /frontend/settings, /suggest, files
 
     @app.post("/translate")
     async def translate(request: Request) -> JSONResponse:
         params = await read_params(request, settings.max_body_bytes)
+        if denied := guard.check(request, params):  # 403 bad/missing key, 429 rate limit
+            return denied
         return await lt.translate(request, params, service)
 
     @app.get("/languages")
@@ -457,6 +459,8 @@ def create_app(
         if attention_model is None:
             raise ApiError(501, "attention needs the torch model: serve a .ckpt, not an export")
         params = await read_params(request, settings.max_body_bytes)
+        if denied := guard.check(request, params):  # 403 bad/missing key, 429 rate limit
+            return denied
         q = params.get("q")
         if not isinstance(q, str) or not q.strip():
             raise ApiError(400, "Invalid request: q must be a non-empty string")

@@ -1,0 +1,196 @@
+"""Operator controls of the server: API keys (403), the rate limit (429) and CORS.
+
+Messages and shapes are LibreTranslate's (``libretranslate/app.py``: ``access_check``, the
+403/429 error handlers, ``after_request``). A toy translator keeps these fast.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
+pytest.importorskip("fastapi", reason="the serve extra is not installed")
+
+from litmt.deploy.access import (  # noqa: E402
+    AccessGuard,
+    AccessSettings,
+    exposure_warning,
+    load_keys,
+)
+from litmt.deploy.server import ServerThread, ServeSettings, create_app  # noqa: E402
+from litmt.errors import ConfigError  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+Q = {"q": "hello", "source": "en", "target": "de"}
+
+
+class _Upper:
+    src_lang, tgt_lang = "en", "de"
+
+    def translate(self, texts: list[str], **options) -> list[str]:
+        return [t.upper() for t in texts]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _serve(access: AccessSettings | None = None, cors=False, clock=None):
+    """A running toy server; `clock` replaces the guard's time."""
+    settings = ServeSettings(max_wait_ms=0, cors=cors, access=access or AccessSettings())
+    app = create_app(_Upper(), settings)
+    if clock is not None:
+        app.state.access_guard.clock = clock
+    return ServerThread(app)
+
+
+def _keys(tmp_path, text: str, **access) -> AccessSettings:
+    """Access settings with an API key file holding `text`."""
+    path = tmp_path / "keys.txt"
+    path.write_text(text)
+    return AccessSettings(api_keys_file=str(path), api_keys_env=None, **access)
+
+
+def _client(running):
+    return httpx.Client(base_url=running.url, timeout=30)
+
+
+def test_keys_optional_bad_key_is_403_and_no_key_is_served(tmp_path):
+    with _serve(_keys(tmp_path, "good\n")) as running, _client(running) as c:
+        r = c.post("/translate", json={**Q, "api_key": "bad"})
+        assert r.status_code == 403 and r.json() == {"error": "Invalid API key"}
+        r = c.post("/translate", data={**Q, "api_key": "bad"})  # form body too
+        assert r.status_code == 403 and r.json() == {"error": "Invalid API key"}
+        assert c.post("/translate", json={**Q, "api_key": "good"}).json() == {
+            "translatedText": "HELLO"
+        }
+        assert c.post("/translate", json=Q).json() == {"translatedText": "HELLO"}
+
+
+def test_keys_required_missing_key_is_403(tmp_path):
+    access = _keys(tmp_path, "good\n", require_api_key=True)
+    with _serve(access) as running, _client(running) as c:
+        r = c.post("/translate", json=Q)
+        assert r.status_code == 403
+        assert r.json() == {"error": "Please contact the server operator to get an API key"}
+        assert c.post("/translate", json={**Q, "api_key": "good"}).status_code == 200
+        assert c.get("/languages").status_code == 200  # metadata needs no key
+
+
+def test_require_api_key_origin_lets_the_matching_origin_through(tmp_path):
+    access = _keys(tmp_path, "good\n", require_api_key_origin=r"https://ui\.example")
+    with _serve(access) as running, _client(running) as c:
+        assert (
+            c.post("/translate", json=Q, headers={"Origin": "https://ui.example"}).status_code
+            == 200
+        )
+        r = c.post("/translate", json=Q, headers={"Origin": "https://evil.example"})
+        assert r.status_code == 403
+        assert c.post("/translate", json=Q).status_code == 403
+
+
+def test_rate_limit_is_429_per_ip_and_per_key_and_the_window_moves(tmp_path):
+    clock = _Clock()
+    access = _keys(tmp_path, "small 1\nplain\n", req_limit=2)
+    with (
+        _serve(access, clock=clock) as running,
+        _client(running) as c,
+    ):
+        assert [c.post("/translate", json=Q).status_code for _ in range(2)] == [200, 200]
+        r = c.post("/translate", json=Q)
+        assert r.status_code == 429 and r.json() == {"error": "Slowdown: 2 per 1 minute"}
+        assert r.headers["retry-after"] == "60"
+        # a key is counted apart from the IP, at its own limit or the default
+        assert c.post("/translate", json={**Q, "api_key": "plain"}).status_code == 200
+        assert c.post("/translate", json={**Q, "api_key": "small"}).status_code == 200
+        r = c.post("/translate", json={**Q, "api_key": "small"})
+        assert r.status_code == 429 and r.json() == {"error": "Slowdown: 1 per 1 minute"}
+        clock.now += 30
+        assert c.post("/translate", json=Q).status_code == 429  # still inside the minute
+        clock.now += 30.5
+        assert c.post("/translate", json=Q).status_code == 200  # the first ones left it
+
+
+def test_no_limit_by_default():
+    guard = AccessGuard(AccessSettings(api_keys_env=None))
+    assert not guard.keys_on and guard.settings.req_limit == -1
+    with _serve(clock=_Clock()) as running, _client(running) as c:
+        assert all(c.post("/translate", json=Q).status_code == 200 for _ in range(5))
+
+
+def test_keys_from_a_file_and_the_environment(tmp_path, monkeypatch):
+    path = tmp_path / "keys.txt"
+    path.write_text("# operators\nalpha\nbeta 30  # beta's own limit\n\n")
+    monkeypatch.setenv("LITMT_TEST_KEYS", "gamma, delta 5")
+    keys = load_keys(AccessSettings(api_keys_file=str(path), api_keys_env="LITMT_TEST_KEYS"))
+    assert keys == {"alpha": None, "beta": 30, "gamma": None, "delta": 5}
+    path.write_text("alpha beta gamma\n")
+    with pytest.raises(ConfigError, match=r"keys\.txt:1"):
+        load_keys(AccessSettings(api_keys_file=str(path), api_keys_env=None))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_keys(AccessSettings(api_keys_file=str(tmp_path / "none"), api_keys_env=None))
+    with pytest.raises(ConfigError, match="needs API keys"):
+        load_keys(AccessSettings(require_api_key=True, api_keys_env=None))
+    with pytest.raises(ConfigError, match="req_limit"):
+        AccessSettings(req_limit=0)
+
+
+def test_cors_is_same_origin_by_default():
+    with _serve() as running, _client(running) as c:
+        r = c.get("/languages", headers={"Origin": "https://example.org"})
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+        r = c.options(
+            "/translate",
+            headers={"Origin": "https://example.org", "Access-Control-Request-Method": "POST"},
+        )
+        assert "access-control-allow-origin" not in r.headers
+
+
+def test_cors_star_only_when_asked_and_an_allow_list():
+    with _serve(cors="*") as running, _client(running) as c:
+        r = c.options(
+            "/translate",
+            headers={"Origin": "https://example.org", "Access-Control-Request-Method": "POST"},
+        )
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+        r = c.get("/languages", headers={"Origin": "https://example.org"})
+        assert r.headers["access-control-allow-origin"] == "*"
+    with _serve(cors=["https://ui.example"]) as running, _client(running) as c:
+        r = c.get("/languages", headers={"Origin": "https://ui.example"})
+        assert r.headers["access-control-allow-origin"] == "https://ui.example"
+        r = c.get("/languages", headers={"Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in r.headers
+
+
+def test_open_bind_without_keys_is_warned(monkeypatch, caplog):
+    assert "0.0.0.0" in exposure_warning("0.0.0.0", keys_on=False)
+    assert exposure_warning("0.0.0.0", keys_on=True) is None
+    assert exposure_warning("127.0.0.1", keys_on=False) is None
+
+    import uvicorn
+    from hydra import compose, initialize_config_dir
+
+    import litmt.cli.serve
+
+    monkeypatch.delenv("LITMT_API_KEYS", raising=False)
+    built: list[ServeSettings] = []
+    monkeypatch.setattr(
+        litmt.cli.serve, "build_server_app", lambda *a, **k: built.append(k["settings"])
+    )
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
+    for host, warned in (("0.0.0.0", True), ("127.0.0.1", False)):
+        overrides = ["model_path=m.ckpt", f"host={host}", "req_limit=7", "cors=[https://a.b]"]
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose(config_name="serve", overrides=overrides)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="litmt.cli.serve"):
+            litmt.cli.serve.serve(cfg)
+        assert any("without API keys" in m for m in caplog.messages) == warned
+    assert built[-1].access.req_limit == 7 and built[-1].cors == ["https://a.b"]
