@@ -194,3 +194,24 @@ def test_open_bind_without_keys_is_warned(monkeypatch, caplog):
             litmt.cli.serve.serve(cfg)
         assert any("without API keys" in m for m in caplog.messages) == warned
     assert built[-1].access.req_limit == 7 and built[-1].cors == ["https://a.b"]
+
+
+def test_keys_guard_every_libretranslate_route(tmp_path):
+    """/detect and /translate_file check the key as /translate does; /frontend/settings says
+    whether keys are on and required."""
+    access = _keys(tmp_path, "good\n", require_api_key=True)
+    with _serve(access) as running, _client(running) as c:
+        for route, kwargs in (
+            ("/translate", {"json": Q}),
+            ("/detect", {"json": {"q": "hello"}}),
+            ("/translate_file", {"data": {"source": "en", "target": "de"},
+                                 "files": {"file": ("a.txt", b"hello\n")}}),
+        ):  # fmt: skip
+            r = c.post(route, **kwargs)
+            assert r.status_code == 403, (route, r.status_code, r.text)
+        assert c.post("/detect", json={"q": "hello", "api_key": "good"}).status_code == 200
+        settings = c.get("/frontend/settings").json()
+        assert (settings["apiKeys"], settings["keyRequired"]) == (True, True)
+    with _serve() as running, _client(running) as c:
+        settings = c.get("/frontend/settings").json()
+        assert (settings["apiKeys"], settings["keyRequired"]) == (False, False)
