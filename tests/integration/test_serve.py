@@ -19,9 +19,7 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 from parity import assert_same_decisions  # noqa: E402
-from tiny_checkpoint import tiny_checkpoint_path  # noqa: E402
 
-from litmt.decoding.translator import Translator  # noqa: E402
 from litmt.deploy.server import (  # noqa: E402
     POSITIVE,
     ServerThread,
@@ -39,16 +37,6 @@ SENTENCES = [
     "A small cat eats today.",
     "A young bird sings outside.",
 ]
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    return tiny_checkpoint_path(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def reference(ckpt) -> Translator:
-    return Translator.from_checkpoint(ckpt, device="cpu")
 
 
 @pytest.fixture(scope="module")

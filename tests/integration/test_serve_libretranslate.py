@@ -13,25 +13,13 @@ httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
-from tiny_checkpoint import tiny_checkpoint_path  # noqa: E402
 
-from litmt.decoding.translator import Translator  # noqa: E402
 from litmt.deploy.libretranslate import HtmlText, filter_unique, iso2model, model2iso  # noqa: E402
 from litmt.deploy.server import ServerThread, ServeSettings, build_server_app  # noqa: E402
 
 DECODING = {"beam_size": 3, "max_len_a": 1.2, "max_len_b": 10}
 SENTENCES = ["A red dog runs.", "A big man sleeps here.", "A small cat eats today."]
 SURE = {"confidence": 100.0, "language": "en"}
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return tiny_checkpoint_path(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def reference(ckpt) -> Translator:
-    return Translator.from_checkpoint(ckpt, device="cpu")
 
 
 @pytest.fixture(scope="module")
