@@ -1,6 +1,6 @@
 """Check a litmt Argos package with the real Argos Translate, offline, next to the ct2 engine.
 
-    python scripts/check_argos.py --argos-python /tmp/venv-argos/bin/python \\
+    python scripts/check_argos.py --argos-python ARGOS_VENV/bin/python \\
         [--ckpt model.ckpt --src test.en --ref test.de] [--work /tmp/argos-check]
 
 `--argos-python` is a Python with ``argostranslate`` from the package registry installed (a
