@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -38,13 +39,13 @@ SCORE_ATOL = 1e-3
 NEAR_TIE = 1e-3
 
 
-def torch_step_log_probs(translator, src: Sequence[int], prefix: Sequence[int]) -> torch.Tensor:
-    """(V,) log-probabilities of the next target token after `prefix`, torch engine."""
-    model = translator.model
+def teacher_forced_log_probs(translator, src: Sequence[int], prefix: Sequence[int]) -> torch.Tensor:
+    """(t + 1, V) log-probabilities of each next target token after bos + `prefix`, torch
+    engine (row i: after the first i tokens of `prefix`)."""
     src_t = torch.tensor([list(src)], device=translator.device)  # (1, S)
     tgt_in = torch.tensor([[BOS_ID, *prefix]], device=translator.device)  # (1, t + 1)
     with torch.no_grad():
-        logits = model(src_t, tgt_in)[0, -1].float()  # (V,)
+        logits = translator.model(src_t, tgt_in)[0].float()  # (t + 1, V)
     return F.log_softmax(logits, dim=-1).cpu()
 
 
@@ -83,7 +84,7 @@ def greedy_divergences(
             continue
         t = next(j for j, (p, q) in enumerate(zip(x, y, strict=False)) if p != q)
         prefix, pair = x[:t], (x[t], y[t])
-        logp = torch_step_log_probs(torch_engine, src, prefix)
+        logp = teacher_forced_log_probs(torch_engine, src, prefix)[-1]  # (V,)
         gap_torch = abs(float(logp[pair[0]] - logp[pair[1]]))
         gap_ct2 = abs(
             ct2_step_log_prob(ct2_engine, src, prefix, pair[0])
@@ -100,16 +101,9 @@ def assert_greedy_parity(torch_engine, ct2_engine, sources, ref, got) -> list[Di
     assert not real, f"greedy outputs differ beyond a near-tie (NEAR_TIE={NEAR_TIE}): {real}"
     for a, b in zip(ref, got, strict=True):
         if a[0].tokens == b[0].tokens:
-            assert b[0].log_prob == pytest_approx(a[0].log_prob)
-            assert b[0].score == pytest_approx(a[0].score)
+            assert b[0].log_prob == pytest.approx(a[0].log_prob, abs=SCORE_ATOL)
+            assert b[0].score == pytest.approx(a[0].score, abs=SCORE_ATOL)
     return divergences
-
-
-def pytest_approx(value: float):
-    """`pytest.approx` at `SCORE_ATOL` (imported lazily: this module is also used by scripts)."""
-    import pytest
-
-    return pytest.approx(value, abs=SCORE_ATOL)
 
 
 @contextmanager
@@ -144,11 +138,7 @@ def greedy_margin(translator, src: Sequence[int]) -> float:
     """The smallest gap between the two most likely next tokens along the torch engine's
     greedy output for one sentence (teacher-forced, eos included)."""
     out = translator.search_ids([list(src)], beam_size=1)[0][0].tokens
-    model = translator.model
-    src_t = torch.tensor([list(src)], device=translator.device)  # (1, S)
-    tgt_in = torch.tensor([[BOS_ID, *out]], device=translator.device)  # (1, T)
-    with torch.no_grad():
-        logp = F.log_softmax(model(src_t, tgt_in)[0].float(), dim=-1)  # (T, V)
+    logp = teacher_forced_log_probs(translator, src, out)  # (T, V), eos step included
     top2 = logp.topk(2, dim=-1).values  # (T, 2)
     return float((top2[:, 0] - top2[:, 1]).min())
 
