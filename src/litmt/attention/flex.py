@@ -63,7 +63,6 @@ MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 MAX_COMPILES = 64  # compiled (Bp, Tp, ...) buckets per process; beyond: the dense path
 _COMPILED: dict[str, Any] = {"fn": None, "failed": False, "buckets": set(), "capped": False}
-_CACHE_SIZE = 32
 # dynamo's per-function recompile limit; torch < 2.6 called it cache_size_limit
 _LIMIT_NAME = (
     "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
@@ -124,19 +123,21 @@ def _caused_by_oom(exc: BaseException) -> bool:
     return False
 
 
-# Block masks shared by the layers of one forward. Every encoder layer gets the same
-# padding-mask tensor, so its `BlockMask` is built once, not once per layer. An entry is keyed
-# on that tensor's identity and version (checked through a weak reference, so a new mask never
-# matches a freed one that had the same id) and on everything else the mask depends on.
+# The one cache of block masks. With padding, an entry is keyed on the padding-mask tensor's
+# identity and version (checked through a weak reference, so a new mask never matches a freed
+# one that had the same id): every encoder layer gets the same tensor, so the layers of one
+# forward share one `BlockMask`. Without padding the mask depends on shapes only, and an
+# entry serves every forward of that shape. Both keys hold everything else the mask depends on.
 _SHARED: OrderedDict[tuple[Any, ...], tuple[weakref.ref | None, Any]] = OrderedDict()
-_SHARED_SIZE = 8
+_SHARED_SIZE = 32
 
 
 def shared_block_mask(
     key_padding_mask: Tensor | None, key: tuple[Any, ...], build: Callable[[], Any]
 ) -> Any:
-    """The `BlockMask` built by `build()` for (`key_padding_mask`, `key`), built once and
-    reused while that same mask tensor, unchanged, comes back (the next layer's call)."""
+    """The `BlockMask` built by `build()` for (`key_padding_mask`, `key`): built once, and
+    reused while that same mask tensor comes back unchanged (the next layer's call), or for
+    every call with `key` when `key_padding_mask` is None (no padding)."""
     ident = None if key_padding_mask is None else (id(key_padding_mask), key_padding_mask._version)
     full = (ident, *key)
     hit = _SHARED.get(full)
@@ -199,7 +200,6 @@ class FlexAttention(AttentionKernel):
         if self.window is not None or self.sparse is not None:
             # An instance attribute: this configuration is no longer softmax over all keys.
             self.support = replace(type(self).support, exact=False)
-        self._block_masks: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 
     def validate(self, request: AttentionRequest) -> None:
         """Also refuse a window or sparse layout across two sequences (cross-attention)."""
@@ -270,21 +270,11 @@ class FlexAttention(AttentionKernel):
 
         return mask_mod
 
-    def block_mask(
-        self, mask_mod: MaskMod, b: int | None, tq: int, tk: int, device: Any, cache_key: Any
-    ) -> Any:
-        """The `BlockMask` of `mask_mod`, cached under `cache_key` unless it is None."""
-        if cache_key is not None and cache_key in self._block_masks:
-            self._block_masks.move_to_end(cache_key)
-            return self._block_masks[cache_key]
-        block_mask = self._flex.create_block_mask(
+    def block_mask(self, mask_mod: MaskMod, b: int | None, tq: int, tk: int, device: Any) -> Any:
+        """The `BlockMask` of `mask_mod` (B = `b`, or None: the same for every row)."""
+        return self._flex.create_block_mask(
             mask_mod, b, None, tq, tk, device=device, BLOCK_SIZE=self.kernel_block_size
         )
-        if cache_key is not None:
-            self._block_masks[cache_key] = block_mask
-            while len(self._block_masks) > _CACHE_SIZE:
-                self._block_masks.popitem(last=False)
-        return block_mask
 
     # -- forward -------------------------------------------------------------------------
     def forward(
@@ -311,19 +301,18 @@ class FlexAttention(AttentionKernel):
                 return out.transpose(1, 2)  # (B, Tq, H, D)
             if not _COMPILED["failed"]:  # over MAX_COMPILES: dense, never eager flex
                 return self._dense(q, k, v, causal, kpm).transpose(1, 2)
-        # Eager flex on the exact shapes; without padding the mask does not depend on the
-        # batch, so it is built once per shape.
-        if kpm is None:
-            mask_mod = self.mask_mod(tq, tk, causal, None, q.device)
-            cache_key = (tq, tk, causal, str(q.device))
-            block_mask = self.block_mask(mask_mod, None, tq, tk, q.device, cache_key)
-        else:  # built once per padding mask: the layers of one forward share it
-            mask_mod = self.mask_mod(tq, tk, causal, ~kpm, q.device)  # valid: (B, Tk)
-            block_mask = shared_block_mask(
-                key_padding_mask,
-                ("eager", b, tq, tk, causal, str(q.device), *self._mask_config()),
-                lambda: self.block_mask(mask_mod, b, tq, tk, q.device, None),
-            )
+        # Eager flex on the exact shapes: built once per padding mask (the layers of one
+        # forward share it); without padding the mask does not depend on the batch, so it
+        # is built once per shape.
+        rows = None if kpm is None else b
+        valid = None if kpm is None else ~kpm  # (B, Tk)
+        block_mask = shared_block_mask(
+            key_padding_mask if kpm is not None else None,
+            ("eager", rows, tq, tk, causal, str(q.device), *self._mask_config()),
+            lambda: self.block_mask(
+                self.mask_mod(tq, tk, causal, valid, q.device), rows, tq, tk, q.device
+            ),
+        )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*without torch.compile.*")
             out = self._flex.flex_attention(q, k, v, block_mask=block_mask)  # (B, H, Tq, D)
@@ -373,7 +362,7 @@ class FlexAttention(AttentionKernel):
             q_valid = torch.arange(tp, device=q.device) < t  # (Tp,)
             causal_t = torch.tensor(causal, device=q.device)
             mask_mod = self.mask_mod(tp, tp, causal_t, valid, q.device, q_valid)
-            return self.block_mask(mask_mod, bp, tp, tp, q.device, None)
+            return self.block_mask(mask_mod, bp, tp, tp, q.device)
 
         # built once per padding mask (or shape): the layers of one forward share it
         shared_key = ("compiled", b, t, bp, tp, causal, str(q.device), *config)
