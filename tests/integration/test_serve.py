@@ -150,10 +150,10 @@ BAD = {
         413,
         "text 1 has 204 characters, over the limit (max_text_chars=200)",
     ),
-    "a line longer than the model takes": (  # refused, never silently truncated
-        dict(json={"q": "A dog runs. " * 15, "source": "en", "target": "de"}),
+    "a sentence longer than the model takes": (  # refused, never silently truncated
+        dict(json={"q": "a dog runs and " * 12, "source": "en", "target": "de"}),
         413,
-        "source tokens, over the model's limit (48); split it into sentences",
+        "a sentence has 96 source tokens, over the model's limit (48)",
     ),
     "nested json": (
         dict(content=b"[" * 3900, headers={"content-type": "application/json"}),
@@ -842,6 +842,51 @@ def test_max_source_tokens_counts_every_line_of_the_request(reference):
             "error": f"Invalid request: {n * len(over)} source tokens, over the limit "
             "(max_source_tokens=20)"
         }
+
+
+LONG_LINE = " ".join(SENTENCES * 2)  # 8 sentences on one line: over the model's 48 tokens
+
+
+def test_a_line_over_the_model_limit_is_translated_sentence_by_sentence(client, reference):
+    assert len(reference.tokenizer.encode_src([LONG_LINE])[0]) > reference.max_source_tokens
+    before = client.get("/health").json()["split_lines"]
+    r = _translate(client, json={"q": [LONG_LINE, SENTENCES[0]], "source": "en", "target": "de"})
+    assert r.status_code == 200, r.text
+    each = reference.translate(SENTENCES, **DECODING)
+    assert r.json()["translatedText"] == [" ".join(each * 2), each[0]]
+    assert client.get("/health").json()["split_lines"] == before + 1
+    # multi-line text: each line keeps its place; only the long one is split
+    text = f"{SENTENCES[0]}\n{LONG_LINE}"
+    r = _translate(client, json={"q": text, "source": "en", "target": "de"})
+    assert r.json()["translatedText"] == f"{each[0]}\n{' '.join(each * 2)}"
+    # alternatives: the n-best of each sentence, joined per rank
+    r = _translate(client, json={"q": LONG_LINE, "source": "en", "target": "de", "alternatives": 1})
+    assert r.status_code == 200 and r.json()["translatedText"] == " ".join(each * 2)
+    assert len(r.json()["alternatives"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("mode", "status"), [("never", 413), ("always", 200)], ids=["never", "always"]
+)
+def test_split_sentences_never_refuses_and_always_splits_every_line(reference, mode, status):
+    settings = ServeSettings(max_wait_ms=0, split_sentences=mode, decoding=DECODING)
+    app = create_app(reference, settings)
+    with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=60) as c:
+        r = c.post("/translate", json={"q": LONG_LINE, "source": "en", "target": "de"})
+        assert r.status_code == status, r.text
+        if mode == "never":
+            n = len(reference.tokenizer.encode_src([LONG_LINE])[0])
+            assert r.json() == {
+                "error": f"Invalid request: a line has {n} source tokens, over the model's "
+                f"limit ({reference.max_source_tokens}); set split_sentences=long"
+            }
+        two = f"{SENTENCES[0]}  {SENTENCES[1]}"  # two sentences, far under the limit
+        r = c.post("/translate", json={"q": two, "source": "en", "target": "de"})
+        each = reference.translate(SENTENCES[:2], **DECODING)
+        whole = reference.translate([two], **DECODING)[0]
+        assert r.json()["translatedText"] == (
+            f"{each[0]}  {each[1]}" if mode == "always" else whole
+        )
 
 
 def test_bad_decoding_option_is_refused_when_the_app_is_built():

@@ -101,22 +101,11 @@ def filter_unique(seq: list[str], best: str) -> list[str]:
     return out
 
 
-def nbest_lines(translator: Any, texts: list[str], options: dict[str, Any], n: int) -> list[Any]:
-    """Per text, its n-best list (best first); a text with line breaks is translated line
-    by line, and its i-th hypothesis joins each line's i-th (or last) one."""
-    lines, spans = [], []
-    for text in texts:
-        parts = text.split("\n")
-        spans.append(len(parts))
-        lines.extend(parts)
-    found = translator.translate(lines, **{**options, "n_best": n, "return_scores": True})
-    out, start = [], 0
-    for span in spans:
-        per_line = [[t for t, *_ in hyps] for hyps in found[start : start + span]]
-        start += span
-        depth = max(len(h) for h in per_line)
-        out.append(["\n".join(h[min(i, len(h) - 1)] for h in per_line) for i in range(depth)])
-    return out
+def nbest_units(translator: Any, units: list[str], options: dict[str, Any], n: int) -> list[Any]:
+    """Per unit (one line or sentence), its n-best translations, best first
+    (`litmt.deploy.sentences.Plan.join_nbest` rebuilds the texts)."""
+    found = translator.translate(units, **{**options, "n_best": n, "return_scores": True})
+    return [[t for t, *_ in hyps] for hyps in found]
 
 
 # -- format=html ------------------------------------------------------------------------
