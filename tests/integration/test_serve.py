@@ -546,14 +546,24 @@ def test_benchmark_server_smoke(ckpt, tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.benchmark_server", "--smoke",
          "--model", str(ckpt), "--src", str(tmp_path / "test.en"), "--threads", "1",
-         "--json", str(tmp_path / "r.json")],
+         "--json", str(tmp_path / "r.json"), "--soak", "3", "--soak-concurrency", "2",
+         "--rss-every", "1"],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
-    assert [(r["concurrency"], r["requests"], r["errors"]) for r in rows] == [(1, 8, 0), (4, 8, 0)]
-    assert all(0 < r["p50_ms"] <= r["p95_ms"] and r["requests_per_s"] > 0 for r in rows)
-    assert "| concurrency | requests | requests/s |" in run.stdout
+    result = json.loads((tmp_path / "r.json").read_text())
+    rows = result["rows"]
+    assert [(r["concurrency"], r["requests"], r["status"]) for r in rows] == [
+        (1, 8, {"200": 8}),
+        (4, 8, {"200": 8}),
+    ]
+    assert all(0 < r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] for r in rows)
+    soaked = result["soak"]
+    assert soaked["seconds"] >= 3 and soaked["status"] == {"200": soaked["requests"]}
+    assert soaked["rss_before_mb"] > 50 and soaked["rss_after_mb"] > 50  # the server's, not 0
+    assert len(soaked["rss_samples"]) >= 2
+    assert "| concurrency | requests | requests/s | p50 (ms) | p95 (ms) | p99 (ms) |" in run.stdout
+    assert "Soak: " in run.stdout and "| growth |" in run.stdout
 
 
 def _run_batcher(fn, requests: list[list[str]], *, max_batch: int, max_wait_ms: float):
