@@ -40,7 +40,7 @@ from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig, decoding_options
 from litmt.decoding.sampling import make_generator
 from litmt.decoding.search import Hypothesis
-from litmt.decoding.steering import check_constraints, check_prefixes
+from litmt.decoding.steering import budget_floor, check_constraints, check_prefixes
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 from litmt.runtime.precision import autocast_context, plan_model_inference
@@ -262,6 +262,8 @@ class Translator:
         Sampling draws from one generator seeded with ``config.seed`` per call.
         """
         config = decoding_options(config or self.default_config, options)
+        if prefixes is not None or constraints is not None:  # refused before any decoding
+            budget_floor(self.max_source_tokens, prefixes, constraints)
         results: list[list[Hypothesis]] = [
             [Hypothesis(list(prefixes[i]) if prefixes else [], 0.0, 0.0)]
             for i in range(len(sources))

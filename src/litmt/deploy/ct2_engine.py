@@ -193,6 +193,8 @@ class CT2Translator(Translator):
             )
         if prefixes is not None and not any(prefixes):
             prefixes = None
+        if prefixes is not None:  # refused before any decoding, naming the sentence
+            budget_floor(self.max_source_tokens, prefixes)
         beam_size, n_best, min_len = config.beam_size, config.n_best, config.min_len
         length_penalty = config.length_penalty
         max_len_a, max_len_b = config.max_len_a, config.max_len_b
