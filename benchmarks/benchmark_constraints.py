@@ -144,6 +144,10 @@ def prefix_part(tr: Translator, ct2: CT2Translator, src: list[str], ref: list[st
         full[name] = {
             "text_equal": sum(t == r for t, r in zip(texts, ref, strict=True)),
             "ids_equal": sum(h[0].tokens == r for h, r in zip(found, ref_ids, strict=True)),
+            "starts_with_ids": sum(
+                h[0].tokens[: len(r)] == r for h, r in zip(found, ref_ids, strict=True)
+            ),
+            "others": [(i + 1, ref[i], texts[i]) for i in range(n) if texts[i] != ref[i]][:6],
         }
     return {
         "lines": n,
@@ -210,12 +214,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{b['start_with_prefix_ct2']} |"
     )
     full = b["full_reference_prefix"]
-    for key, label in (("text_equal", "text"), ("ids_equal", "token ids")):
+    for key, label in (
+        ("text_equal", "text"),
+        ("ids_equal", "token ids"),
+        ("starts_with_ids", "output starts with its ids"),
+    ):
         print(
             f"| full reference as prefix reproduces it ({label}) | {full['torch'][key]} | "
             f"{full['ct2'][key]} |"
         )
     print(f"| seconds (prefix run) | {b['seconds_torch']:.1f} | {b['seconds_ct2']:.1f} |")
+    for name in ("torch", "ct2"):
+        for line, r, t in full[name]["others"]:
+            print(f"\n  {name} line {line}: reference {r!r}\n    output {t!r}")
     for d in b["differences"]:
         print(
             f"\n  line {d['line']}: torch {d['torch']!r} ({d['torch_score']:.4f}) vs ct2 "
