@@ -100,6 +100,12 @@ def constraints_part(tr: Translator, src: list[str], ref: list[str], args: Any) 
         "found_as_word": as_word,
         "found_as_substring": as_sub,
         "missed": missed[:10],
+        "not_a_word": [
+            (i + 1, c, h)
+            for i, (h, cs) in enumerate(zip(steered, cons, strict=True))
+            for c in cs
+            if c in h and c not in words(h)
+        ][:10],
         "bleu_plain": corpus_bleu(plain, ref),
         "bleu_constrained": corpus_bleu(steered, ref),
         "seconds_plain": t_plain,
@@ -202,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n  src: {line}\n  constraints: {cons}\n  plain: {plain}\n  constrained: {steered}")
     if a["missed"]:
         print(f"\n  not found as a substring: {a['missed']}")
+    for line, c, h in a["not_a_word"]:
+        print(f"\n  found inside a longer word, line {line}: {c!r} in {h!r}")
     print(
         f"\n(b) prefix = the first {args.prefix_words} reference words, {b['lines']} lines, "
         f"beam {args.beam}\n"

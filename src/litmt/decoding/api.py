@@ -63,6 +63,7 @@ def decode(
     sync_steps: bool = False,
     prefixes: Sequence[Sequence[int]] | None = None,
     constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+    word_continuation: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode a batch of sources with one model or an ensemble.
 
@@ -77,6 +78,8 @@ def decode(
             steps (needed under FSDP; see `litmt.decoding.search`).
         prefixes: B lists of target ids (possibly empty) each output starts with; None = none.
         constraints: B lists of constraints (target id lists); None = none.
+        word_continuation: (V,) bool, target pieces that continue a word: blocked right
+            after a constraint is completed, so it ends a word (`litmt.decoding.constraints`).
 
     Returns:
         For each source row, its hypotheses best first: ``n_best`` of them for beam and
@@ -88,7 +91,9 @@ def decode(
     if prefixes is not None and len(prefixes) != src.size(0):
         raise ConfigError(f"{len(prefixes)} prefixes for {src.size(0)} sentences")
     if constraints is not None and any(constraints):
-        return _decode_constrained(model, src, config, prefixes, constraints, sync_steps)
+        return _decode_constrained(
+            model, src, config, prefixes, constraints, sync_steps, word_continuation
+        )
     common = dict(
         max_len_a=config.max_len_a,
         max_len_b=config.max_len_b,
@@ -123,6 +128,7 @@ def _decode_constrained(
     prefixes: Sequence[Sequence[int]] | None,
     constraints: Sequence[Sequence[Sequence[int]]],
     sync_steps: bool,
+    word_continuation: Tensor | None,
 ) -> list[list[Hypothesis]]:
     """`decode` of a batch where some sentences have constraints: those run
     `constrained_beam_search`, the others `decode` without constraints; input order kept."""
@@ -148,6 +154,7 @@ def _decode_constrained(
         n_best=config.n_best,
         min_len=config.min_len,
         prefixes=None if prefixes is None else [prefixes[i] for i in with_c],
+        word_continuation=word_continuation,
     )
     for i, hyps in zip(with_c, found, strict=True):
         out[i] = hyps

@@ -35,6 +35,12 @@ One step, per sentence with K live beams:
 5. A sentence is done when K hypotheses have finished, when its n_best-th finished score
    already beats what any live beam can reach (as in `beam_search`), or at its budget.
 
+Whole words (``word_continuation``, given by `Translator` from the target pieces): a
+constraint is tokenised as a word sequence (``"Hund"`` is ``▁Hund``), but the model could
+extend its last word ("Hund" + "e"). At the step after a hypothesis completes a constraint,
+pieces that continue a word (no leading ``▁``, starting with a letter or digit) are blocked,
+unless one of them advances another unmet constraint; so a constraint ends at a word end.
+
 The budget of a constrained sentence is raised to hold its prefix and all its constraints
 (`litmt.decoding.steering.budget_floor`), so the constraints can always be met: DBA keeps
 beams in the top banks, and eos stays blocked until they are met.
@@ -153,6 +159,7 @@ def constrained_beam_search(
     n_best: int = _D.n_best,
     min_len: int = _D.min_len,
     prefixes: Sequence[Sequence[int]] | None = None,
+    word_continuation: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search whose outputs contain every constraint of their sentence (module docstring).
 
@@ -164,6 +171,8 @@ def constrained_beam_search(
         beam_size: K (1 works: the top bank then always wins the one place).
         length_penalty, max_len_a, max_len_b, n_best, min_len: as `beam_search`.
         prefixes: B lists of target ids each output starts with; None = none.
+        word_continuation: (V,) bool, the target pieces that continue a word; blocked right
+            after a constraint is completed (module docstring). None = no such rule.
 
     Returns:
         For each source row, up to `n_best` hypotheses: those meeting every constraint first,
@@ -208,6 +217,9 @@ def constrained_beam_search(
     last = torch.full((bsz,), BOS_ID, dtype=torch.long, device=device)  # (b*kk,)
     history: list[list[int]] = [[] for _ in range(bsz)]  # per row
     cstate: list[State] = [trackers[i].start for i in range(bsz)]  # per row
+    just_met = [False] * bsz  # per row: its last token completed a constraint
+    if word_continuation is not None:
+        continuation_ids = word_continuation.nonzero().squeeze(1).to(device)  # (W,)
     finished: list[list[tuple[bool, float, float, list[int]]]] = [[] for _ in range(bsz)]
 
     for step in range(steps):
@@ -229,6 +241,14 @@ def constrained_beam_search(
         ]
         if blocked:
             logp[torch.tensor(blocked, device=device), EOS_ID] = NEG_INF
+        if word_continuation is not None and any(just_met):
+            for r in (r for r in range(b * kk) if just_met[r]):
+                keep = trackers[active[r // kk]].wanted(cstate[r])
+                row = logp[r]  # (V,) a view: the word must end here
+                saved = {t: float(row[t]) for t in keep}
+                row.index_fill_(0, continuation_ids, NEG_INF)
+                for t, v in saved.items():
+                    row[t] = v
         cand = logp.add_(scores[:, None])  # (b*kk, V) cumulative
         top_val, top_idx = topk_rows(cand.view(b, kk * vocab), 2 * k)  # (b, 2K)
         best_tok = cand.argmax(dim=-1).tolist()  # (b*kk,) each beam's best next token
@@ -259,6 +279,7 @@ def constrained_beam_search(
         new_scores: list[float] = []
         new_hist: list[list[int]] = []
         new_state: list[State] = []
+        new_met: list[bool] = []
         keep: list[int] = []  # local indices of sentences still searched
         n_tok = step + 1
         lp_now = float(length_penalty_factor(float(n_tok), length_penalty))
@@ -323,6 +344,7 @@ def constrained_beam_search(
                 new_scores.append(v)
                 new_hist.append([*history[r], t])
                 new_state.append(ns)
+                new_met.append(ns.count(MET) > cstate[r].count(MET))
         if not keep:
             break
         reorder = torch.tensor(new_rows, device=device)  # (b'*K,) rows of the old layout
@@ -331,7 +353,7 @@ def constrained_beam_search(
         kk = k
         scores = torch.tensor(new_scores, device=device)
         last = torch.tensor(new_toks, dtype=torch.long, device=device)
-        history, cstate = new_hist, new_state
+        history, cstate, just_met = new_hist, new_state, new_met
 
     return [
         [Hypothesis(tokens, score, log_prob) for _, score, log_prob, tokens in fin[:n_best]]

@@ -235,6 +235,13 @@ class Translator:
                     )
         return prefix_ids, constraint_ids
 
+    def word_continuation(self) -> torch.Tensor:
+        """(V,) bool: target pieces that continue the previous word (no leading ``▁``, a
+        letter or digit first), which may not follow a completed constraint."""
+        pieces = self.tokenizer.tgt_pieces(range(self.tokenizer.tgt_vocab_size))
+        mask = [not p.startswith("\u2581") and p[:1].isalnum() for p in pieces]
+        return torch.tensor(mask, dtype=torch.bool)
+
     # -- decoding -----------------------------------------------------------------------
     def search_ids(
         self,
@@ -291,6 +298,7 @@ class Translator:
                     generator=generator,
                     prefixes=None if prefixes is None else [prefixes[i] for i in idx],
                     constraints=None if constraints is None else [constraints[i] for i in idx],
+                    word_continuation=self.word_continuation() if constraints else None,
                 )
                 for i, hyps in zip(idx, found, strict=True):
                     results[i] = hyps

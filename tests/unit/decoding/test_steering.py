@@ -222,3 +222,15 @@ def test_bad_prefixes_and_constraints_are_one_line_errors(translator, kwargs, me
         translator.translate(["A red dog runs.", "A cat."], **kwargs)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_a_constraint_ends_a_word(translator):
+    """The model would extend "Hun" to "Hund"; after a completed constraint, pieces that
+    continue a word are blocked (`Translator.word_continuation`), so "Hun" stays a word."""
+    en, _ = sentences(6)
+    out = translator.translate(en, beam_size=4, constraints=[["Hun"]] * 6)
+    for text in out:
+        assert "Hun" in text.rstrip(".").split(), text
+    mask = translator.word_continuation()
+    pieces = translator.tokenizer.tgt_pieces(range(len(mask)))
+    assert not any(m and p.startswith("\u2581") for m, p in zip(mask, pieces, strict=True))
