@@ -144,9 +144,9 @@ def prefix_part(tr: Translator, ct2: CT2Translator, src: list[str], ref: list[st
     ref_ids = tr.tokenizer.encode_tgt(ref)
     ids = [tr.prepare(s) for s in src]
     for name, engine in (("torch", tr), ("ct2", ct2)):
-        texts = engine.translate(src, prefixes=ref, beam_size=args.beam)
         pids, _ = engine.encode_steering(n, ref)
         found = engine.search_ids(ids, prefixes=pids, beam_size=args.beam)
+        texts = engine.tokenizer.decode_tgt([h[0].tokens for h in found])
         full[name] = {
             "text_equal": sum(t == r for t, r in zip(texts, ref, strict=True)),
             "ids_equal": sum(h[0].tokens == r for h, r in zip(found, ref_ids, strict=True)),
