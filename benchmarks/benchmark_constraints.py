@@ -62,6 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--src", default=str(MULTI30K / "test2016.en"), help="source file")
     p.add_argument("--ref", default=str(MULTI30K / "test2016.de"), help="reference file")
     p.add_argument("--beam", type=int, default=5, help="beam size of every search")
+    p.add_argument("--alpha", type=float, default=1.0, help="length penalty of every search")
     p.add_argument("--per-sentence", type=int, default=2, help="constraints per sentence (max)")
     p.add_argument("--prefix-lines", type=int, default=200, help="sentences of the prefix part")
     p.add_argument("--prefix-words", type=int, default=2, help="reference words in the prefix")
@@ -79,7 +80,7 @@ def timed(fn: Any) -> tuple[Any, float]:
 
 
 def constraints_part(tr: Translator, src: list[str], ref: list[str], args: Any) -> dict:
-    options = dict(beam_size=args.beam)
+    options = dict(beam_size=args.beam, length_penalty=args.alpha)
     tr.translate(src[:16], **options)  # warm-up
     plain, t_plain = timed(lambda: tr.translate(src, **options))
     cons = [pick_constraints(h, r, args.per_sentence) for h, r in zip(plain, ref, strict=True)]
@@ -120,14 +121,16 @@ def prefix_part(tr: Translator, ct2: CT2Translator, src: list[str], ref: list[st
     n = args.prefix_lines
     src, ref = src[:n], ref[:n]
     prefixes = [" ".join(r.split()[: args.prefix_words]) for r in ref]
-    options = dict(beam_size=args.beam, return_scores=True)
+    options = dict(beam_size=args.beam, length_penalty=args.alpha, return_scores=True)
     a, t_torch = timed(lambda: tr.translate(src, prefixes=prefixes, **options))
     b, t_ct2 = timed(lambda: ct2.translate(src, prefixes=prefixes, **options))
     differ = [i for i in range(n) if a[i][0][0] != b[i][0][0]]
     forced = ForcedDecoder(tr)
     gaps = []
     for i in differ:  # both outputs scored by the torch model: how far apart are they?
-        fa, fb = forced.force_decode([src[i], src[i]], [a[i][0][0], b[i][0][0]])
+        fa, fb = forced.force_decode(
+            [src[i], src[i]], [a[i][0][0], b[i][0][0]], length_penalty=args.alpha
+        )
         gaps.append(
             {
                 "line": i + 1,
@@ -145,7 +148,9 @@ def prefix_part(tr: Translator, ct2: CT2Translator, src: list[str], ref: list[st
     ids = [tr.prepare(s) for s in src]
     for name, engine in (("torch", tr), ("ct2", ct2)):
         pids, _ = engine.encode_steering(n, ref)
-        found = engine.search_ids(ids, prefixes=pids, beam_size=args.beam)
+        found = engine.search_ids(
+            ids, prefixes=pids, beam_size=args.beam, length_penalty=args.alpha
+        )
         texts = engine.tokenizer.decode_tgt([h[0].tokens for h in found])
         full[name] = {
             "text_equal": sum(t == r for t, r in zip(texts, ref, strict=True)),
@@ -186,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             ct2 = CT2Translator(ensure_export(ckpt, exports, "none"), threads=args.threads)
             b = prefix_part(tr, ct2, src, ref, args)
     print(
-        f"{len(src)} sentences of {Path(args.src).name}, beam {args.beam}, {args.threads} "
+        f"{len(src)} sentences of {Path(args.src).name}, beam {args.beam}, length penalty "
+        f"{args.alpha}, {args.threads} "
         f"thread(s); torch {torch.__version__}, {platform.processor() or platform.machine()}\n"
     )
     n = a["sentences"]
