@@ -242,7 +242,10 @@ def constrained_beam_search(
         if blocked:
             logp[torch.tensor(blocked, device=device), EOS_ID] = NEG_INF
         if word_continuation is not None and any(just_met):
-            for r in (r for r in range(b * kk) if just_met[r]):
+            in_prefix = [False] * (b * kk)
+            if forced is not None:  # a prefix is forced as it is, word ends or not
+                in_prefix = forced[1][row_sent].gt(step).tolist()
+            for r in (r for r in range(b * kk) if just_met[r] and not in_prefix[r]):
                 keep = trackers[active[r // kk]].wanted(cstate[r])
                 row = logp[r]  # (V,) a view: the word must end here
                 saved = {t: float(row[t]) for t in keep}

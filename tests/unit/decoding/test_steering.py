@@ -231,6 +231,11 @@ def test_a_constraint_ends_a_word(translator):
     out = translator.translate(en, beam_size=4, constraints=[["Hun"]] * 6)
     for text in out:
         assert "Hun" in text.rstrip(".").split(), text
+    # a prefix that extends a constraint's word is forced as it is
+    out = translator.translate(
+        en[:2], beam_size=4, prefixes=["Ein Hund"] * 2, constraints=[["Hun"]] * 2
+    )
+    assert all(t.startswith("Ein Hund") for t in out), out
     mask = translator.word_continuation()
     pieces = translator.tokenizer.tgt_pieces(range(len(mask)))
     assert not any(m and p.startswith("\u2581") for m, p in zip(mask, pieces, strict=True))
