@@ -14,7 +14,8 @@ Routes (request and answer shapes follow LibreTranslate's ``libretranslate/app.p
   a line over the model's source limit is translated sentence by sentence
   (`litmt.deploy.sentences`, ``split_sentences``), never truncated;
   a full queue or a dead batcher → 503 with ``Retry-After``; past ``request_timeout_s`` →
-  504.
+  504. litmt extension fields: ``prefix`` and ``constraints`` (`litmt.deploy.libretranslate`);
+  a steered request runs as its own job in the model's thread, not in the batcher.
 - ``GET /languages``: ``[{"code", "name", "targets"}]``.
 - ``GET /health``: ``{"status": "ok", ...}`` with batching counters (queued, skipped,
   rejected); 503 when the batcher task has ended.
@@ -368,6 +369,33 @@ def create_app(
             return JSONResponse({"error": "Client closed the request"}, status_code=499)
         return plan.join(out) if n_best == 1 else plan.join_nbest(out)
 
+    async def steered(request: Request, texts: list[str], prefixes: Any, constraints: Any) -> Any:
+        """The translations of `texts` with their prefixes and constraints (one job in the
+        model's thread), or the error response to answer."""
+        plan = segmenter.plan(texts)  # the limits (413) as for any request
+        if len(plan.units) != len(texts):
+            raise ApiError(
+                400,
+                "Invalid request: a text with a prefix or constraints must be one line within "
+                "the model's source limit",
+            )
+
+        def job() -> list[str]:
+            return translator.translate(
+                plan.units, prefixes=prefixes, constraints=constraints, **options
+            )
+
+        try:
+            out = await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(executor, job),
+                settings.request_timeout_s,
+            )
+        except TimeoutError:
+            raise ApiError(
+                504, f"Translation timed out (request_timeout_s={settings.request_timeout_s:g})"
+            ) from None
+        return plan.join(out)
+
     service = lt.Service(
         src=src,
         tgt=tgt,
@@ -380,6 +408,7 @@ def create_app(
         texts=lambda params, is_json: _texts(params, settings, is_json),
         batched=batched,
         nbest=batched,
+        steered=steered,
         upload_dir=upload_dir,
         check=guard.check,
         api_keys=guard.keys_on,
