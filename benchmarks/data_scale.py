@@ -23,6 +23,7 @@ Timings depend on what else runs on the machine; say so when quoting them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -50,9 +51,9 @@ def _words(rng: np.random.Generator, n: int) -> np.ndarray:
     words: dict[str, None] = {}
     while len(words) < n:
         k = int(rng.integers(1, 5))
-        words[
-            "".join(syll[rng.integers(0, len(syll), k)]) + ("" if k > 1 else str(len(words)))
-        ] = None
+        words["".join(syll[rng.integers(0, len(syll), k)]) + ("" if k > 1 else str(len(words)))] = (
+            None
+        )
     return np.array(list(words)[:n], dtype=object)
 
 
@@ -67,7 +68,9 @@ def _write_side(path: Path, words: np.ndarray, lengths: np.ndarray, seed: int) -
             ids = np.minimum(np.searchsorted(cdf, rng.random(int(lens.sum()))), len(words) - 1)
             toks = words[ids]
             bounds = np.concatenate([[0], np.cumsum(lens)])
-            f.write("".join(" ".join(toks[bounds[i] : bounds[i + 1]]) + "\n" for i in range(len(lens))))
+            f.write(
+                "".join(" ".join(toks[bounds[i] : bounds[i + 1]]) + "\n" for i in range(len(lens)))
+            )
 
 
 def generate(out: Path, pairs: int, seed: int = 0) -> None:
@@ -181,10 +184,8 @@ def _tree_rss(pid: int) -> tuple[int, int, int]:
         file_ = int(fields.get("RssFile", "0 kB").split()[0]) * 1024
         total = 0
         for p in procs:
-            try:
+            with contextlib.suppress(psutil.Error):
                 total += p.memory_info().rss
-            except psutil.Error:
-                pass
         return anon, file_, total
     except (psutil.Error, OSError):
         return 0, 0, 0

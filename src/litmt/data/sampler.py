@@ -33,12 +33,23 @@ import torch.distributed as dist
 
 from litmt.errors import ConfigError
 
+_PACK_CHUNK = 1 << 20  # examples converted to python ints at a time while packing
+
 
 def dist_rank_world() -> tuple[int, int]:
     """(rank, world size) of the initialised default process group, else (0, 1)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _signed(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
+    """`lengths` as a signed integer array, without a copy when it already is one (the
+    memory-mapped cache's int32 lengths stay on disk)."""
+    arr = np.asarray(lengths)
+    if arr.dtype.kind != "i":
+        arr = arr.astype(np.int64)
+    return arr
 
 
 def bucket_sort(order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
@@ -85,19 +96,19 @@ def pack_batches(
         raise ConfigError("set data.max_tokens or data.batch_size to batch the data")
     if batch_size is not None and max_tokens is None:
         return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    lens = lengths[order].tolist()
     bounds = [0]
     start, longest = 0, 0
-    for i, n in enumerate(lens):
-        new_longest = max(longest, n)
-        size = i - start + 1
-        full = (batch_size is not None and size > batch_size) or size * new_longest > max_tokens
-        if full and i > start:
-            bounds.append(i)
-            start, longest = i, n
-        else:
-            longest = new_longest
-    bounds.append(len(lens))
+    for a in range(0, len(order), _PACK_CHUNK):  # python ints for a chunk at a time
+        for i, n in enumerate(lengths[order[a : a + _PACK_CHUNK]].tolist(), start=a):
+            new_longest = max(longest, n)
+            size = i - start + 1
+            full = (batch_size is not None and size > batch_size) or size * new_longest > max_tokens
+            if full and i > start:
+                bounds.append(i)
+                start, longest = i, n
+            else:
+                longest = new_longest
+    bounds.append(len(order))
     return [order[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
@@ -166,8 +177,7 @@ class TokenBudgetBatchSampler:
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
-        src = np.asarray(src_lengths, dtype=np.int64)
-        tgt = np.asarray(tgt_lengths, dtype=np.int64)
+        src, tgt = _signed(src_lengths), _signed(tgt_lengths)
         if src.shape != tgt.shape:
             raise ValueError("src_lengths and tgt_lengths differ in size")
         if max_tokens is not None and max_tokens <= 0:
