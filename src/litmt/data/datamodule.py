@@ -1,13 +1,16 @@
 """`TranslationDataModule`: corpus → sentencepiece → cached token ids → bucketed batches.
 
 `prepare_data` (one process per node) trains or loads the tokenizer and tokenises every
-split into a `datasets` cache; `setup` (every process) reads those caches back. Both are
+split into the prepared cache; `setup` (every process) memory-maps those caches. Both are
 safe to call alone: whatever is missing is built, whatever is cached is reused.
 
 Cache layout under `cache_dir` (default `data/`):
 - `tokenizers/{name}-{src}-{tgt}-{settings key}-{corpus hash}/` sentencepiece model(s);
-- `cache/{name}-{src}-{tgt}-{split}-{hash}/` (`save_to_disk`) raw text + token ids of one split, keyed
-  by the split's files (path, size, mtime) or hub coordinates and by the tokenizer bytes.
+- `cache/{name}-{src}-{tgt}-{split}-{hash}/` memory-mapped token ids of one split
+  (`litmt.data.memmap`), keyed by the split's files (path, size, mtime) or hub coordinates,
+  the tokenizer bytes, `limit` and (train) the filter settings. Preparation streams the
+  corpus in chunks (`litmt.data.streams`); training maps the arrays, so every rank of a node
+  shares one copy through the page cache.
 
 Batches: see `collate.collate` (keys `src`, `tgt_in`, `tgt_out`, masks, lengths, `index`,
 `ntokens` as a python int). Train batches come from `TokenBudgetBatchSampler` (shuffled,
