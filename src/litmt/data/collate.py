@@ -45,12 +45,21 @@ class TokenizedPairs(Dataset):
         src_lens: np.ndarray | None = None,
         tgt_lens: np.ndarray | None = None,
     ) -> None:
-        self.src_values, self.src_offsets = src_values, np.asarray(src_offsets, dtype=np.int64)
-        self.tgt_values, self.tgt_offsets = tgt_values, np.asarray(tgt_offsets, dtype=np.int64)
+        # np.asarray: plain ndarray views of memory-mapped arrays (no copy), whose slices
+        # skip np.memmap's per-slice Python overhead in `__getitem__`
+        self.src_values, self.src_offsets = (
+            np.asarray(src_values),
+            np.asarray(src_offsets, dtype=np.int64),
+        )
+        self.tgt_values, self.tgt_offsets = (
+            np.asarray(tgt_values),
+            np.asarray(tgt_offsets, dtype=np.int64),
+        )
         n = len(self.src_offsets) - 1
         self.indices = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices)
         self.max_src_len, self.max_tgt_len = max_src_len, max_tgt_len
-        self._src_lens, self._tgt_lens = src_lens, tgt_lens
+        self._src_lens = None if src_lens is None else np.asarray(src_lens)
+        self._tgt_lens = None if tgt_lens is None else np.asarray(tgt_lens)
 
     @classmethod
     def from_lists(
