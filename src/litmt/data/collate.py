@@ -87,6 +87,8 @@ class TokenizedPairs(Dataset):
         """(N,) target tensor lengths: tokens (after truncation) + 1 for bos/eos."""
         lens = np.diff(self.tgt_offsets) if self._tgt_lens is None else self._tgt_lens
         lens = lens if self.max_tgt_len is None else np.minimum(lens, self.max_tgt_len)
+        if len(lens) and int(lens.max()) < 2**15 - 1:  # int16: half the memory of a copy
+            return np.add(lens, 1, dtype=np.int16)
         return lens + 1
 
     def __getitem__(self, pos: int) -> Example:

@@ -269,7 +269,7 @@ class TokenBudgetBatchSampler:
             pieces = []
             for a in range(0, len(order), pool):
                 pieces.append(bucket_sort(order[a : a + pool], self.src_lengths, self.tgt_lengths))
-            order = np.concatenate(pieces)
+            order = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)  # no copy of one
         batches = pack_batches(order, self.lengths, self.max_tokens, self.batch_size)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
