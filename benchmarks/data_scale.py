@@ -282,9 +282,9 @@ def main(argv: list[str] | None = None) -> int:
                 ddp_rows.append({**r, "pairs": n, "single_anon": single["peak_anon"]})
                 print(f"[{n}] ddp rank: {json.dumps(r)}", file=sys.stderr)
     lines = [
-        "| pairs | prep time (s) | prep peak RSS (GB, main / tree) | cache on disk (GB) | "
-        "epoch: batches | epoch time (s) | epoch peak RSS (GB) | epoch peak RssAnon (GB) | "
-        "epoch peak RssFile (GB) |",
+        "| pairs | prep time (s) | prep peak RSS (GiB, main / tree) | cache on disk (GiB) | "
+        "epoch: batches | epoch time (s) | epoch peak RSS (GiB) | epoch peak RssAnon (GiB) | "
+        "epoch peak RssFile (GiB) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -295,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{_gb(r.get('iter_anon', 0))} | {_gb(r.get('iter_file', 0))} |"
         )
     if ddp_rows:
-        lines += ["", "| rank | batches | index hash | batch hash | RssAnon (GB) | USS (GB) | "
-                  "single-process RssAnon (GB) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += ["", "| rank | batches | index hash | batch hash | RssAnon (GiB) | USS (GiB) | "
+                  "single-process RssAnon (GiB) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in ddp_rows:
             lines.append(
                 f"| {r['rank']} | {r['batches_per_rank']} | `{r['index_hash']}` | "
