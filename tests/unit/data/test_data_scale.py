@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -186,7 +187,9 @@ def test_pair_deduper_across_chunks() -> None:
 
 
 @pytest.mark.parametrize("joint", [True, False])
-def test_streamed_sample_trains_the_same_tokenizer(tmp_path: Path, joint: bool) -> None:
+def test_streamed_sample_trains_the_same_tokenizer(
+    tmp_path: Path, joint: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     src, tgt = make_pairs(400, seed=5)
     src[7] = ""  # empty sentences are skipped on both paths
     settings = TokenizerSettings(vocab_size=40, joint=joint, input_sentence_size=250, seed=3)
@@ -196,8 +199,11 @@ def test_streamed_sample_trains_the_same_tokenizer(tmp_path: Path, joint: bool) 
         for a in range(0, 400, 64):
             yield src[a : a + 64], tgt[a : a + 64]
 
-    samples = sample_sentences(chunks, joint=joint, size=250, seed=3, workdir=tmp_path / "w")
+    with caplog.at_level(logging.INFO, logger="litmt.data"):
+        samples = sample_sentences(chunks, joint=joint, size=250, seed=3, workdir=tmp_path / "w")
     assert [len(s) for s in samples] == [250] * (1 if joint else 2)
+    total = 799 if joint else 399
+    assert f"tokenizer: sampled 250 of {total} sentences" in caplog.text
     got = Tokenizer.train(samples[0], samples[-1], settings, sampled=True)
     assert got.to_dict() == ref.to_dict()
 
