@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -115,7 +116,7 @@ def test_full_disk_is_one_line_and_leaves_no_cache(
 
     def fail_later(self: CacheWriter, name: str, array: np.ndarray) -> None:
         calls["n"] += 1
-        if calls["n"] > 6:  # after the first chunk: a half-written cache
+        if calls["n"] > 6:  # in the middle of the first chunk: a half-written cache
             raise OSError(errno.ENOSPC, "No space left on device")
         real(self, name, array)
 
@@ -143,8 +144,6 @@ def test_half_written_cache_is_never_reused(dm_kwargs: dict, tmp_path: Path) -> 
     dm2 = TranslationDataModule(**dm_kwargs)
     with pytest.raises(DataError, match="corrupt"):  # the marker-less directory is not read
         dm2.setup("fit")
-    import shutil
-
     shutil.rmtree(path)
     assert _batches(TranslationDataModule(**dm_kwargs)) == ref  # rebuilt
     assert not stale.exists()  # the dead writer's directory was removed
