@@ -30,9 +30,8 @@ from typing import Any
 import torch
 
 from benchmarks.benchmark_engines import ensure_export
-from benchmarks.common import MULTI30K
+from benchmarks.common import MULTI30K, parallel_lines
 from litmt.cli.exits import cli_errors
-from litmt.data.text import read_text_file
 from litmt.decoding.forced import ForcedDecoder
 from litmt.decoding.translator import Translator
 from litmt.deploy.ct2_engine import CT2Translator
@@ -175,13 +174,7 @@ def prefix_part(tr: Translator, ct2: CT2Translator, src: list[str], ref: list[st
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with cli_errors():
-        src = read_text_file(args.src, "--src")
-        ref = read_text_file(args.ref, "--ref")
-        if len(src) != len(ref):
-            print(f"error: {len(src)} source lines but {len(ref)} references", file=sys.stderr)
-            return 2
-        if args.limit:
-            src, ref = src[: args.limit], ref[: args.limit]
+        src, ref = parallel_lines(args.src, args.ref, args.limit)
         torch.set_num_threads(args.threads)
         ckpt = Path(args.ckpt)
         tr = Translator.from_checkpoint(ckpt, device="cpu")

@@ -287,14 +287,25 @@ class CT2Translator(Translator):
         `score_batch` (its tokens and eos), as CTranslate2's search scores leave the prefix
         steps out (module docstring)."""
         where = [(r, h) for r, i in enumerate(idx) if prefixes[i] for h in range(len(hyps[r]))]
+        for (r, h), log_probs in zip(where, self._scored(idx, sources, hyps, where), strict=True):
+            hyps[r][h] = (hyps[r][h][0], float(sum(log_probs)))
+
+    def _scored(
+        self,
+        idx: list[int],
+        sources: Sequence[Sequence[int]],
+        hyps: list[list[tuple[list[int], float]]],
+        where: list[tuple[int, int]],
+    ) -> list[list[float]]:
+        """CTranslate2's per-token log-probabilities (eos included) of hypothesis h of row r,
+        for each (r, h) in `where` (`score_batch`; nothing is run when `where` is empty)."""
         if not where:
-            return
+            return []
         scored = self.ct2.score_batch(
             [[self._src_pieces[t] for t in sources[idx[r]]] for r, _ in where],
             [[self._tgt_pieces[t] for t in hyps[r][h][0]] for r, h in where],
         )
-        for (r, h), res in zip(where, scored, strict=True):
-            hyps[r][h] = (hyps[r][h][0], float(sum(res.log_probs)))
+        return [list(res.log_probs) for res in scored]
 
     def _add_forced_eos(
         self,
@@ -314,15 +325,9 @@ class CT2Translator(Translator):
             for h, (t, _) in enumerate(sent)
             if len(t) == budget
         ]
-        if not where:
-            return
-        scored = self.ct2.score_batch(
-            [[self._src_pieces[t] for t in sources[idx[r]]] for r, _ in where],
-            [[self._tgt_pieces[t] for t in hyps[r][h][0]] for r, h in where],
-        )
-        for (r, h), res in zip(where, scored, strict=True):
+        for (r, h), log_probs in zip(where, self._scored(idx, sources, hyps, where), strict=True):
             tokens, log_prob = hyps[r][h]
-            hyps[r][h] = (tokens, log_prob + float(res.log_probs[-1]))
+            hyps[r][h] = (tokens, log_prob + float(log_probs[-1]))
 
 
 __all__ = ["CT2Translator", "default_cache_dir"]
