@@ -447,6 +447,7 @@ class TranslationDataModule(L.LightningDataModule):
             pad_to_multiple=self.pad_to_multiple,
             num_workers=self.num_workers,
             pin_memory=self._pin(),
+            scratch_dir=self.cache_dir / "scratch",
         )
         if train and self.trainer is not None:
             loader.set_epoch(self.trainer.current_epoch)
