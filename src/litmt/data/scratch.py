@@ -94,5 +94,5 @@ def is_file_backed(arr: np.ndarray) -> bool:
     while obj is not None:
         if isinstance(obj, np.memmap | mmap.mmap):
             return True
-        obj = getattr(obj, "base", None)
+        obj = obj.obj if isinstance(obj, memoryview) else getattr(obj, "base", None)
     return False
