@@ -37,8 +37,9 @@ import torch.distributed as dist
 from litmt.data.scratch import Scratch
 from litmt.errors import ConfigError
 
-_PACK_CHUNK = 1 << 20  # examples converted to python ints at a time while packing
-_SORT_CHUNK = 1 << 20  # examples per chunk of the counting sort (`bucket_sort`)
+_PACK_CHUNK = 1 << 18  # examples converted to python ints at a time while packing
+_SORT_CHUNK = 1 << 18  # examples per chunk of the counting sort (`bucket_sort`): its
+# int64 temporaries, about 80 bytes per example of a chunk, are the peak of planning
 _FILL_CHUNK = 1 << 20  # examples per chunk when filling plan arrays
 _MAX_SORT_KEYS = 1 << 24  # larger key ranges (absurd lengths) fall back to a lexsort
 
