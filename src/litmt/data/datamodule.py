@@ -10,7 +10,9 @@ Cache layout under `cache_dir` (default `data/`):
   (`litmt.data.memmap`), keyed by the split's files (path, size, mtime) or hub coordinates,
   the tokenizer bytes, `limit` and (train) the filter settings. Preparation streams the
   corpus in chunks (`litmt.data.streams`); training maps the arrays, so every rank of a node
-  shares one copy through the page cache.
+  shares one copy through the page cache;
+- `scratch/` the batch sampler's per-epoch arrays of large splits, memory-mapped files that
+  each process creates and unlinks at once (`litmt.data.scratch`): never a file left behind.
 
 Batches: see `collate.collate` (keys `src`, `tgt_in`, `tgt_out`, masks, lengths, `index`,
 `ntokens` as a python int). Train batches come from `TokenBudgetBatchSampler` (shuffled,

@@ -20,6 +20,11 @@ number of batches per epoch is constant (which Lightning assumes: it measures
 `len(train_dataloader)` once); shuffling before the stable sort still varies which examples
 of equal length share a batch. A finite pool gives more varied batches but the count may
 change by a few batches between epochs.
+
+Memory: the plan is one (N,) order array plus (B,) batch bounds (`EpochPlan`), and the
+per-example arrays are built a chunk at a time; with `scratch_dir` set, those of large
+splits are memory-mapped scratch files (`litmt.data.scratch`), so the private memory of
+planning and iterating an epoch does not grow with the corpus.
 """
 
 from __future__ import annotations
