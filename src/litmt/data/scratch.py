@@ -9,13 +9,15 @@ Each file is created with a unique name (`tempfile.mkstemp`, the process id in i
 its blocks are reserved (`posix_fallocate`: a full disk is a clean error here, not a
 SIGBUS on a later write through the mapping), mapped, and unlinked at once: nothing is left
 on disk when the process ends, however it ends, and no two processes (DDP ranks) ever share
-a file.
+a file. A directory that cannot be written (a read-only shared cache) keeps the arrays in
+memory, with a warning; a full disk is an error.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import mmap
 import os
 import tempfile
@@ -25,6 +27,8 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from litmt.errors import DataError
+
+log = logging.getLogger(__name__)
 
 FILE_MIN_ITEMS = 1 << 18  # arrays with fewer items stay in memory (Multi30k: 29k pairs)
 
@@ -65,6 +69,11 @@ class Scratch:
             self.directory.mkdir(parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(prefix=f"plan-{os.getpid()}-", dir=self.directory)
         except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # a read-only cache
+                log.warning("cannot write the batch plan's scratch files in %s (%s); keeping "
+                            "the plan in memory", self.directory, exc.strerror or exc)  # fmt: skip
+                self.directory = None
+                return np.empty(n, dtype=dt)
             raise self._error(exc) from None
         try:
             os.unlink(name)  # the mapping keeps the blocks; the name is gone at once

@@ -247,6 +247,21 @@ def test_sampler_plans_the_same_from_memory_mapped_or_file_backed_arrays(
             assert list(a) == list(b)
 
 
+def test_scratch_in_a_read_only_directory_falls_back_to_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from litmt.data import scratch
+
+    def read_only(**kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(scratch.tempfile, "mkstemp", read_only)
+    with caplog.at_level(logging.WARNING, logger="litmt.data"):
+        arr = scratch.Scratch(tmp_path, min_items=1).empty(10, np.int32)
+    assert len(arr) == 10 and not scratch.is_file_backed(arr)
+    assert "keeping the plan in memory" in caplog.text
+
+
 def test_scratch_full_disk_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from litmt.data import scratch
 
