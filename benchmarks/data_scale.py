@@ -13,8 +13,8 @@ each step in a fresh child process polled from outside (``/proc/PID/status``):
 - 2-rank gloo (`--ddp`): each rank's first 100 batches hashed (example indexes and the
   collated tensors) and its private memory (RssAnon, USS).
 
-    python -m benchmarks.data_scale --root /tmp/litmt-scale --sizes 1000000 4000000 10000000
-    python -m benchmarks.data_scale --root /tmp/litmt-scale --sizes 1000000 --ddp --no-iterate
+    python -m benchmarks.data_scale --root SCALE --sizes 1000000 4000000 10000000
+    python -m benchmarks.data_scale --root SCALE --sizes 1000000 --ddp --no-iterate
     python -m benchmarks.data_scale --root R --out report.md   # markdown for docs/benchmarks.md
 
 Timings depend on what else runs on the machine; say so when quoting them.

@@ -78,14 +78,23 @@ class TokenizedPairs(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def src_lengths(self) -> np.ndarray:
-        """(N,) source tensor lengths (after truncation)."""
-        lens = np.diff(self.src_offsets) if self._src_lens is None else self._src_lens
+    def _raw_lengths(self, side: str, start: int, stop: int | None) -> np.ndarray:
+        """(stop - start,) token counts of positions start:stop of `side` (no copy when stored)."""
+        stored = self._src_lens if side == "src" else self._tgt_lens
+        if stored is not None:
+            return stored[start:stop]
+        offsets = self.src_offsets if side == "src" else self.tgt_offsets
+        return np.diff(offsets[start : None if stop is None else stop + 1])
+
+    def src_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """(N,) source tensor lengths (after truncation), of positions start:stop."""
+        lens = self._raw_lengths("src", start, stop)
         return lens if self.max_src_len is None else np.minimum(lens, self.max_src_len)
 
-    def tgt_lengths(self) -> np.ndarray:
-        """(N,) target tensor lengths: tokens (after truncation) + 1 for bos/eos."""
-        lens = np.diff(self.tgt_offsets) if self._tgt_lens is None else self._tgt_lens
+    def tgt_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """(N,) target tensor lengths: tokens (after truncation) + 1 for bos/eos, of
+        positions start:stop."""
+        lens = self._raw_lengths("tgt", start, stop)
         lens = lens if self.max_tgt_len is None else np.minimum(lens, self.max_tgt_len)
         if len(lens) and int(lens.max()) < 2**15 - 1:  # int16: half the memory of a copy
             return np.add(lens, 1, dtype=np.int16)

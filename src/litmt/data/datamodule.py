@@ -10,7 +10,9 @@ Cache layout under `cache_dir` (default `data/`):
   (`litmt.data.memmap`), keyed by the split's files (path, size, mtime) or hub coordinates,
   the tokenizer bytes, `limit` and (train) the filter settings. Preparation streams the
   corpus in chunks (`litmt.data.streams`); training maps the arrays, so every rank of a node
-  shares one copy through the page cache.
+  shares one copy through the page cache;
+- `scratch/` the batch sampler's per-epoch arrays of large splits, memory-mapped files that
+  each process creates and unlinks at once (`litmt.data.scratch`): never a file left behind.
 
 Batches: see `collate.collate` (keys `src`, `tgt_in`, `tgt_out`, masks, lengths, `index`,
 `ntokens` as a python int). Train batches come from `TokenBudgetBatchSampler` (shuffled,
@@ -447,6 +449,7 @@ class TranslationDataModule(L.LightningDataModule):
             pad_to_multiple=self.pad_to_multiple,
             num_workers=self.num_workers,
             pin_memory=self._pin(),
+            scratch_dir=self.cache_dir / "scratch",
         )
         if train and self.trainer is not None:
             loader.set_epoch(self.trainer.current_epoch)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,9 @@ from torch.utils.data import DataLoader
 
 from litmt.data.collate import TokenizedPairs, collate
 from litmt.data.sampler import TokenBudgetBatchSampler
+from litmt.data.scratch import Scratch
+
+_LENGTH_CHUNK = 1 << 20  # examples per chunk when gathering the lengths
 
 
 class ResumableDataLoader(DataLoader):
@@ -60,12 +64,30 @@ def padded_length_array(lengths: np.ndarray, multiple: int) -> np.ndarray:
     return -(-np.asarray(lengths) // multiple) * multiple
 
 
+def tensor_lengths(
+    pairs: TokenizedPairs, multiple: int, scratch: Scratch
+) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) source and (N,) target tensor lengths of `pairs`, rounded up to `multiple`, built
+    a chunk at a time into scratch arrays (file-backed for large corpora: no N-sized copy
+    in private memory)."""
+    n = len(pairs)
+    src, tgt = scratch.empty(n, np.int32), scratch.empty(n, np.int32)
+    for a in range(0, n, _LENGTH_CHUNK):
+        b = min(a + _LENGTH_CHUNK, n)
+        s, t = pairs.src_lengths(a, b), pairs.tgt_lengths(a, b)
+        if multiple > 1:  # budget the padded batch shapes the collate function will produce
+            s, t = padded_length_array(s, multiple), padded_length_array(t, multiple)
+        src[a:b], tgt[a:b] = s, t
+    return src, tgt
+
+
 def token_budget_loader(
     pairs: TokenizedPairs,
     *,
     pad_to_multiple: int,
     num_workers: int,
     pin_memory: bool,
+    scratch_dir: str | Path | None = None,
     **sampling: Any,
 ) -> ResumableDataLoader:
     """Length-sorted batches of `pairs` under a token budget (`TokenBudgetBatchSampler`),
@@ -76,12 +98,14 @@ def token_budget_loader(
             and seed (it always sorts by length).
         pad_to_multiple: 1 = no rounding; else `collate`'s ``pad_to_multiple``.
         num_workers, pin_memory: see `torch.utils.data.DataLoader`.
+        scratch_dir: where the sampler's per-example arrays go as memory-mapped files when
+            the split is large (`litmt.data.scratch`); None = in memory.
     """
     m = pad_to_multiple
-    src_lens, tgt_lens = pairs.src_lengths(), pairs.tgt_lengths()
-    if m > 1:  # budget the padded batch shapes the collate function will produce
-        src_lens, tgt_lens = padded_length_array(src_lens, m), padded_length_array(tgt_lens, m)
-    sampler = TokenBudgetBatchSampler(src_lens, tgt_lens, sort=True, **sampling)
+    src_lens, tgt_lens = tensor_lengths(pairs, m, Scratch(scratch_dir))
+    sampler = TokenBudgetBatchSampler(
+        src_lens, tgt_lens, sort=True, scratch_dir=scratch_dir, **sampling
+    )
     return ResumableDataLoader(
         pairs,
         batch_sampler=sampler,

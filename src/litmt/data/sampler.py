@@ -20,21 +20,32 @@ number of batches per epoch is constant (which Lightning assumes: it measures
 `len(train_dataloader)` once); shuffling before the stable sort still varies which examples
 of equal length share a batch. A finite pool gives more varied batches but the count may
 change by a few batches between epochs.
+
+Memory: the plan is one (N,) order array plus (B,) batch bounds (`EpochPlan`), and the
+per-example arrays are built a chunk at a time; with `scratch_dir` set, those of large
+splits are memory-mapped scratch files (`litmt.data.scratch`), so the private memory of
+planning and iterating an epoch does not grow with the corpus.
 """
 
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch.distributed as dist
 
+from litmt.data.scratch import Scratch
 from litmt.errors import ConfigError
 
-_PACK_CHUNK = 1 << 20  # examples converted to python ints at a time while packing
-_SORT_CHUNK = 1 << 20  # examples per chunk of the counting sort (`bucket_sort`)
+_PACK_CHUNK = 1 << 18  # examples converted to python ints at a time while packing
+_SORT_CHUNK = 1 << 18  # examples per chunk of the counting sort (`bucket_sort`): its
+# int64 temporaries, about 80 bytes per example of a chunk, are the peak of planning
+_FILL_CHUNK = 1 << 20  # examples per chunk when filling plan arrays
 _MAX_SORT_KEYS = 1 << 24  # larger key ranges (absurd lengths) fall back to a lexsort
 
 
@@ -54,14 +65,30 @@ def _signed(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     return arr
 
 
-def _narrow(lengths: np.ndarray) -> np.ndarray:
-    """`lengths` as int16 when every value fits (a quarter of int64), else unchanged."""
-    if len(lengths) and lengths.dtype.itemsize > 2 and int(lengths.max()) < 2**15:
-        return lengths.astype(np.int16)
-    return lengths
+def _chunks(n: int, size: int = _FILL_CHUNK) -> Iterator[slice]:
+    """Consecutive slices covering range(n), `size` items each (the last may be shorter)."""
+    for a in range(0, n, size):
+        yield slice(a, min(a + size, n))
 
 
-def bucket_sort(order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
+def _cost_lengths(src: np.ndarray, tgt: np.ndarray, scratch: Scratch) -> np.ndarray:
+    """(N,) padded cost `max(src, tgt)` per example, computed a chunk at a time into a scratch
+    array: int16 when every value fits (a quarter of int64), else the wider input dtype."""
+    n = len(src)
+    wide = np.result_type(src.dtype, tgt.dtype)
+    fits = n == 0 or max(int(src.max()), int(tgt.max())) < 2**15
+    out = scratch.empty(n, np.int16 if fits and wide.itemsize > 2 else wide)
+    for c in _chunks(n):
+        np.maximum(src[c], tgt[c], out=out[c], casting="unsafe")
+    return out
+
+
+def bucket_sort(
+    order: np.ndarray,
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """Stable sort of `order` that puts examples of similar source *and* target length together.
 
     Primary key: the padded cost `max(src, tgt)`. Within one cost the examples run from
@@ -74,20 +101,25 @@ def bucket_sort(order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndar
     Args:
         order: (N,) example positions.
         src_lengths, tgt_lengths: lengths of all examples, indexed by position.
+        out: (N,) array to write the result into (e.g. a file-backed scratch array), or
+            None for a new array. Must not be `order` itself.
 
     Returns:
-        (N,) the same positions, sorted.
+        (N,) the same positions, sorted (`out` when given).
     """
     n = len(order)
+    if out is None:
+        out = np.empty_like(order)
     if n == 0:
-        return order
+        return out
     top = int(max(src_lengths.max(), tgt_lengths.max()))  # every cost and |diff| <= top
     width = 2 * top + 1  # key = cost * width + diff + top: ordered like (cost, diff)
     if (top + 1) * width > _MAX_SORT_KEYS or n <= _SORT_CHUNK:  # few examples or huge lengths
         s, t = src_lengths[order], tgt_lengths[order]
         cost = np.maximum(s, t)
         diff = np.where(cost % 2 == 0, s - t, t - s)
-        return order[np.lexsort((diff, cost))]  # last key is primary; lexsort is stable
+        out[:] = order[np.lexsort((diff, cost))]  # last key is primary; lexsort is stable
+        return out
 
     def keys(a: int) -> np.ndarray:
         o = order[a : a + _SORT_CHUNK]
@@ -96,13 +128,12 @@ def bucket_sort(order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndar
         return cost * width + np.where(cost % 2 == 0, s - t, t - s) + top
 
     # The same stable order as the lexsort above, as a counting sort over the (small) key
-    # range, a chunk at a time: memory is the output plus one chunk, not 6 arrays of N.
+    # range, a chunk at a time: memory is one chunk's temporaries, whatever N is.
     nkeys = (top + 1) * width
     counts = np.zeros(nkeys, dtype=np.int64)
     for a in range(0, n, _SORT_CHUNK):
         counts += np.bincount(keys(a), minlength=nkeys)
     nxt = np.cumsum(counts) - counts  # first output slot of each key
-    out = np.empty_like(order)
     for a in range(0, n, _SORT_CHUNK):
         k = keys(a)
         idx = np.argsort(k, kind="stable")
@@ -114,10 +145,10 @@ def bucket_sort(order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndar
     return out
 
 
-def pack_batches(
+def pack_bounds(
     order: np.ndarray, lengths: np.ndarray, max_tokens: int | None, batch_size: int | None
-) -> list[np.ndarray]:
-    """Split `order` into consecutive batches.
+) -> np.ndarray:
+    """Where `order` splits into consecutive batches.
 
     Args:
         order: (N,) example positions in the order to pack them.
@@ -129,48 +160,102 @@ def pack_batches(
             as an extra cap when both are given).
 
     Returns:
-        list of int64 arrays of example positions.
+        (B+1,) int64 bounds: batch j is `order[bounds[j]:bounds[j + 1]]`, none empty.
     """
+    n = len(order)
     if max_tokens is None and batch_size is None:
         raise ConfigError("set data.max_tokens or data.batch_size to batch the data")
     if batch_size is not None and max_tokens is None:
-        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    bounds = [0]
+        if not n:
+            return np.zeros(1, dtype=np.int64)
+        return np.r_[np.arange(0, n, batch_size, dtype=np.int64), np.int64(n)]
+    bounds = array("q", [0])  # 8 bytes per batch, not a python int object
     start, longest = 0, 0
-    for a in range(0, len(order), _PACK_CHUNK):  # python ints for a chunk at a time
-        for i, n in enumerate(lengths[order[a : a + _PACK_CHUNK]].tolist(), start=a):
-            new_longest = max(longest, n)
+    for a in range(0, n, _PACK_CHUNK):  # python ints for a chunk at a time
+        for i, k in enumerate(lengths[order[a : a + _PACK_CHUNK]].tolist(), start=a):
+            new_longest = max(longest, k)
             size = i - start + 1
             full = (batch_size is not None and size > batch_size) or size * new_longest > max_tokens
             if full and i > start:
                 bounds.append(i)
-                start, longest = i, n
+                start, longest = i, k
             else:
                 longest = new_longest
-    bounds.append(len(order))
-    return [order[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+    if n:
+        bounds.append(n)
+    return np.frombuffer(bounds, dtype=np.int64).copy()
+
+
+def pack_batches(
+    order: np.ndarray, lengths: np.ndarray, max_tokens: int | None, batch_size: int | None
+) -> list[np.ndarray]:
+    """`order` split into consecutive batches (`pack_bounds`), as a list of views of it."""
+    b = pack_bounds(order, lengths, max_tokens, batch_size).tolist()
+    return [order[s:e] for s, e in itertools.pairwise(b)]
+
+
+def equalize_bounds(
+    starts: np.ndarray, ends: np.ndarray, world_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Make the batch count divisible by `world_size` without dropping or repeating examples.
+
+    Args:
+        starts, ends: (B,) batch j is positions `starts[j]:ends[j]` of the epoch's order.
+
+    Returns:
+        (B',) starts and ends, B' a multiple of `world_size`. Halves the batch with the most
+        sentences (first one on ties) until the count divides. Only when every batch has
+        one sentence (fewer examples than needed) are batches repeated from the start,
+        which the caller must tolerate (duplicate example indexes).
+    """
+    starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+    if not len(starts):
+        return starts, ends
+    while len(starts) % world_size:
+        sizes = ends - starts
+        i = int(np.argmax(sizes))
+        if sizes[i] < 2:
+            rep = np.arange(world_size - len(starts) % world_size) % len(starts)
+            return np.r_[starts, starts[rep]], np.r_[ends, ends[rep]]
+        mid = starts[i] + sizes[i] // 2
+        starts, ends = np.insert(starts, i + 1, mid), np.insert(ends, i, mid)
+    return starts, ends
 
 
 def equalize(batches: list[np.ndarray], world_size: int) -> list[np.ndarray]:
-    """Make `len(batches)` divisible by `world_size` without dropping or repeating examples.
-
-    Halves the batch with the most sentences (first one on ties) until the count divides.
-    Only when every batch has one sentence (fewer examples than needed) are batches
-    repeated from the start, which the caller must tolerate (duplicate example indexes).
-    """
-    batches = list(batches)
+    """`equalize_bounds` on a list of batches (arrays of example positions)."""
     if not batches:
-        return batches
-    while len(batches) % world_size:
-        sizes = [len(b) for b in batches]
-        i = int(np.argmax(sizes))
-        if sizes[i] < 2:
-            need = world_size - len(batches) % world_size
-            batches += [batches[j % len(batches)] for j in range(need)]
-            break
-        half = sizes[i] // 2
-        batches[i : i + 1] = [batches[i][:half], batches[i][half:]]
-    return batches
+        return []
+    flat = np.concatenate(batches)
+    ends = np.cumsum([len(b) for b in batches], dtype=np.int64)
+    starts, ends = equalize_bounds(ends - [len(b) for b in batches], ends, world_size)
+    return [flat[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """All batches of one epoch, as ranges of one order array (no list of N-sized objects).
+
+    Attributes:
+        order: (N,) example positions (a file-backed scratch array for large corpora).
+        starts, ends: (B,) int64; batch j is `order[starts[j]:ends[j]]`, in yield order.
+    """
+
+    order: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def for_rank(self, rank: int, world_size: int) -> EpochPlan:
+        """The batches rank `rank` of `world_size` gets: `rank, rank + W, ...` (views)."""
+        return EpochPlan(self.order, self.starts[rank::world_size], self.ends[rank::world_size])
+
+    def batches(self) -> list[np.ndarray]:
+        """The batches as a list of views of `order`."""
+        bounds = zip(self.starts.tolist(), self.ends.tolist(), strict=True)
+        return [self.order[s:e] for s, e in bounds]
 
 
 class _EpochProxy:
@@ -200,6 +285,9 @@ class TokenBudgetBatchSampler:
         bucket_pool: pool size in batches' worth of examples; None = whole split.
         seed: base seed; the plan depends only on (seed, epoch, world size).
         rank, world_size: this process's place; None = read torch.distributed now.
+        scratch_dir: where the plan's large arrays (the padded costs and each epoch's
+            order, about 6 bytes per example on disk) go as memory-mapped files
+            (`litmt.data.scratch`); None = in memory.
     """
 
     def __init__(
@@ -215,6 +303,7 @@ class TokenBudgetBatchSampler:
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
+        scratch_dir: str | Path | None = None,
     ) -> None:
         src, tgt = _signed(src_lengths), _signed(tgt_lengths)
         if src.shape != tgt.shape:
@@ -229,8 +318,9 @@ class TokenBudgetBatchSampler:
             rank, world_size = dist_rank_world()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
+        self.scratch = Scratch(scratch_dir)
         self.src_lengths, self.tgt_lengths = src, tgt
-        self.lengths = _narrow(np.maximum(src, tgt))  # padded cost per sentence
+        self.lengths = _cost_lengths(src, tgt, self.scratch)  # padded cost per sentence
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.shuffle, self.sort, self.bucket_pool = shuffle, sort, bucket_pool
         self.seed, self.rank, self.world_size = seed, rank, world_size
@@ -238,7 +328,7 @@ class TokenBudgetBatchSampler:
         self.sampler = _EpochProxy(self)  # what Lightning's `_set_sampler_epoch` looks for
         self._resume: dict[str, int] | None = None  # pending mid-epoch resume
         self._yielded = 0  # batches yielded by the current/last `__iter__`
-        self._cache: tuple[tuple[int, int], list[np.ndarray]] | None = None
+        self._cache: tuple[tuple[int, int], EpochPlan] | None = None
 
     # -- the plan -----------------------------------------------------------------------
     def _pool_size(self) -> int:
@@ -253,39 +343,69 @@ class TokenBudgetBatchSampler:
             per_batch = self.batch_size or 1
         return max(1, self.bucket_pool * per_batch)
 
-    def global_batches(self, epoch: int, exclude: np.ndarray | None = None) -> list[np.ndarray]:
-        """All batches of `epoch` before the split across ranks (steps 1-4)."""
-        n = len(self.lengths)
-        rng = np.random.default_rng([self.seed, epoch])
+    def _order(self, n: int, rng: np.random.Generator, exclude: np.ndarray | None) -> np.ndarray:
+        """(N,) the epoch's example positions before sorting (step 1), minus `exclude`."""
         # int32 positions (half of rng.permutation's int64); shuffling them in place draws
         # the same random numbers, so the permutation is rng.permutation(n)'s
-        order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+        dtype = np.int32 if n < 2**31 else np.int64
+        order = self.scratch.empty(n, dtype)
+        for c in _chunks(n):
+            order[c] = np.arange(c.start, c.stop, dtype=dtype)
         if self.shuffle:
             rng.shuffle(order)
-        if exclude is not None and len(exclude):
-            order = order[~np.isin(order, exclude)]
+        if exclude is None or not len(exclude):
+            return order
+        exclude = np.unique(exclude)
+        keep = [np.count_nonzero(~np.isin(order[c], exclude)) for c in _chunks(n)]
+        kept = self.scratch.empty(sum(keep), dtype)
+        at = 0
+        for c, k in zip(_chunks(n), keep, strict=True):
+            o = order[c]
+            kept[at : at + k] = o[~np.isin(o, exclude)]
+            at += k
+        return kept
+
+    def plan(self, epoch: int, exclude: np.ndarray | None = None) -> EpochPlan:
+        """All batches of `epoch` before the split across ranks (steps 1-4)."""
+        rng = np.random.default_rng([self.seed, epoch])
+        order = self._order(len(self.lengths), rng, exclude)
         if self.sort and len(order):
             pool = self._pool_size()
-            pieces = []
+            out = self.scratch.empty(len(order), order.dtype)
             for a in range(0, len(order), pool):
-                pieces.append(bucket_sort(order[a : a + pool], self.src_lengths, self.tgt_lengths))
-            order = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)  # no copy of one
-        batches = pack_batches(order, self.lengths, self.max_tokens, self.batch_size)
+                bucket_sort(order[a : a + pool], self.src_lengths, self.tgt_lengths,
+                            out=out[a : a + pool])  # fmt: skip
+            order = out  # the shuffled order is freed (its file unmapped)
+        bounds = pack_bounds(order, self.lengths, self.max_tokens, self.batch_size)
+        starts, ends = bounds[:-1], bounds[1:]
         if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        return batches
+            perm = rng.permutation(len(starts))
+            starts, ends = starts[perm], ends[perm]
+        return EpochPlan(order, starts, ends)
+
+    def rank_plan(
+        self, epoch: int, rank: int, world_size: int, exclude: np.ndarray | None = None
+    ) -> EpochPlan:
+        """The batches rank `rank` of `world_size` gets in `epoch` (steps 5-6)."""
+        if exclude is None and self._cache is not None and self._cache[0] == (epoch, world_size):
+            plan = self._cache[1]
+        else:
+            self._cache = None  # free the previous epoch's plan before building this one
+            whole = self.plan(epoch, exclude)
+            plan = EpochPlan(whole.order, *equalize_bounds(whole.starts, whole.ends, world_size))
+            if exclude is None:
+                self._cache = ((epoch, world_size), plan)
+        return plan.for_rank(rank, world_size)
+
+    def global_batches(self, epoch: int, exclude: np.ndarray | None = None) -> list[np.ndarray]:
+        """All batches of `epoch` before the split across ranks, as a list (`plan`)."""
+        return self.plan(epoch, exclude).batches()
 
     def rank_batches(
         self, epoch: int, rank: int, world_size: int, exclude: np.ndarray | None = None
     ) -> list[np.ndarray]:
-        """The batches rank `rank` of `world_size` gets in `epoch` (steps 5-6)."""
-        if exclude is None and self._cache is not None and self._cache[0] == (epoch, world_size):
-            batches = self._cache[1]
-        else:
-            batches = equalize(self.global_batches(epoch, exclude), world_size)
-            if exclude is None:
-                self._cache = ((epoch, world_size), batches)
-        return batches[rank::world_size]
+        """The batches rank `rank` of `world_size` gets in `epoch`, as a list (`rank_plan`)."""
+        return self.rank_plan(epoch, rank, world_size, exclude).batches()
 
     # -- sampler protocol ---------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -295,14 +415,15 @@ class TokenBudgetBatchSampler:
         if self._resume is not None and self._resume["epoch"] != self.epoch:
             self._resume = None
 
-    def _remaining(self) -> tuple[list[np.ndarray], int]:
+    def _remaining(self) -> tuple[EpochPlan, int]:
         """(batches still to yield this epoch, how many were consumed before a resume)."""
         res = self._resume
         if res is None or res["epoch"] != self.epoch:
-            return self.rank_batches(self.epoch, self.rank, self.world_size), 0
+            return self.rank_plan(self.epoch, self.rank, self.world_size), 0
         consumed = res["consumed"]
         if res["world_size"] == self.world_size:
-            return self.rank_batches(self.epoch, self.rank, self.world_size)[consumed:], consumed
+            p = self.rank_plan(self.epoch, self.rank, self.world_size)
+            return EpochPlan(p.order, p.starts[consumed:], p.ends[consumed:]), consumed
         # the world size changed: re-plan the examples nobody has seen yet
         seen = [
             b
@@ -310,19 +431,20 @@ class TokenBudgetBatchSampler:
             for b in self.rank_batches(self.epoch, r, res["world_size"])[:consumed]
         ]
         exclude = np.concatenate(seen) if seen else np.zeros(0, dtype=np.int64)
-        return self.rank_batches(self.epoch, self.rank, self.world_size, exclude), consumed
+        return self.rank_plan(self.epoch, self.rank, self.world_size, exclude), consumed
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches, consumed = self._remaining()
+        plan, consumed = self._remaining()
         self._resume = None
         self._yielded = consumed
-        for b in batches:
+        order = plan.order
+        for s, e in zip(plan.starts.tolist(), plan.ends.tolist(), strict=True):
             self._yielded += 1
-            yield b.tolist()
+            yield order[s:e].tolist()
 
     def __len__(self) -> int:
         """Batches this rank gets in the current epoch (a full epoch, also after a resume)."""
-        return len(self.rank_batches(self.epoch, self.rank, self.world_size))
+        return len(self.rank_plan(self.epoch, self.rank, self.world_size))
 
     # -- resume -------------------------------------------------------------------------
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:

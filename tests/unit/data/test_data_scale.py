@@ -50,8 +50,25 @@ def test_training_reads_memory_mapped_arrays(dm_kwargs: dict) -> None:
     ds = dm.datasets["train"]
     for arr in (ds.src_values, ds.tgt_values, ds.src_offsets, ds.indices, ds.src_lengths()):
         assert _mapped(arr)
+
+
+def test_large_plans_are_file_backed_and_leave_no_files(
+    dm_kwargs: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above `FILE_MIN_ITEMS` the sampler's per-example arrays (lengths, costs, the epoch's
+    order) are memory-mapped scratch files, not private memory; the batches are the same as
+    with in-memory arrays, and the unlinked files leave nothing on disk."""
+    from litmt.data import scratch
+
+    dm = TranslationDataModule(**dm_kwargs)
+    in_memory = _batches(dm)
+    monkeypatch.setattr(scratch, "FILE_MIN_ITEMS", 2)
     sampler = dm.train_dataloader().batch_sampler
-    assert _mapped(sampler.src_lengths)  # the sampler reads the lengths, not a copy
+    plan = sampler.rank_plan(0, 0, 1)
+    for arr in (sampler.src_lengths, sampler.tgt_lengths, sampler.lengths, plan.order):
+        assert scratch.is_file_backed(arr)
+    assert _batches(dm) == in_memory
+    assert list((Path(dm_kwargs["cache_dir"]) / "scratch").iterdir()) == []
 
 
 def test_shards_by_glob_and_list_equal_one_file(tmp_path: Path, dm_kwargs: dict) -> None:
@@ -207,21 +224,55 @@ def test_streamed_sample_trains_the_same_tokenizer(
     assert got.to_dict() == ref.to_dict()
 
 
-def test_sampler_keeps_memory_mapped_lengths_and_the_same_plan(tmp_path: Path) -> None:
+def test_sampler_plans_the_same_from_memory_mapped_or_file_backed_arrays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from litmt.data import scratch
+
     rng = np.random.default_rng(1)
     s, t = rng.integers(1, 60, 5000), rng.integers(2, 60, 5000)
     np.asarray(s, dtype=np.int32).tofile(tmp_path / "s")
     np.asarray(t, dtype=np.int32).tofile(tmp_path / "t")
     ms = np.memmap(tmp_path / "s", dtype=np.int32, mode="r")
     mt = np.memmap(tmp_path / "t", dtype=np.int32, mode="r")
+    monkeypatch.setattr(scratch, "FILE_MIN_ITEMS", 1000)
     for world in (1, 2):
         for rank in range(world):
             a = TokenBudgetBatchSampler(s.tolist(), t.tolist(), max_tokens=300, seed=4,
                                         rank=rank, world_size=world)  # fmt: skip
             b = TokenBudgetBatchSampler(ms, mt, max_tokens=300, seed=4, rank=rank,
-                                        world_size=world)  # fmt: skip
-            assert _mapped(b.src_lengths)
+                                        world_size=world, scratch_dir=tmp_path / "plan")  # fmt: skip
+            assert _mapped(b.src_lengths)  # read in place, not copied
+            assert scratch.is_file_backed(b.lengths) and not scratch.is_file_backed(a.lengths)
             assert list(a) == list(b)
+
+
+def test_scratch_in_a_read_only_directory_falls_back_to_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from litmt.data import scratch
+
+    def read_only(**kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(scratch.tempfile, "mkstemp", read_only)
+    with caplog.at_level(logging.WARNING, logger="litmt.data"):
+        arr = scratch.Scratch(tmp_path, min_items=1).empty(10, np.int32)
+    assert len(arr) == 10 and not scratch.is_file_backed(arr)
+    assert "keeping the plan in memory" in caplog.text
+
+
+def test_scratch_full_disk_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from litmt.data import scratch
+
+    def full(fd: int, offset: int, size: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(scratch.os, "posix_fallocate", full)
+    with pytest.raises(DataError) as exc:
+        scratch.Scratch(tmp_path, min_items=1).empty(10, np.int32)
+    assert "no space left" in str(exc.value) and "\n" not in str(exc.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_hub_streaming_is_refused_in_one_line() -> None:
