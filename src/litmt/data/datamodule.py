@@ -256,7 +256,7 @@ class TranslationDataModule(L.LightningDataModule):
         key = self.tokenizer_settings.key()
         if self.given_tokenizer is not None:  # reused, not trained: keyed by its bytes
             given = self.given_tokenizer
-            key = "given-" + short_hash(given.src_model_bytes, given.tgt_model_bytes, n=12)
+            key = "given-" + short_hash(*given.identity(), n=12)
         return (
             self.cache_dir
             / "tokenizers"
@@ -291,7 +291,7 @@ class TranslationDataModule(L.LightningDataModule):
     def _cache_path(self, split: str, tok: Tokenizer) -> Path:
         fp = split_fingerprint(self.corpus, self.extra_train, split)
         key = short_hash(
-            _CACHE_VERSION, fp, short_hash(tok.src_model_bytes, tok.tgt_model_bytes),
+            _CACHE_VERSION, fp, short_hash(*tok.identity()),
             self.limit if split == "train" else None,
         )  # fmt: skip
         return (

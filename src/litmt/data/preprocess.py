@@ -129,11 +129,11 @@ def _quiet_datasets(show: bool = False) -> Iterator[None]:
 _TOKENIZERS: dict[str, Tokenizer] = {}  # per worker process, keyed by model digest
 
 
-def _encode_batch(batch: dict[str, list[Any]], src: bytes, tgt: bytes | None) -> dict[str, Any]:
-    key = short_hash(src, tgt)
+def _encode_batch(batch: dict[str, list[Any]], tokenizer: dict[str, Any]) -> dict[str, Any]:
+    key = short_hash(*tokenizer.values())
     tok = _TOKENIZERS.get(key)
     if tok is None:
-        tok = _TOKENIZERS[key] = Tokenizer(src, tgt)
+        tok = _TOKENIZERS[key] = Tokenizer.from_dict(tokenizer)
     return {
         "src_ids": tok.encode_src([s or "" for s in batch["src"]]),
         "tgt_ids": tok.encode_tgt([t or "" for t in batch["tgt"]]),
@@ -169,7 +169,7 @@ def tokenize_to_disk(
             batched=True,
             batch_size=2000,
             num_proc=num_proc if big else None,
-            fn_kwargs={"src": tok.src_model_bytes, "tgt": tok.tgt_model_bytes},
+            fn_kwargs={"tokenizer": tok.to_dict()},
             features=features,
             new_fingerprint=path.name,
             desc=desc,

@@ -134,7 +134,7 @@ def _cross_attention(spec: Any, mha: nn.Module, norm: nn.LayerNorm) -> None:
 def _positions(model: Seq2SeqTransformer, side: str) -> np.ndarray | None:
     """The (max_positions, C) table added to the embeddings of `side`, or None (RoPE)."""
     cfg = model.config
-    if cfg.positional == "sinusoidal":
+    if cfg.positional in ("sinusoidal", "sinusoidal_split"):
         return _np(model.pos_encoding(cfg.max_positions))
     if cfg.positional == "learned":
         return _np(getattr(model, f"{side}_pos")(cfg.max_positions))
@@ -145,12 +145,13 @@ def ct2_vocabulary(tokenizer: Tokenizer, side: str) -> list[str]:
     """The `side` ("src" | "tgt") pieces by id, with CTranslate2's special-token spellings."""
     proc = tokenizer.src if side == "src" else tokenizer.tgt
     specials = (proc.pad_id(), proc.unk_id(), proc.bos_id(), proc.eos_id())
-    if specials != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+    if tokenizer.vocab is None and specials != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
         raise ExportError(
             f"cannot export: the {side} tokenizer's pad/unk/bos/eos ids are {specials}, "
             f"litmt's are {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}"
         )
-    pieces = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
+    size = tokenizer.src_vocab_size if side == "src" else tokenizer.tgt_vocab_size
+    pieces = (tokenizer.src_pieces if side == "src" else tokenizer.tgt_pieces)(range(size))
     for i, piece in CT2_SPECIAL_PIECES.items():
         pieces[i] = piece
     if len(set(pieces)) != len(pieces):
@@ -174,6 +175,7 @@ def build_spec(model: Seq2SeqTransformer, tokenizer: Tokenizer) -> Any:
     activation = {
         "relu": specs.Activation.RELU,
         "gelu": specs.Activation.GELU,  # exact erf GELU, as torch's F.gelu default
+        "silu": specs.Activation.SWISH,
         "swiglu": specs.Activation.SWISH,  # silu
     }[cfg.activation]
     rope = cfg.positional == "rope"
@@ -206,6 +208,8 @@ def build_spec(model: Seq2SeqTransformer, tokenizer: Tokenizer) -> Any:
         _norm(encoder.layer_norm, model.encoder_norm)
         _norm(decoder.layer_norm, model.decoder_norm)
     _linear(decoder.projection, model.output_proj)  # tied: aliased to the embedding on save
+    if cfg.output_bias:
+        decoder.projection.bias = _np(model.output_bias)
 
     spec.register_source_vocabulary(ct2_vocabulary(tokenizer, "src"))
     spec.register_target_vocabulary(ct2_vocabulary(tokenizer, "tgt"))
