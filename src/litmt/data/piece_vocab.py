@@ -55,5 +55,11 @@ class PieceVocab:
         return out
 
     def decode(self, proc: spm.SentencePieceProcessor, ids: Sequence[Sequence[int]]) -> list[str]:
-        """Text of each id sequence (specials already removed), joined by `proc`."""
-        return [proc.decode_pieces([self.pieces[int(i)] for i in seq]) for seq in ids]
+        """Text of each id sequence, as MarianTokenizer's ``decode(skip_special_tokens=True)``:
+        special ids (``<unk>`` too) dropped, the pieces joined by `proc`, a ``▁`` that `proc`
+        does not know (a piece of the other language) read as a space, the ends stripped."""
+        out = []
+        for seq in ids:
+            pieces = [self.pieces[int(i)] for i in seq if int(i) >= len(SPECIAL_PIECES)]
+            out.append(proc.decode_pieces(pieces).replace("\u2581", " ").strip())
+        return out
