@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from litmt.runtime.threads import TOKENIZER_TRAIN_THREADS
 
 # Special token ids of every litmt tokenizer; the model, the collator and the search use them.
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+PIECES_FILE = "pieces.json"  # `Tokenizer.save`: the piece vocabulary and src_eos, if any
 
 
 @dataclass
@@ -178,18 +180,29 @@ class Tokenizer:
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer:
-        """Load `src.model` (+ `tgt.model` if present) from `directory`."""
+        """Load `src.model` (+ `tgt.model`, + `PIECES_FILE` if present) from `directory`."""
         d = Path(directory)
-        tgt = d / "tgt.model"
-        return cls((d / "src.model").read_bytes(), tgt.read_bytes() if tgt.exists() else None)
+        tgt, pieces = d / "tgt.model", d / PIECES_FILE
+        extra = json.loads(pieces.read_text(encoding="utf-8")) if pieces.exists() else {}
+        return cls(
+            (d / "src.model").read_bytes(),
+            tgt.read_bytes() if tgt.exists() else None,
+            extra.get("pieces"),
+            extra.get("src_eos", False),
+        )
 
     def save(self, directory: str | Path) -> None:
-        """Write `src.model` (+ `tgt.model` when separate) into `directory`."""
+        """Write `src.model` (+ `tgt.model` when separate, + the piece vocabulary and
+        ``src_eos`` as `PIECES_FILE`) into `directory`."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         (d / "src.model").write_bytes(self.src_model_bytes)
         if self.tgt_model_bytes is not None:
             (d / "tgt.model").write_bytes(self.tgt_model_bytes)
+        if self.vocab is not None or self.src_eos:
+            pieces = None if self.vocab is None else self.vocab.pieces
+            data = {"pieces": pieces, "src_eos": self.src_eos}
+            (d / PIECES_FILE).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain bytes (and the piece list), safe to store in a checkpoint."""
