@@ -10,14 +10,78 @@ from pathlib import Path
 import sentencepiece as spm
 import torch
 
-EN_WORDS = (
-    "a the man woman dog cat runs sits red blue big small house street park ball child plays "
-    "in on with near water grass girl boy walks jumps green old young people two three"
-).split()
-DE_WORDS = (
-    "ein der mann frau hund katze läuft sitzt rot blau groß klein haus straße park ball kind "
-    "spielt in auf mit nahe wasser gras mädchen junge geht springt grün alt jung leute zwei drei"
-).split()
+EN_WORDS = [
+    "a",
+    "the",
+    "man",
+    "woman",
+    "dog",
+    "cat",
+    "runs",
+    "sits",
+    "red",
+    "blue",
+    "big",
+    "small",
+    "house",
+    "street",
+    "park",
+    "ball",
+    "child",
+    "plays",
+    "in",
+    "on",
+    "with",
+    "near",
+    "water",
+    "grass",
+    "girl",
+    "boy",
+    "walks",
+    "jumps",
+    "green",
+    "old",
+    "young",
+    "people",
+    "two",
+    "three",
+]
+DE_WORDS = [
+    "ein",
+    "der",
+    "mann",
+    "frau",
+    "hund",
+    "katze",
+    "läuft",
+    "sitzt",
+    "rot",
+    "blau",
+    "groß",
+    "klein",
+    "haus",
+    "straße",
+    "park",
+    "ball",
+    "kind",
+    "spielt",
+    "in",
+    "auf",
+    "mit",
+    "nahe",
+    "wasser",
+    "gras",
+    "mädchen",
+    "junge",
+    "geht",
+    "springt",
+    "grün",
+    "alt",
+    "jung",
+    "leute",
+    "zwei",
+    "drei",
+]
 
 
 def sentences(words: tuple[str, ...] | list[str], n: int, seed: int = 0) -> list[str]:

@@ -23,6 +23,11 @@ The mapping (transformers' ``models/marian/modeling_marian.py``):
   projection; the source and target sentencepiece models split text, ``vocab.json`` gives
   the ids (`litmt.data.piece_vocab`), and every source ends with eos, as MarianTokenizer.
 
+A directory written by litmt's ``format=hf`` export (Marian or Pegasus, with ``litmt/``
+holding litmt's tokenizer and model config) is read back exactly: the stored config, the
+tokenizer byte for byte, the weights from the transformers files with the export's channel
+permutation undone (`litmt.checkpoint.hf_names.permute_channels`).
+
 Refused with one line naming the field: another model type, separate source/target
 vocabularies, different encoder/decoder widths or heads, an activation litmt lacks, a
 decoder start token other than pad.
@@ -38,7 +43,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from litmt.checkpoint.hf_names import hf_layer_weights
+from litmt.checkpoint.hf_names import LITMT_DIR, channel_order, hf_layer_weights, permute_channels
 from litmt.data.piece_vocab import SPECIAL_PIECES
 from litmt.data.tokenizer import Tokenizer
 from litmt.errors import CheckpointError
@@ -186,9 +191,13 @@ def read_marian_dir(
     d = Path(directory)
     hf = _read_json(_need(d, "config.json"))
     marian_config(hf)  # refuse an unmappable config before reading the weights
-    tok_cfg = _read_json(d / "tokenizer_config.json") if (d / "tokenizer_config.json").is_file() else {}
+    tok_cfg = (
+        _read_json(d / "tokenizer_config.json") if (d / "tokenizer_config.json").is_file() else {}
+    )
     if tok_cfg.get("separate_vocabs") or (d / "target_vocab.json").is_file():
-        raise CheckpointError("cannot import: tokenizer separate_vocabs=true (separate vocabularies)")
+        raise CheckpointError(
+            "cannot import: tokenizer separate_vocabs=true (separate vocabularies)"
+        )
     vocab = _read_json(_need(d, "vocab.json"))
     if len(vocab) != int(hf["vocab_size"]) or sorted(vocab.values()) != list(range(len(vocab))):
         raise CheckpointError(
@@ -234,3 +243,56 @@ def read_marian_dir(
         tgt_lang or tok_cfg.get("target_lang") or "tgt",
         ids,
     )
+
+
+def _read_litmt_export(d: Path, hf: dict[str, Any], hf_weights: dict[str, Tensor]) -> ImportedModel:
+    """A ``format=hf`` export of litmt (see the module docstring)."""
+    meta = _read_json(d / LITMT_DIR / "model.json")
+    config = TransformerConfig.from_dict(meta["model_config"])
+    kind = "pegasus" if config.norm_first else "marian"
+    if hf.get("model_type") != kind or int(hf["d_model"]) != config.d_model:
+        raise _refuse("model_type", hf.get("model_type"), f"litmt/model.json describes a {kind}")
+    inverse = torch.argsort(channel_order(config))
+    theirs = {k: permute_channels(k, v, inverse) for k, v in hf_weights.items()}
+    vocab = config.tgt_vocab_size
+    weights = {
+        "src_embed.weight": theirs["encoder.embed_tokens.weight"],
+        "tgt_embed.weight": theirs["decoder.embed_tokens.weight"],
+        "output_proj.weight": theirs["lm_head.weight"],
+    }
+    if config.output_bias:
+        weights["output_bias"] = hf_weights["final_logits_bias"].reshape(vocab)
+    weights.update(hf_layer_weights(theirs, config))
+    tokenizer = Tokenizer.load(d / LITMT_DIR)
+    ids = list(range(vocab))
+    return ImportedModel(config, weights, tokenizer, meta["src_lang"], meta["tgt_lang"], ids)
+
+
+def read_hf_dir(
+    directory: str | Path, src_lang: str | None = None, tgt_lang: str | None = None
+) -> ImportedModel:
+    """A transformers directory as litmt parts: a litmt ``format=hf`` export (exactly), else
+    a Marian model (`read_marian_dir`).
+
+    Raises:
+        CheckpointError: a missing file or a field litmt cannot map (one line naming it).
+    """
+    d = Path(directory)
+    if not (d / LITMT_DIR / "model.json").is_file():
+        return read_marian_dir(d, src_lang, tgt_lang)
+    hf = _read_json(_need(d, "config.json"))
+    hf_weights = {k.removeprefix("model."): v.float() for k, v in _weights(d).items()}
+    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
+        hf_weights.setdefault(name, hf_weights["shared.weight"])  # tied: saved once
+    try:
+        imported = _read_litmt_export(d, hf, hf_weights)
+    except KeyError as exc:
+        raise CheckpointError(f"cannot import: {d} has no weight {exc.args[0]}") from None
+    expected = set(Seq2SeqTransformer(imported.config).state_dict())
+    unmapped = sorted(expected ^ set(imported.weights))
+    if unmapped:
+        raise CheckpointError(f"cannot import: no mapping for litmt weight {unmapped[0]}")
+    if src_lang or tgt_lang:
+        imported.src_lang = src_lang or imported.src_lang
+        imported.tgt_lang = tgt_lang or imported.tgt_lang
+    return imported

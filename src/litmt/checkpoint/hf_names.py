@@ -33,6 +33,29 @@ DECODER_LAYER = {
     "norm3": ("final_layer_norm",),
 }
 FINAL_NORMS = {"encoder_norm": "encoder.layer_norm", "decoder_norm": "decoder.layer_norm"}
+LITMT_DIR = "litmt"  # in a format=hf export: litmt's tokenizer and model config, for re-import
+
+
+def channel_order(config: TransformerConfig) -> Tensor:
+    """(C,) litmt channel of each transformers channel: transformers' sinusoids put sin in
+    channels [0, C/2) and cos in [C/2, C); litmt's ``sinusoidal`` interleaves them, so its
+    even channels go first. Identity for ``sinusoidal_split``."""
+    c = config.d_model
+    if config.positional == "sinusoidal":
+        return torch.cat([torch.arange(0, c, 2), torch.arange(1, c, 2)])
+    return torch.arange(c)
+
+
+def permute_channels(name: str, w: Tensor, order: Tensor) -> Tensor:
+    """Transformers weight `name` with its residual-stream dimension reordered by `order`
+    (`channel_order` to export; its inverse, ``argsort``, to import). LayerNorm and attention
+    do not depend on the channel order, so the model computes the same function."""
+    if w.dim() == 1:  # biases of outputs on the residual stream, LayerNorms
+        on_stream = ("out_proj", "fc2", "layer_norm")
+        return w[order] if any(k in name for k in on_stream) else w
+    if name.endswith(("out_proj.weight", "fc2.weight")):  # (C, in): rows on the stream
+        return w[order]
+    return w[:, order]  # (out, C): q/k/v, fc1, embeddings, lm_head read the stream
 
 
 def _pairs(config: TransformerConfig) -> Iterable[tuple[str, tuple[str, ...]]]:

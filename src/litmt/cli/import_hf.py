@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from litmt.checkpoint.hf_import import read_marian_dir
+from litmt.checkpoint.hf_import import read_hf_dir
 from litmt.checkpoint.io import save_model_checkpoint
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
@@ -26,7 +26,7 @@ def import_hf(cfg: Any) -> Path:
     out = Path(str(cfg.out))
     if out.exists() and not cfg.get("force", False):
         raise ConfigError(f"{out} exists; pass force=true to replace it")
-    imported = read_marian_dir(str(cfg.model_dir), cfg.get("src_lang"), cfg.get("tgt_lang"))
+    imported = read_hf_dir(str(cfg.model_dir), cfg.get("src_lang"), cfg.get("tgt_lang"))
     model = Seq2SeqTransformer(imported.config)
     model.load_state_dict(imported.weights)
     source = {"model_dir": str(cfg.model_dir), "format": "transformers-marian"}

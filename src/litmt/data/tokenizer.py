@@ -229,7 +229,10 @@ class Tokenizer:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(  # type: ignore[misc]
-            state["src_model"], state.get("tgt_model"), state.get("vocab"), state.get("src_eos", False)
+            state["src_model"],
+            state.get("tgt_model"),
+            state.get("vocab"),
+            state.get("src_eos", False),
         )
 
     # -- properties ---------------------------------------------------------------------

@@ -62,7 +62,9 @@ class TransformerConfig:
     share_embeddings: bool = True  # tie source and target embeddings (needs a joint vocab)
     tie_output: bool = True  # tie the target embedding and the output projection
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model)
-    output_bias: bool = False  # a fixed (untrained) bias added to the logits (Marian's final_logits_bias)
+    output_bias: bool = (
+        False  # a fixed (untrained) bias added to the logits (Marian's final_logits_bias)
+    )
     bias: bool = True  # biases in linear layers
     layer_norm_eps: float = 1e-5
     attention: AttentionConfig = field(default_factory=AttentionConfig)

@@ -36,7 +36,7 @@ from typing import Any
 from torch import Tensor
 
 from litmt.checkpoint.compat import RUNTIME_KEYS, config_differences
-from litmt.checkpoint.hf_import import is_hf_dir, read_marian_dir
+from litmt.checkpoint.hf_import import is_hf_dir, read_hf_dir
 from litmt.checkpoint.io import META_KEY, load_checkpoint, model_state_dict
 from litmt.data.tokenizer import Tokenizer
 from litmt.errors import CheckpointError, ConfigError
@@ -82,7 +82,7 @@ def read_init_checkpoint(path: str | Path) -> InitCheckpoint:
         CheckpointError: missing, corrupt or not a litmt checkpoint.
     """
     if is_hf_dir(path):
-        imported = read_marian_dir(path)
+        imported = read_hf_dir(path)
         return InitCheckpoint(
             path=str(path),
             weights=imported.weights,

@@ -25,14 +25,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_models import EN_WORDS, make_marian_dir, sentences  # noqa: E402
-from parity import assert_same_decisions  # noqa: E402
+from hf_models import EN_WORDS, make_marian_dir, sentences
+from parity import assert_same_decisions
 
-from litmt.checkpoint.hf_import import read_marian_dir  # noqa: E402
-from litmt.data.tokenizer import EOS_ID  # noqa: E402
-from litmt.decoding.translator import Translator  # noqa: E402
-from litmt.errors import CheckpointError  # noqa: E402
-from litmt.models import Seq2SeqTransformer  # noqa: E402
+from litmt.checkpoint.hf_import import read_marian_dir
+from litmt.data.tokenizer import EOS_ID
+from litmt.decoding.translator import Translator
+from litmt.errors import CheckpointError
+from litmt.models import Seq2SeqTransformer
 
 N_SENTENCES = 50
 BUDGET = 20  # tokens before eos (litmt: max_len_a=0, max_len_b=BUDGET)
@@ -92,7 +92,7 @@ def test_config_is_mapped(marian):
 
 def test_source_ids_match_marian_tokenizer(marian):
     imported, _, _, tok = marian
-    texts = sentences(EN_WORDS, N_SENTENCES, seed=11) + ["unseen Ωmega ünïcode"]
+    texts = [*sentences(EN_WORDS, N_SENTENCES, seed=11), "unseen Ωmega ünïcode"]
     ours = imported.tokenizer.encode_src(texts)
     theirs = tok(texts)["input_ids"]
     assert [[imported.marian_ids[i] for i in s] for s in ours] == theirs
@@ -140,7 +140,11 @@ def test_search_matches_generate(marian, beam):
     assert len({len(t) for t in ours}) >= 2  # not all at the limit, not all empty
     assert len({tuple(t) for t in ours}) >= 2
     if beam > 1:  # see the module docstring: the limit's rule differs
-        keep = [i for i, (a, b) in enumerate(zip(theirs, ours)) if max(len(a), len(b)) < BUDGET]
+        keep = [
+            i
+            for i, (a, b) in enumerate(zip(theirs, ours, strict=True))
+            if max(len(a), len(b)) < BUDGET
+        ]
         assert len(keep) >= N_SENTENCES, f"only {len(keep)} outputs end before the limit"
         sources, theirs, ours = ([x[i] for i in keep] for x in (sources, theirs, ours))
         texts_ours, texts_theirs = ([x[i] for i in keep] for x in (texts_ours, texts_theirs))
@@ -156,7 +160,7 @@ def test_unmappable_fields_are_refused(tmp_path):
     directory = make_marian_dir(tmp_path / "m", layers=1)
     cfg = json.loads((directory / "config.json").read_text())
     for field, value, expected in (
-        ("activation_function", "gelu_new", "activation_function='gelu_new'"),
+        ("activation_function", "gelu_new", r"activation_function='gelu_new'"),
         ("decoder_ffn_dim", 7, "decoder_ffn_dim=7"),
         ("model_type", "bart", "model_type='bart'"),
     ):
