@@ -283,7 +283,9 @@ def read_hf_dir(
     hf = _read_json(_need(d, "config.json"))
     hf_weights = {k.removeprefix("model."): v.float() for k, v in _weights(d).items()}
     for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
-        hf_weights.setdefault(name, hf_weights["shared.weight"])  # tied: saved once
+        if name not in hf_weights:  # tied: saved once
+            tied = "decoder.embed_tokens.weight" if name == "lm_head.weight" else "shared.weight"
+            hf_weights[name] = hf_weights.get(tied, hf_weights.get("shared.weight"))
     try:
         imported = _read_litmt_export(d, hf, hf_weights)
     except KeyError as exc:

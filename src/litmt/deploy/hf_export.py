@@ -82,6 +82,11 @@ def check_hf_exportable(config: TransformerConfig, tokenizer: Tokenizer) -> None
         )
     if not tokenizer.joint:
         raise ExportError("cannot export format=hf: separate source/target vocabularies")
+    if config.norm_first and not config.share_embeddings:
+        raise ExportError(
+            "cannot export format=hf: model.share_embeddings=false with model.norm_first=true "
+            "(Pegasus, the pre-norm class, has one embedding table for encoder and decoder)"
+        )
     if tokenizer.src_eos != (tokenizer.vocab is not None):
         raise ExportError(
             "cannot export format=hf: src_eos must go with a piece vocabulary (MarianTokenizer)"
@@ -125,7 +130,7 @@ def hf_config(loaded: LoadedModel, decoding: Mapping[str, Any]) -> Any:
         activation_dropout=cfg.activation_dropout,
         scale_embedding=cfg.scale_embeddings,
         max_position_embeddings=cfg.max_positions,
-        tie_word_embeddings=cfg.share_embeddings and cfg.tie_output,
+        tie_word_embeddings=cfg.tie_output,
         pad_token_id=PAD_ID,
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,
@@ -136,7 +141,7 @@ def hf_config(loaded: LoadedModel, decoding: Mapping[str, Any]) -> Any:
         config = PegasusConfig(**common)
         config.architectures = ["PegasusForConditionalGeneration"]
     else:
-        config = MarianConfig(**common, share_encoder_decoder_embeddings=True)
+        config = MarianConfig(**common, share_encoder_decoder_embeddings=cfg.share_embeddings)
         config.architectures = ["MarianMTModel"]
     return config
 
@@ -194,6 +199,12 @@ def save_hf_tokenizer(tokenizer: Tokenizer, out: Path, src_lang: str, tgt_lang: 
         clean_up_tokenization_spaces=False,
     )
     tok.save_pretrained(out)
+    # transformers 5 writes its class "TokenizersBackend", which transformers 4 lacks; both
+    # load the class name "PreTrainedTokenizerFast" (an alias of it in 5)
+    config_file = out / "tokenizer_config.json"
+    tok_cfg = json.loads(config_file.read_text(encoding="utf-8"))
+    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_file.write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
 
 
 def export_hf(
@@ -229,7 +240,9 @@ def export_hf(
     check_hf_exportable(cfg, loaded.tokenizer)
     config = hf_config(loaded, decoding_defaults)
     model = (PegasusForConditionalGeneration if cfg.norm_first else MarianMTModel)(config)
-    missing, unexpected = model.load_state_dict(hf_state_dict(loaded), strict=False)
+    wanted = model.state_dict()  # without model.shared.weight when encoder/decoder differ
+    weights = {k: v for k, v in hf_state_dict(loaded).items() if k in wanted}
+    missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if "embed_positions" not in k]
     if missing or unexpected:  # a bug in this mapping
         raise ExportError(f"cannot export format=hf: unmapped weight {(missing or unexpected)[0]}")

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[3]
 KINDS = {
     "pre-norm": dict(norm_first=True),  # Pegasus
     "post-norm": dict(norm_first=False),  # Marian
+    "post-norm-unshared": dict(norm_first=False, share_embeddings=False),
     "post-norm-split-silu-untied": dict(
         norm_first=False, positional="sinusoidal_split", activation="silu", tie_output=False
     ),
