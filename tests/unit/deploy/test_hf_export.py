@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("transformers")
 
-from hf_models import make_marian_dir
+from benchmarks.hf_models import make_marian_dir
 from tiny_checkpoint import build_tiny_checkpoint, corpus
 
 from benchmarks.hf_parity import hf_translate

@@ -25,7 +25,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_models import EN_WORDS, make_marian_dir, sentences
+from benchmarks.hf_models import EN_WORDS, make_marian_dir, sentences
 from parity import assert_same_decisions
 
 from litmt.checkpoint.hf_import import read_marian_dir

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("transformers")
 
-from hf_models import make_marian_dir  # noqa: E402
+from benchmarks.hf_models import make_marian_dir  # noqa: E402
 from test_finetune import finetune_overrides, mean_nll  # noqa: E402
 from train_utils import compose_train, run_train_script, write_toy_corpus  # noqa: E402
 
@@ -80,5 +80,6 @@ def test_finetune_marian_on_multi30k(tmp_path):
         text = "\n".join(_lines(MULTI30K / f"valid.{lang}", 300)) + "\n"
         (valid / f"valid.{lang}").write_text(text, encoding="utf-8")
     before, after = mean_nll(init, valid), mean_nll(last, valid)
+    print(f"multi30k fine-tune: valid loss {before:.3f} -> {after:.3f}")
     assert after < before - 1.0, f"valid loss {before:.3f} -> {after:.3f}"
     _check_tokenizer(last, marian)

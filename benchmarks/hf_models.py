@@ -96,7 +96,7 @@ def sentences(words: tuple[str, ...] | list[str], n: int, seed: int = 0) -> list
 
 
 def train_spm(texts: list[str], vocab_size: int) -> bytes:
-    """A small unigram sentencepiece model (Marian's own: unk 0? no: default ids, no pad)."""
+    """A unigram sentencepiece model with sentencepiece's default ids (as OPUS-MT's)."""
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(texts),
