@@ -62,13 +62,26 @@ def test_finetune_marian_on_multi30k(tmp_path):
     out = tmp_path / "run"
     res = run_train_script(
         [
-            "experiment=multi30k_cpu", f"data.dir={MULTI30K}", f"init_from={marian}",
-            "trainer.max_steps=150", "trainer.max_time=null", "trainer.val_check_interval=150",
-            "trainer.check_val_every_n_epoch=null", "trainer.max_epochs=-1",
-            "module.scheduler.horizon=steps", "module.scheduler.warmup_steps=20",
-            "callbacks.bleu=null", "callbacks.heatmap=null", "callbacks.early_stopping=null",
-            "test_after_training=false", "finalize.average_best=0", "finalize.beam_sizes=[]",
-            "logger=csv", f"data.cache_dir={tmp_path / 'data'}", f"hydra.run.dir={out}",
+            "experiment=multi30k_cpu",
+            f"data.dir={MULTI30K}",
+            f"init_from={marian}",
+            "trainer.max_steps=150",
+            "trainer.max_time=null",
+            "trainer.val_check_interval=150",
+            "trainer.check_val_every_n_epoch=null",
+            "trainer.max_epochs=-1",
+            "module.scheduler.horizon=steps",
+            "module.scheduler.warmup_steps=20",
+            "callbacks.bleu=null",
+            "callbacks.heatmap=null",
+            "callbacks.early_stopping=null",
+            "test_after_training=false",
+            "finalize.average_best=0",
+            "finalize.beam_sizes=[]",
+            "finalize.length_penalties=[]",
+            "logger=csv",
+            f"data.cache_dir={tmp_path / 'data'}",
+            f"hydra.run.dir={out}",
         ],  # fmt: skip
         timeout=1500,
     )
