@@ -127,9 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             run()  # warm-up
             tokens, seconds = median_timed(run, args.reps)
             rows.append((name, tokens, seconds))
-    print(
-        f"{len(texts)} sentences, beam {args.beam}, {args.threads} threads, {platform.machine()}"
-    )
+    print(f"{len(texts)} sentences, beam {args.beam}, {args.threads} threads, {platform.machine()}")
     print("| engine | tokens | seconds | tokens/s |")
     print("|---|---:|---:|---:|")
     for name, tokens, seconds in rows:

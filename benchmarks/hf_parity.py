@@ -7,7 +7,8 @@
    ``AutoModelForSeq2SeqLM`` on the same ids (fp32).
 3. Greedy: transformers' translation of every line (``pipeline("translation")`` where the
    installed transformers has it; transformers 5 removed that task, so there the same
-   steps the pipeline ran: AutoTokenizer, ``generate``, ``decode(skip_special_tokens=True)``)
+   steps the pipeline ran: AutoTokenizer, ``generate``, ``decode(skip_special_tokens=True)``,
+   batched by output limit)
    against litmt's greedy output, with litmt's output budget (``max_new_tokens`` = budget + 1).
    Every differing line is printed with the two outputs.
 4. --round-trip: imports the export again (``scripts/import_hf.py``'s code) and checks the
@@ -65,14 +66,18 @@ def hf_translate(
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
-    out = []
+    out: list[str] = [""] * len(texts)
+    by_limit: dict[int, list[int]] = {}  # sentences of one max_new_tokens decode in batches
+    for i, n in enumerate(max_new_tokens):
+        by_limit.setdefault(int(n), []).append(i)
     with torch.no_grad():
-        for text, n in zip(texts, max_new_tokens, strict=True):
-            ids = model.generate(
-                **tok([text], return_tensors="pt"), num_beams=num_beams, do_sample=False,
-                max_new_tokens=int(n),
-            )  # fmt: skip
-            out.append(tok.decode(ids[0], skip_special_tokens=True))
+        for n, rows in by_limit.items():
+            for start in range(0, len(rows), 32):
+                idx = rows[start : start + 32]
+                enc = tok([texts[i] for i in idx], return_tensors="pt", padding=True)
+                ids = model.generate(**enc, num_beams=num_beams, do_sample=False, max_new_tokens=n)
+                for i, text in zip(idx, tok.batch_decode(ids, skip_special_tokens=True)):
+                    out[i] = text
     return out
 
 
@@ -119,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--round-trip", action="store_true")
     args = p.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # max_new_tokens with the config's max_length: expected
     lines = multi30k_lines(args.split, args.src, args.limit)
     tmp = tempfile.TemporaryDirectory()
     out = args.out or Path(tmp.name) / "hf"
