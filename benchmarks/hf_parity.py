@@ -76,7 +76,9 @@ def hf_translate(
                 idx = rows[start : start + 32]
                 enc = tok([texts[i] for i in idx], return_tensors="pt", padding=True)
                 ids = model.generate(**enc, num_beams=num_beams, do_sample=False, max_new_tokens=n)
-                for i, text in zip(idx, tok.batch_decode(ids, skip_special_tokens=True)):
+                for i, text in zip(
+                    idx, tok.batch_decode(ids, skip_special_tokens=True), strict=True
+                ):
                     out[i] = text
     return out
 
