@@ -15,9 +15,9 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("transformers")
 
-from benchmarks.hf_models import make_marian_dir
 from tiny_checkpoint import build_tiny_checkpoint, corpus
 
+from benchmarks.hf_models import make_marian_dir
 from benchmarks.hf_parity import hf_translate
 from litmt.checkpoint.hf_import import read_hf_dir
 from litmt.checkpoint.load import load_model

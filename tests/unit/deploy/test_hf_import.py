@@ -25,9 +25,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from benchmarks.hf_models import EN_WORDS, make_marian_dir, sentences
 from parity import assert_same_decisions
 
+from benchmarks.hf_models import EN_WORDS, make_marian_dir, sentences
 from litmt.checkpoint.hf_import import read_marian_dir
 from litmt.data.tokenizer import EOS_ID
 from litmt.decoding.translator import Translator

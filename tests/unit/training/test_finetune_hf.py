@@ -11,14 +11,14 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("transformers")
 
-from benchmarks.hf_models import make_marian_dir  # noqa: E402
-from test_finetune import finetune_overrides, mean_nll  # noqa: E402
-from train_utils import compose_train, run_train_script, write_toy_corpus  # noqa: E402
+from test_finetune import finetune_overrides, mean_nll
+from train_utils import compose_train, run_train_script, write_toy_corpus
 
-from litmt.checkpoint.hf_import import read_hf_dir  # noqa: E402
-from litmt.checkpoint.io import load_checkpoint  # noqa: E402
-from litmt.cli.import_hf import import_hf  # noqa: E402
-from litmt.cli.train import train  # noqa: E402
+from benchmarks.hf_models import make_marian_dir
+from litmt.checkpoint.hf_import import read_hf_dir
+from litmt.checkpoint.io import load_checkpoint
+from litmt.cli.import_hf import import_hf
+from litmt.cli.train import train
 
 MULTI30K = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "multi30k"
 
@@ -73,6 +73,8 @@ def test_finetune_marian_on_multi30k(tmp_path):
             "module.scheduler.horizon=steps",
             "module.scheduler.warmup_steps=20",
             "callbacks.bleu=null",
+            "callbacks.model_checkpoint.monitor=valid/loss",
+            "callbacks.model_checkpoint.mode=min",
             "callbacks.heatmap=null",
             "callbacks.early_stopping=null",
             "test_after_training=false",
@@ -82,7 +84,7 @@ def test_finetune_marian_on_multi30k(tmp_path):
             "logger=csv",
             f"data.cache_dir={tmp_path / 'data'}",
             f"hydra.run.dir={out}",
-        ],  # fmt: skip
+        ],
         timeout=1500,
     )
     assert res.returncode == 0, res.stderr[-3000:]
