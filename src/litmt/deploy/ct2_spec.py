@@ -15,11 +15,12 @@ What is mapped, and how:
   ``src/layers/common.cc``) is *not* litmt's: it concatenates [sin | cos] with timescales
   ``log(10000) / (C/2 - 1)`` and counts positions from 1, while litmt interleaves sin/cos
   with ``log(10000) / (C/2)`` from position 0. So the table is always exported explicitly
-  (``position_encodings.encodings``), sinusoidal or learned. RoPE maps to CTranslate2's
+  (``position_encodings.encodings``), sinusoidal (either layout) or learned. RoPE maps to CTranslate2's
   rotary self-attention with ``rotary_interleave=False`` (litmt rotates halves).
 - Embeddings: shared or separate source/target tables, tied output projection (the
   spec's variable aliasing stores one copy), ``scale_embeddings`` (sqrt(C) or none).
-- Activations: relu, gelu (exact erf form, ``Activation.GELU``), swiglu (``ffn_glu`` with
+- ``output_bias`` (models imported from Marian): the output projection's bias.
+- Activations: relu, gelu (exact erf form, ``Activation.GELU``), silu (``SWISH``), swiglu (``ffn_glu`` with
   ``Activation.SWISH``: ``silu(linear_0(x)) * linear_0_noact(x)``; litmt's fc1 rows hold
   the gate half first).
 - Fused projections: litmt's self-attention ``qkv_proj`` rows are [q; k; v] and the
@@ -27,7 +28,9 @@ What is mapped, and how:
   (``utils.fuse_linear`` in the fairseq converter builds the same). Biases are optional.
 - Special tokens: litmt's ids pad=0, unk=1, bos=2, eos=3 become CTranslate2's pieces
   ``<blank>``, ``<unk>``, ``<s>``, ``</s>`` at the same ids (the fairseq converter's
-  ``<pad>`` -> ``<blank>``); the decoder starts from ``<s>``, no bos/eos on the source.
+  ``<pad>`` -> ``<blank>``); the decoder starts from ``<s>``, no bos/eos on the source
+  (a tokenizer with ``src_eos`` ends every source with ``</s>`` itself). A piece vocabulary
+  (`litmt.data.piece_vocab`) gives the pieces instead of the sentencepiece model.
 
 Refused (`ExportError`, one line): an approximate attention kernel at any site (local,
 sparse, linear, flex with a window: ``support.exact`` is false), since CTranslate2 computes
