@@ -52,7 +52,7 @@ from litmt.checkpoint.hf_names import (
 )
 from litmt.checkpoint.load import LoadedModel, load_model
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from litmt.deploy.ct2_export import _decoding_defaults
+from litmt.deploy.ct2_export import export_decoding
 from litmt.deploy.ct2_spec import ExportError, check_exportable
 from litmt.deploy.hf_card import write_model_card
 from litmt.errors import ConfigError
@@ -109,9 +109,8 @@ def hf_state_dict(loaded: LoadedModel) -> dict[str, Tensor]:
     return out
 
 
-def hf_config(loaded: LoadedModel, decoding: Mapping[str, Any]) -> Any:
-    """The transformers config (Marian for post-norm, Pegasus for pre-norm) with generation
-    defaults from litmt's decoding defaults (see `docs/deploy.md` for what differs)."""
+def hf_config(loaded: LoadedModel) -> Any:
+    """The transformers config: Marian for post-norm, Pegasus for pre-norm."""
     from transformers import MarianConfig, PegasusConfig
 
     cfg = loaded.model.config
@@ -146,8 +145,9 @@ def hf_config(loaded: LoadedModel, decoding: Mapping[str, Any]) -> Any:
     return config
 
 
-def generation_config(config: Any, cfg: TransformerConfig, decoding: Mapping[str, Any]) -> Any:
-    """litmt's beam size and length penalty; the longest output litmt allows (max_positions)."""
+def generation_config(cfg: TransformerConfig, decoding: Mapping[str, Any]) -> Any:
+    """litmt's beam size and length penalty, the longest output litmt allows (max_positions);
+    what a generation config cannot say is in docs/deploy.md."""
     from transformers import GenerationConfig
 
     return GenerationConfig(
@@ -230,7 +230,7 @@ def export_hf(
     out = Path(out)
     if out.exists() and not force:
         raise ConfigError(f"export directory {out} already exists; pass force=true to replace it")
-    decoding_defaults = _decoding_defaults(decoding)
+    decoding_defaults = export_decoding(decoding)
     try:
         from transformers import MarianMTModel, PegasusForConditionalGeneration
     except ImportError as exc:
@@ -238,7 +238,7 @@ def export_hf(
     loaded = load_model(ckpt_path, map_location="cpu")
     cfg = loaded.model.config
     check_hf_exportable(cfg, loaded.tokenizer)
-    config = hf_config(loaded, decoding_defaults)
+    config = hf_config(loaded)
     model = (PegasusForConditionalGeneration if cfg.norm_first else MarianMTModel)(config)
     wanted = model.state_dict()  # without model.shared.weight when encoder/decoder differ
     weights = {k: v for k, v in hf_state_dict(loaded).items() if k in wanted}
@@ -246,7 +246,7 @@ def export_hf(
     missing = [k for k in missing if "embed_positions" not in k]
     if missing or unexpected:  # a bug in this mapping
         raise ExportError(f"cannot export format=hf: unmapped weight {(missing or unexpected)[0]}")
-    model.generation_config = generation_config(config, cfg, decoding_defaults)
+    model.generation_config = generation_config(cfg, decoding_defaults)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
