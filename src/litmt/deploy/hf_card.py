@@ -35,7 +35,9 @@ def run_info(ckpt: Path) -> tuple[str | None, str | None]:
             data = None
             if (hydra / "config.yaml").is_file():
                 cfg = OmegaConf.load(hydra / "config.yaml")
-                data = OmegaConf.select(cfg, "data.name", default=None)
+                name = OmegaConf.select(cfg, "data.name", default=None)
+                where = OmegaConf.select(cfg, "data.dir", default=None)
+                data = f"{name} ({where})" if where else name
             return command, data
     return None, None
 
@@ -76,13 +78,16 @@ def write_model_card(
         "",
         f"# litmt {src}-{tgt} ({class_name})",
         "",
-        f"A {src}→{tgt} Transformer trained with litmt {_version()} and exported with "
-        "`scripts/export.py format=hf`. It loads with transformers alone:",
+        f"A Transformer translating {src} to {tgt}, trained with litmt {_version()} and "
+        "exported with `scripts/export.py format=hf`. It loads with transformers alone:",
         "",
         "```python",
-        "from transformers import pipeline",
-        'translate = pipeline("translation", model="PATH/TO/THIS/DIRECTORY")',
-        'print(translate("...")[0]["translation_text"])',
+        "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
+        'tok = AutoTokenizer.from_pretrained("PATH/TO/THIS/DIRECTORY")',
+        'model = AutoModelForSeq2SeqLM.from_pretrained("PATH/TO/THIS/DIRECTORY")',
+        'out = model.generate(**tok(["..."], return_tensors="pt"))',
+        "print(tok.batch_decode(out, skip_special_tokens=True))",
+        '# transformers 4.x also: pipeline("translation", model="PATH/TO/THIS/DIRECTORY")',
         "```",
         "",
         f"- Languages: source `{src}`, target `{tgt}`.",
