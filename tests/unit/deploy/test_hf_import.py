@@ -168,3 +168,31 @@ def test_unmappable_fields_are_refused(tmp_path):
         with pytest.raises(CheckpointError, match=expected) as err:
             read_marian_dir(directory)
         assert "\n" not in str(err.value)
+
+
+def test_import_script(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    directory = make_marian_dir(tmp_path / "m", layers=1)
+    script = [sys.executable, str(root / "scripts/import_hf.py")]
+    out = tmp_path / "m.ckpt"
+    res = subprocess.run(
+        [*script, f"model_dir={directory}", f"out={out}"], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(out)
+    translator = Translator.from_checkpoint(out, device="cpu")
+    assert (translator.src_lang, translator.tgt_lang) == ("en", "de")
+    res = subprocess.run(
+        [*script, f"model_dir={tmp_path}", f"out={tmp_path / 'x.ckpt'}"],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path} has no config.json; pass a MarianMTModel save_pretrained directory "
+        "(config.json, model.safetensors, source.spm, target.spm, vocab.json)"
+    )
