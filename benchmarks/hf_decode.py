@@ -15,6 +15,7 @@ after one warm-up. Prints a markdown table.
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import tempfile
 from collections.abc import Callable, Sequence
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         marian, ckpt = build(work, args.smoke)
+        vocab = len(json.loads((marian / "vocab.json").read_text(encoding="utf-8")))
         ct2_dir = export_model(ckpt, work / "ct2")
         if not args.smoke and (MULTI30K / "test2016.en").is_file():
             texts = multi30k_lines("test2016", "en", n)
@@ -127,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
             run()  # warm-up
             tokens, seconds = median_timed(run, args.reps)
             rows.append((name, tokens, seconds))
-    print(f"{len(texts)} sentences, beam {args.beam}, {args.threads} threads, {platform.machine()}")
+    print(
+        f"{len(texts)} sentences, beam {args.beam}, {args.threads} threads, vocabulary {vocab}, "
+        f"{platform.machine()}"
+    )
     print("| engine | tokens | seconds | tokens/s |")
     print("|---|---:|---:|---:|")
     for name, tokens, seconds in rows:
