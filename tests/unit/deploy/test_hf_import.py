@@ -28,7 +28,7 @@ pytest.importorskip("transformers")
 from parity import assert_same_decisions
 
 from benchmarks.hf_models import EN_WORDS, make_marian_dir, sentences
-from litmt.checkpoint.hf_import import read_marian_dir
+from litmt.checkpoint.hf_import import read_hf_dir, read_marian_dir
 from litmt.data.tokenizer import EOS_ID
 from litmt.decoding.translator import Translator
 from litmt.errors import CheckpointError
@@ -196,3 +196,23 @@ def test_import_script(tmp_path):
         f"error: {tmp_path} has no config.json; pass a MarianMTModel save_pretrained directory "
         "(config.json, model.safetensors, source.spm, target.spm, vocab.json)"
     )
+
+
+def test_imported_model_exports_to_ct2(tmp_path):
+    pytest.importorskip("ctranslate2")
+    from litmt.checkpoint.io import save_model_checkpoint
+    from litmt.deploy.ct2_export import export_model
+    from litmt.deploy.engines import load_translator
+
+    directory = make_marian_dir(tmp_path / "m", layers=2, tie=False, init_std=0.3, eos_bias=2.5)
+    imported = read_hf_dir(directory)
+    model = Seq2SeqTransformer(imported.config)
+    model.load_state_dict(imported.weights)
+    ckpt = save_model_checkpoint(tmp_path / "m.ckpt", model, imported.tokenizer, "en", "de")
+    ct2 = load_translator(export_model(ckpt, tmp_path / "ct2"), engine="ct2", device="cpu")
+    torch_engine = Translator.from_checkpoint(ckpt, device="cpu")
+    sources = imported.tokenizer.encode_src(sentences(EN_WORDS, 30, seed=21))
+    options = dict(beam_size=1, max_len_a=0.0, max_len_b=BUDGET)
+    ref = [h[0].tokens for h in torch_engine.search_ids(sources, **options)]
+    got = [h[0].tokens for h in ct2.search_ids(sources, **options)]
+    assert assert_same_decisions(torch_engine, sources, ref, got, **options) <= 1
