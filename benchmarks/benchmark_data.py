@@ -2,7 +2,7 @@
 
 Measures, in a fresh cache directory:
 - the first (cold) `prepare_data` + `setup("fit")`: read files, train sentencepiece,
-  tokenise all splits with `datasets.map`, write the caches;
+  tokenise all splits (streamed, in `num_proc` processes), write the memory-mapped caches;
 - the second (cached) run of the same, in a new process-level object;
 - batches per epoch and the padding fraction of token-budget bucketing versus plain
   batching (token budget without sorting, and a fixed sentence count with the same mean
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test-split", default="test2016", help="file stem of the test split")
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--max-tokens", type=int, default=4096)
-    p.add_argument("--num-proc", type=int, default=1, help="datasets.map processes")
+    p.add_argument("--num-proc", type=int, default=1, help="tokenising processes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="-", help="markdown report path, or - for stdout only")
     args = p.parse_args(argv)

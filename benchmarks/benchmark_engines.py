@@ -25,9 +25,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import median_timed
+from benchmarks.common import median_timed, parallel_lines
 from litmt.cli.exits import cli_errors
-from litmt.data.text import read_text_file
 from litmt.decoding.translator import Translator
 from litmt.deploy.ct2_engine import CT2Translator
 from litmt.deploy.ct2_export import export_model, file_sha256, is_export_dir, read_metadata
@@ -64,13 +63,7 @@ def ensure_export(ckpt: Path, directory: Path, quantization: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with cli_errors():
-        src = read_text_file(args.src, "--src")
-        ref = read_text_file(args.ref, "--ref")
-        if len(src) != len(ref):
-            print(f"error: {len(src)} source lines but {len(ref)} references", file=sys.stderr)
-            return 2
-        if args.limit:
-            src, ref = src[: args.limit], ref[: args.limit]
+        src, ref = parallel_lines(args.src, args.ref, args.limit)
         torch.set_num_threads(args.threads)
         ckpt = Path(args.ckpt)
         with tempfile.TemporaryDirectory() as tmp:

@@ -1,12 +1,17 @@
-"""Load test of scripts/serve.py on loopback: requests/s and p50/p95 latency per concurrency.
+"""Load test of scripts/serve.py on loopback: requests/s, p50/p95/p99 latency and answers by
+status code per concurrency, and a soak with the server's RSS before and after.
 
 The server runs in its own process (as deployed); `--concurrency` client threads each keep
 one request in flight (one sentence per request, cycling through --src) until the run's
-`--requests` are answered or `--max-seconds` pass (a bounded run). Prints a markdown table.
+`--requests` are answered or `--max-seconds` pass (a bounded run). `--soak S` then keeps
+`--soak-concurrency` clients busy for S seconds and reports the server's RSS (psutil) before,
+every `--rss-every` seconds, and after. Prints markdown tables.
 
     python -m benchmarks.benchmark_server --model model.ckpt --src ../shared/data/multi30k/test2016.en
     python -m benchmarks.benchmark_server --model exports/int8 --threads 2 --concurrency 1 8 32
     python -m benchmarks.benchmark_server --model model.ckpt --src S --smoke      # seconds
+    python -m benchmarks.benchmark_server --model M --src S --concurrency 1 8 32 128 \
+        --soak 300 --soak-concurrency 32                                          # + 5-min soak
     python -m benchmarks.benchmark_server --url http://127.0.0.1:5000 --src S      # a running server
 """
 
@@ -41,9 +46,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine", default="torch", help="torch | ct2 (an export is always ct2)")
     p.add_argument("--threads", type=int, default=2, help="the server's CPU threads")
     p.add_argument("--beam", type=int, default=5, help="the server's beam size")
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
     p.add_argument("--requests", type=int, default=256, help="requests per concurrency level")
     p.add_argument("--max-seconds", type=float, default=120.0, help="bound of one level")
+    p.add_argument("--soak", type=float, default=0.0, help="then a soak of this many seconds")
+    p.add_argument("--soak-concurrency", type=int, default=32, help="clients during the soak")
+    p.add_argument("--rss-every", type=float, default=30.0, help="RSS sample period (soak)")
+    p.add_argument("--server-pid", type=int, default=None, help="with --url: its PID for RSS")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     p.add_argument("--smoke", action="store_true", help="concurrency 1 and 4, 8 requests each")
     args = p.parse_args(argv)
@@ -61,8 +70,8 @@ def free_port() -> int:
 
 
 @contextmanager
-def server_process(args: argparse.Namespace) -> Iterator[str]:
-    """Start scripts/serve.py on a free loopback port; yield its URL; stop it."""
+def server_process(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
+    """Start scripts/serve.py on a free loopback port; yield its URL and PID; stop it."""
     port = free_port()
     cmd = [
         sys.executable, str(REPO / "scripts" / "serve.py"), f"model_path={args.model}",
@@ -85,7 +94,7 @@ def server_process(args: argparse.Namespace) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise SystemExit("the server did not start within 180 s")
             time.sleep(0.3)
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -93,30 +102,35 @@ def server_process(args: argparse.Namespace) -> Iterator[str]:
 
 def run_level(
     url: str, sentences: list[str], source: str, target: str, concurrency: int, n: int, bound: float
-) -> dict[str, float]:
-    """`concurrency` threads, each one request in flight, until `n` answers or `bound` s."""
+) -> dict[str, object]:
+    """`concurrency` threads, each one request in flight, until `n` answers or `bound` s.
+
+    Every answer is counted by its status code (``status``: {"200": k, "503": m, ...});
+    a connection that fails without an answer counts as ``"conn"``. Latency percentiles
+    are of the 200s."""
     latencies: list[float] = []
-    errors = 0
+    status: dict[str, int] = {}
     lock = threading.Lock()
     counter = itertools.count()
     stop_at = time.monotonic() + bound
 
     def worker() -> None:
-        nonlocal errors
-        with httpx.Client(base_url=url, timeout=bound) as client:
+        with httpx.Client(base_url=url, timeout=bound + 60) as client:
             while time.monotonic() < stop_at:
                 i = next(counter)
                 if i >= n:
                     return
                 body = {"q": sentences[i % len(sentences)], "source": source, "target": target}
                 start = time.perf_counter()
-                r = client.post("/translate", json=body)
+                try:
+                    code = str(client.post("/translate", json=body).status_code)
+                except httpx.TransportError:
+                    code = "conn"
                 took = time.perf_counter() - start
                 with lock:
-                    if r.status_code == 200:
+                    status[code] = status.get(code, 0) + 1
+                    if code == "200":
                         latencies.append(took)
-                    else:
-                        errors += 1
 
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     start = time.perf_counter()
@@ -126,7 +140,7 @@ def run_level(
         t.join()
     wall = time.perf_counter() - start
     if not latencies:
-        raise SystemExit(f"no request succeeded at concurrency {concurrency} ({errors} errors)")
+        raise SystemExit(f"no request succeeded at concurrency {concurrency} ({status})")
     cuts = (
         statistics.quantiles(latencies, n=100, method="inclusive")
         if len(latencies) > 1
@@ -135,18 +149,59 @@ def run_level(
     return {
         "concurrency": concurrency,
         "requests": len(latencies),
-        "errors": errors,
+        "errors": sum(k for code, k in status.items() if code != "200"),
+        "status": dict(sorted(status.items())),
+        "seconds": wall,
         "requests_per_s": len(latencies) / wall,
         "p50_ms": 1000 * cuts[49],
         "p95_ms": 1000 * cuts[94],
+        "p99_ms": 1000 * cuts[98],
     }
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of process `pid` and its children, in MiB."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    procs = [proc, *proc.children(recursive=True)]
+    return sum(p.memory_info().rss for p in procs) / 2**20
+
+
+def soak(url: str, pid: int | None, sentences: list[str], src: str, tgt: str, args) -> dict:
+    """`args.soak` seconds at `args.soak_concurrency`, sampling the server's RSS."""
+    samples: list[tuple[float, float]] = []
+    done = threading.Event()
+    start = time.monotonic()
+
+    def sample() -> None:
+        while pid is not None and not done.wait(args.rss_every):
+            samples.append((time.monotonic() - start, rss_mb(pid)))
+
+    before = rss_mb(pid) if pid is not None else None
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    row = run_level(url, sentences, src, tgt, args.soak_concurrency, 10**9, args.soak)
+    done.set()
+    sampler.join()
+    after = rss_mb(pid) if pid is not None else None
+    return {**row, "rss_before_mb": before, "rss_after_mb": after, "rss_samples": samples}
+
+
+def _codes(status: dict[str, int]) -> str:
+    return ", ".join(f"{code}: {k}" for code, k in status.items())
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with cli_errors():
         sentences = [s for s in read_text_file(args.src, "--src") if s.strip()]
-    with server_process(args) if args.model else _running(args.url) as url:
+    with (
+        server_process(args) if args.model else _running(args.url, args.server_pid) as (
+            url,
+            pid,
+        )
+    ):
         langs = httpx.get(url + "/languages", timeout=10).json()
         source = next(lang for lang in langs if lang["targets"])
         src, tgt = source["code"], source["targets"][0]
@@ -157,27 +212,53 @@ def main(argv: list[str] | None = None) -> int:
             run_level(url, sentences, src, tgt, c, args.requests, args.max_seconds)
             for c in args.concurrency
         ]
+        soaked = soak(url, pid, sentences, src, tgt, args) if args.soak > 0 else None
     what = args.model or args.url
     print(
         f"{what} ({health['engine']} engine), beam {args.beam}, {args.threads} server threads, "
         f"one sentence per request, {args.requests} requests per level (bounded at "
         f"{args.max_seconds:.0f} s), loopback\n"
     )
-    print("| concurrency | requests | requests/s | p50 latency (ms) | p95 latency (ms) | errors |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| concurrency | requests | requests/s | p50 (ms) | p95 (ms) | p99 (ms) | "
+        "answers by status |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         print(
             f"| {r['concurrency']} | {r['requests']} | {r['requests_per_s']:.1f} | "
-            f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['errors']} |"
+            f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {_codes(r['status'])} |"
         )
+    ok = all(r["errors"] == 0 for r in rows)
+    if soaked is not None:
+        before, after = soaked["rss_before_mb"], soaked["rss_after_mb"]
+        growth = "n/a" if before is None else f"{100 * (after - before) / before:+.1f} %"
+        print(
+            f"\nSoak: {soaked['seconds']:.0f} s at concurrency {args.soak_concurrency}\n\n"
+            "| requests | requests/s | p50 (ms) | p95 (ms) | p99 (ms) | answers by status | "
+            "server RSS before (MiB) | after (MiB) | growth |\n|---:|---:|---:|---:|---:|---|---:|---:|---:|"
+        )
+        print(
+            f"| {soaked['requests']} | {soaked['requests_per_s']:.1f} | {soaked['p50_ms']:.0f} | "
+            f"{soaked['p95_ms']:.0f} | {soaked['p99_ms']:.0f} | {_codes(soaked['status'])} | "
+            f"{before if before is None else f'{before:.0f}'} | "
+            f"{after if after is None else f'{after:.0f}'} | {growth} |"
+        )
+        if soaked["rss_samples"]:
+            print(
+                "\nRSS samples (s, MiB): "
+                + ", ".join(f"{t:.0f}: {m:.0f}" for t, m in soaked["rss_samples"])
+            )
+        ok = ok and soaked["errors"] == 0
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
-    return 0 if all(r["errors"] == 0 for r in rows) else 1
+        out = {"args": vars(args), "rows": rows, "soak": soaked}
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0 if ok else 1
 
 
 @contextmanager
-def _running(url: str) -> Iterator[str]:
-    yield url.rstrip("/")
+def _running(url: str, pid: int | None) -> Iterator[tuple[str, int | None]]:
+    yield url.rstrip("/"), pid
 
 
 if __name__ == "__main__":

@@ -40,6 +40,18 @@ def multi30k_lines(split: str, lang: str, limit: int | None = None) -> list[str]
     return lines[:limit] if limit else lines
 
 
+def parallel_lines(src: str, ref: str, limit: int | None = None) -> tuple[list[str], list[str]]:
+    """Source lines and their references (the first `limit` of each; None/0 = all).
+
+    Raises:
+        LitmtError: a file cannot be read, or the two files differ in line count.
+    """
+    sources, refs = read_text_file(src, "--src"), read_text_file(ref, "--ref")
+    if len(sources) != len(refs):
+        raise LitmtError(f"{len(sources)} source lines but {len(refs)} references")
+    return (sources[:limit], refs[:limit]) if limit else (sources, refs)
+
+
 def load_tokenizer(vocab_size: int, lines: int | None, cache: Path) -> Tokenizer:
     """A joint sentencepiece model trained on Multi30k train (cached under `cache`)."""
     settings = TokenizerSettings(vocab_size=vocab_size)

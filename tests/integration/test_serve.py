@@ -150,10 +150,10 @@ BAD = {
         413,
         "text 1 has 204 characters, over the limit (max_text_chars=200)",
     ),
-    "a line longer than the model takes": (  # refused, never silently truncated
-        dict(json={"q": "A dog runs. " * 15, "source": "en", "target": "de"}),
+    "a sentence longer than the model takes": (  # refused, never silently truncated
+        dict(json={"q": "a dog runs and " * 12, "source": "en", "target": "de"}),
         413,
-        "source tokens, over the model's limit (48); split it into sentences",
+        "a sentence has 96 source tokens, over the model's limit (48)",
     ),
     "nested json": (
         dict(content=b"[" * 3900, headers={"content-type": "application/json"}),
@@ -546,14 +546,24 @@ def test_benchmark_server_smoke(ckpt, tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.benchmark_server", "--smoke",
          "--model", str(ckpt), "--src", str(tmp_path / "test.en"), "--threads", "1",
-         "--json", str(tmp_path / "r.json")],
+         "--json", str(tmp_path / "r.json"), "--soak", "3", "--soak-concurrency", "2",
+         "--rss-every", "1"],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
-    assert [(r["concurrency"], r["requests"], r["errors"]) for r in rows] == [(1, 8, 0), (4, 8, 0)]
-    assert all(0 < r["p50_ms"] <= r["p95_ms"] and r["requests_per_s"] > 0 for r in rows)
-    assert "| concurrency | requests | requests/s |" in run.stdout
+    result = json.loads((tmp_path / "r.json").read_text())
+    rows = result["rows"]
+    assert [(r["concurrency"], r["requests"], r["status"]) for r in rows] == [
+        (1, 8, {"200": 8}),
+        (4, 8, {"200": 8}),
+    ]
+    assert all(0 < r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] for r in rows)
+    soaked = result["soak"]
+    assert soaked["seconds"] >= 3 and soaked["status"] == {"200": soaked["requests"]}
+    assert soaked["rss_before_mb"] > 50 and soaked["rss_after_mb"] > 50  # the server's, not 0
+    assert len(soaked["rss_samples"]) >= 2
+    assert "| concurrency | requests | requests/s | p50 (ms) | p95 (ms) | p99 (ms) |" in run.stdout
+    assert "Soak: " in run.stdout and "| growth |" in run.stdout
 
 
 def _run_batcher(fn, requests: list[list[str]], *, max_batch: int, max_wait_ms: float):
@@ -842,6 +852,51 @@ def test_max_source_tokens_counts_every_line_of_the_request(reference):
             "error": f"Invalid request: {n * len(over)} source tokens, over the limit "
             "(max_source_tokens=20)"
         }
+
+
+LONG_LINE = " ".join(SENTENCES * 2)  # 8 sentences on one line: over the model's 48 tokens
+
+
+def test_a_line_over_the_model_limit_is_translated_sentence_by_sentence(client, reference):
+    assert len(reference.tokenizer.encode_src([LONG_LINE])[0]) > reference.max_source_tokens
+    before = client.get("/health").json()["split_lines"]
+    r = _translate(client, json={"q": [LONG_LINE, SENTENCES[0]], "source": "en", "target": "de"})
+    assert r.status_code == 200, r.text
+    each = reference.translate(SENTENCES, **DECODING)
+    assert r.json()["translatedText"] == [" ".join(each * 2), each[0]]
+    assert client.get("/health").json()["split_lines"] == before + 1
+    # multi-line text: each line keeps its place; only the long one is split
+    text = f"{SENTENCES[0]}\n{LONG_LINE}"
+    r = _translate(client, json={"q": text, "source": "en", "target": "de"})
+    assert r.json()["translatedText"] == f"{each[0]}\n{' '.join(each * 2)}"
+    # alternatives: the n-best of each sentence, joined per rank
+    r = _translate(client, json={"q": LONG_LINE, "source": "en", "target": "de", "alternatives": 1})
+    assert r.status_code == 200 and r.json()["translatedText"] == " ".join(each * 2)
+    assert len(r.json()["alternatives"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("mode", "status"), [("never", 413), ("always", 200)], ids=["never", "always"]
+)
+def test_split_sentences_never_refuses_and_always_splits_every_line(reference, mode, status):
+    settings = ServeSettings(max_wait_ms=0, split_sentences=mode, decoding=DECODING)
+    app = create_app(reference, settings)
+    with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=60) as c:
+        r = c.post("/translate", json={"q": LONG_LINE, "source": "en", "target": "de"})
+        assert r.status_code == status, r.text
+        if mode == "never":
+            n = len(reference.tokenizer.encode_src([LONG_LINE])[0])
+            assert r.json() == {
+                "error": f"Invalid request: a line has {n} source tokens, over the model's "
+                f"limit ({reference.max_source_tokens}); set split_sentences=long"
+            }
+        two = f"{SENTENCES[0]}  {SENTENCES[1]}"  # two sentences, far under the limit
+        r = c.post("/translate", json={"q": two, "source": "en", "target": "de"})
+        each = reference.translate(SENTENCES[:2], **DECODING)
+        whole = reference.translate([two], **DECODING)[0]
+        assert r.json()["translatedText"] == (
+            f"{each[0]}  {each[1]}" if mode == "always" else whole
+        )
 
 
 def test_bad_decoding_option_is_refused_when_the_app_is_built():

@@ -37,6 +37,7 @@ def serve(cfg: Any) -> None:
         max_text_chars=int(cfg.max_text_chars),
         max_lines=int(cfg.max_lines),
         max_source_tokens=int(cfg.max_source_tokens),
+        split_sentences=str(cfg.split_sentences),
         max_body_bytes=int(cfg.max_body_bytes),
         attention_max_tokens=int(cfg.attention_max_tokens),
         cors=OmegaConf.to_object(cfg.cors) if OmegaConf.is_config(cfg.cors) else cfg.cors,

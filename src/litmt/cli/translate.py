@@ -1,9 +1,15 @@
-"""The translate command: `python scripts/translate.py ckpt_path=model.ckpt [overrides]` (conf/translate.yaml)."""
+"""The translate command: `python scripts/translate.py ckpt_path=model.ckpt [overrides]` (conf/translate.yaml).
+
+``input=FILE.jsonl`` (the name ends with ``.jsonl``) reads one JSON object per line,
+``{"src": "A dog runs.", "prefix": "Ein Hund", "constraints": ["rennt"]}``, ``prefix`` and
+``constraints`` optional (`litmt.decoding.steering`); the output is as for a text file.
+"""
 
 from __future__ import annotations
 
+import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -52,6 +58,74 @@ def _sentences_from_cfg(text: Any) -> list[str]:
     raise ConfigError(f"text must be a sentence or a list of sentences, got {type(text).__name__}")
 
 
+JSONL_KEYS = ("src", "prefix", "constraints")
+
+
+def jsonl_record(line: str, where: str) -> tuple[str, Any, Any]:
+    """(src, prefix, constraints) of one ``input=FILE.jsonl`` line; absent fields are None.
+
+    Raises:
+        DataError: not a JSON object with a string ``src`` and no other keys than
+            ``src``, ``prefix`` and ``constraints`` (the values are checked by
+            `litmt.decoding.steering`, as `ConfigError`).
+    """
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: not valid JSON ({exc.msg}, column {exc.colno})") from None
+    if not isinstance(record, dict):
+        raise DataError(f'{where}: expected a JSON object like {{"src": "..."}}')
+    unknown = sorted(set(record) - set(JSONL_KEYS))
+    if unknown:
+        raise DataError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; known: src, prefix, constraints"
+        )
+    src = record.get("src")
+    if not isinstance(src, str):
+        raise DataError(f'{where}: "src" must be a string, got {type(src).__name__}')
+    return src, record.get("prefix"), record.get("constraints")
+
+
+def translate_jsonl(
+    translator: Any,
+    lines: Iterable[str],
+    name: str,
+    chunk_lines: int,
+    max_tokens: int,
+    **options: Any,
+) -> Iterator[Any]:
+    """Translate ``input=FILE.jsonl`` records in chunks of `chunk_lines`, one result per line."""
+    chunk: list[tuple[str, Any, Any]] = []
+    first = 1
+
+    def run() -> list[Any]:
+        where = (
+            f"{name} line {first}"
+            if len(chunk) == 1
+            else f"{name} lines {first}-{first + len(chunk) - 1}"
+        )
+        try:
+            return translator.translate(
+                [c[0] for c in chunk],
+                prefixes=[c[1] for c in chunk],
+                constraints=[c[2] for c in chunk],
+                max_tokens=max_tokens,
+                first_line=first,
+                **options,
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+    for number, line in enumerate(lines, start=1):
+        chunk.append(jsonl_record(line, f"{name} line {number}"))
+        if len(chunk) >= chunk_lines:
+            yield from run()
+            first += len(chunk)
+            chunk = []
+    if chunk:
+        yield from run()
+
+
 def translate(cfg: DictConfig) -> int:
     """Translate `text=[...]`, `input=FILE` or stdin to `output=FILE` or stdout.
 
@@ -92,9 +166,14 @@ def translate(cfg: DictConfig) -> int:
             chunk_lines = 1 if sys.stdin.isatty() else chunk_lines
         out = stack.enter_context(open_output(None if output_path is None else str(output_path)))
         count = 0
-        results = translator.translate_stream(
-            lines, chunk_lines=chunk_lines, max_tokens=int(cfg.max_tokens), **options
-        )
+        if input_path is not None and str(input_path).endswith(".jsonl"):
+            results: Iterable[Any] = translate_jsonl(
+                translator, lines, str(input_path), chunk_lines, int(cfg.max_tokens), **options
+            )
+        else:
+            results = translator.translate_stream(
+                lines, chunk_lines=chunk_lines, max_tokens=int(cfg.max_tokens), **options
+            )
         for i, result in enumerate(results):
             out.write("\n".join(format_result(result, i, n_best, scores)) + "\n")
             count += 1

@@ -29,6 +29,8 @@ class TokenizedPairs(Dataset):
             when training examples were filtered out).
         max_src_len: truncate sources to this many tokens (None = keep).
         max_tgt_len: truncate targets to this many tokens (None = keep).
+        src_lens, tgt_lens: (N,) token counts (the offsets' differences), when stored (the
+            memory-mapped cache): the sampler then reads them without a copy.
     """
 
     def __init__(
@@ -40,12 +42,24 @@ class TokenizedPairs(Dataset):
         indices: np.ndarray | None = None,
         max_src_len: int | None = None,
         max_tgt_len: int | None = None,
+        src_lens: np.ndarray | None = None,
+        tgt_lens: np.ndarray | None = None,
     ) -> None:
-        self.src_values, self.src_offsets = src_values, np.asarray(src_offsets, dtype=np.int64)
-        self.tgt_values, self.tgt_offsets = tgt_values, np.asarray(tgt_offsets, dtype=np.int64)
+        # np.asarray: plain ndarray views of memory-mapped arrays (no copy), whose slices
+        # skip np.memmap's per-slice Python overhead in `__getitem__`
+        self.src_values, self.src_offsets = (
+            np.asarray(src_values),
+            np.asarray(src_offsets, dtype=np.int64),
+        )
+        self.tgt_values, self.tgt_offsets = (
+            np.asarray(tgt_values),
+            np.asarray(tgt_offsets, dtype=np.int64),
+        )
         n = len(self.src_offsets) - 1
         self.indices = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices)
         self.max_src_len, self.max_tgt_len = max_src_len, max_tgt_len
+        self._src_lens = None if src_lens is None else np.asarray(src_lens)
+        self._tgt_lens = None if tgt_lens is None else np.asarray(tgt_lens)
 
     @classmethod
     def from_lists(
@@ -66,13 +80,15 @@ class TokenizedPairs(Dataset):
 
     def src_lengths(self) -> np.ndarray:
         """(N,) source tensor lengths (after truncation)."""
-        lens = np.diff(self.src_offsets)
+        lens = np.diff(self.src_offsets) if self._src_lens is None else self._src_lens
         return lens if self.max_src_len is None else np.minimum(lens, self.max_src_len)
 
     def tgt_lengths(self) -> np.ndarray:
         """(N,) target tensor lengths: tokens (after truncation) + 1 for bos/eos."""
-        lens = np.diff(self.tgt_offsets)
+        lens = np.diff(self.tgt_offsets) if self._tgt_lens is None else self._tgt_lens
         lens = lens if self.max_tgt_len is None else np.minimum(lens, self.max_tgt_len)
+        if len(lens) and int(lens.max()) < 2**15 - 1:  # int16: half the memory of a copy
+            return np.add(lens, 1, dtype=np.int16)
         return lens + 1
 
     def __getitem__(self, pos: int) -> Example:

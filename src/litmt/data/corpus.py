@@ -3,7 +3,8 @@
 Sources (chosen by `ParallelCorpus(dir=..., format=...)`):
 - the Hugging Face hub (`dir=None`): `datasets.load_dataset(hub.path, hub.name, split=...)`;
 - local plain text (`format="text"`): `{dir}/{split}.{lang}`, one sentence per line, the
-  fairseq/OpenNMT convention;
+  fairseq/OpenNMT convention; a split may be several shards, read in order: a list of
+  stems, or a glob such as `train.*` (shards `train.00.en`, `train.01.en`, ... sorted by name);
 - local tables (`format="tsv" | "jsonl" | "parquet"`): `{dir}/{split}.{tsv,jsonl,parquet}`
   (a TSV has a header row naming its columns).
 
@@ -56,6 +57,16 @@ class HubSpec:
     splits: dict[str, str] = field(
         default_factory=lambda: {"train": "train", "valid": "validation", "test": "test"}
     )  # our split -> hub split name
+    streaming: bool = False  # refused: training reads the prepared memory-mapped cache
+
+    def __post_init__(self) -> None:
+        if self.streaming:
+            raise ConfigError(
+                "data.hub.streaming=true is not supported: the token-budget sampler needs every "
+                "pair's length before the first batch (bucketing, equal DDP batch counts, exact "
+                "resume), so litmt prepares a memory-mapped cache once, reading the hub's Arrow "
+                "files in chunks; set data.hub.streaming=false"
+            )
 
 
 @dataclass
@@ -66,7 +77,8 @@ class ParallelCorpus:
         src_lang, tgt_lang: language codes (file suffixes, column names or dict keys).
         dir: local directory; None = the hub.
         format: local format, one of `FORMATS`.
-        splits: our split (`train`/`valid`/`test`) -> local file stem.
+        splits: our split (`train`/`valid`/`test`) -> local file stem; for text, also a
+            list of stems or a glob (`train.*`): shards read in (sorted) order.
         hub: where the hub copy lives (used when `dir` is None).
         layout: table layout, `translation` or `columns`.
         columns: language -> column name for the `columns` layout (default: the code).
@@ -78,7 +90,7 @@ class ParallelCorpus:
     tgt_lang: str
     dir: str | Path | None = None
     format: str = "text"
-    splits: dict[str, str] = field(
+    splits: dict[str, Any] = field(
         default_factory=lambda: {"train": "train", "valid": "valid", "test": "test"}
     )
     hub: HubSpec = field(default_factory=HubSpec)
@@ -111,21 +123,41 @@ class ParallelCorpus:
     def is_local(self) -> bool:
         return self.dir is not None
 
-    def split_name(self, split: str) -> str:
-        """The file stem (local) or hub split name of our split `train`/`valid`/`test`."""
+    def split_name(self, split: str) -> Any:
+        """The file stem(s) (local) or hub split name of our split `train`/`valid`/`test`."""
         table = self.splits if self.is_local else self.hub.splits
         key = "splits" if self.is_local else "hub.splits"
         if split not in table or not table[split]:
             raise ConfigError(f"no {split!r} split configured; set data.{key}.{split}=NAME")
         return table[split]
 
-    def files(self, split: str) -> list[Path]:
-        """The local files of `split` (text: source then target)."""
+    def shards(self, split: str) -> list[tuple[Path, Path]]:
+        """The (source, target) files of a text split, in reading order.
+
+        Raises:
+            DataError: a glob matches no source file.
+        """
         assert self.dir is not None
-        stem = self.split_name(split)
+        names = self.split_name(split)
+        stems = [str(n) for n in names] if isinstance(names, list | tuple) else [str(names)]
+        if len(stems) == 1 and any(c in stems[0] for c in "*?["):
+            suffix = f".{self.src_lang}"
+            found = sorted(self.dir.glob(stems[0] + suffix))
+            if not found:
+                raise DataError(
+                    f"no files match {self.dir}/{stems[0]}{suffix} for the {split!r} split; "
+                    f"set data.splits.{split} to a stem, a list of stems or a glob like train.*"
+                )
+            stems = [f.name[: -len(suffix)] for f in found]
+        d, s, t = self.dir, self.src_lang, self.tgt_lang
+        return [(d / f"{stem}.{s}", d / f"{stem}.{t}") for stem in stems]
+
+    def files(self, split: str) -> list[Path]:
+        """The local files of `split` (text: source then target of every shard)."""
+        assert self.dir is not None
         if self.format == "text":
-            return [self.dir / f"{stem}.{self.src_lang}", self.dir / f"{stem}.{self.tgt_lang}"]
-        return [self.dir / f"{stem}.{_EXT[self.format]}"]
+            return [f for pair in self.shards(split) for f in pair]
+        return [self.dir / f"{self.split_name(split)}.{_EXT[self.format]}"]
 
     def _check_files(self, split: str) -> list[Path]:
         files = self.files(split)
@@ -177,17 +209,25 @@ class ParallelCorpus:
         return ds
 
     def _load_text(self, split: str) -> datasets.Dataset:
-        src_file, tgt_file = self._check_files(split)
-        src = read_text_file(src_file, "corpus file", strict=True)
-        tgt = read_text_file(tgt_file, "corpus file", strict=True)
-        if len(src) != len(tgt):
-            raise DataError(
-                f"{src_file} has {len(src)} lines but {tgt_file} has {len(tgt)}; the two sides "
-                f"of a parallel corpus must align line by line"
-            )
-        if not src:
+        """All shards in memory: for valid/test and `references`; training streams
+        (`litmt.data.streams`)."""
+        self._check_files(split)
+        src_all: list[str] = []
+        tgt_all: list[str] = []
+        for src_file, tgt_file in self.shards(split):
+            src = read_text_file(src_file, "corpus file", strict=True)
+            tgt = read_text_file(tgt_file, "corpus file", strict=True)
+            if len(src) != len(tgt):
+                raise DataError(
+                    f"{src_file} has {len(src)} lines but {tgt_file} has {len(tgt)}; the two "
+                    f"sides of a parallel corpus must align line by line"
+                )
+            src_all += src
+            tgt_all += tgt
+        if not src_all:
+            src_file, tgt_file = self.shards(split)[0]
             raise DataError(f"{src_file} and {tgt_file} are empty; point data at a real corpus")
-        return datasets.Dataset.from_dict({"src": src, "tgt": tgt})
+        return datasets.Dataset.from_dict({"src": src_all, "tgt": tgt_all})
 
     def _load_local_table(self, split: str) -> datasets.Dataset:
         (path,) = self._check_files(split)

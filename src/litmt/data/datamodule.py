@@ -1,13 +1,16 @@
 """`TranslationDataModule`: corpus → sentencepiece → cached token ids → bucketed batches.
 
 `prepare_data` (one process per node) trains or loads the tokenizer and tokenises every
-split into a `datasets` cache; `setup` (every process) reads those caches back. Both are
+split into the prepared cache; `setup` (every process) memory-maps those caches. Both are
 safe to call alone: whatever is missing is built, whatever is cached is reused.
 
 Cache layout under `cache_dir` (default `data/`):
 - `tokenizers/{name}-{src}-{tgt}-{settings key}-{corpus hash}/` sentencepiece model(s);
-- `cache/{name}-{src}-{tgt}-{split}-{hash}/` (`save_to_disk`) raw text + token ids of one split, keyed
-  by the split's files (path, size, mtime) or hub coordinates and by the tokenizer bytes.
+- `cache/{name}-{src}-{tgt}-{split}-{hash}/` memory-mapped token ids of one split
+  (`litmt.data.memmap`), keyed by the split's files (path, size, mtime) or hub coordinates,
+  the tokenizer bytes, `limit` and (train) the filter settings. Preparation streams the
+  corpus in chunks (`litmt.data.streams`); training maps the arrays, so every rank of a node
+  shares one copy through the page cache.
 
 Batches: see `collate.collate` (keys `src`, `tgt_in`, `tgt_out`, masks, lengths, `index`,
 `ntokens` as a python int). Train batches come from `TokenBudgetBatchSampler` (shuffled,
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import fields
@@ -37,23 +41,18 @@ from typing import Any
 
 import datasets
 import lightning as L
-import numpy as np
 import torch
 
 from litmt.data.collate import TokenizedPairs
 from litmt.data.corpus import SPLITS, HubSpec, ParallelCorpus, short_hash
 from litmt.data.loader import ResumableDataLoader, token_budget_loader
+from litmt.data.memmap import is_complete, open_cache
 from litmt.data.prepare_once import is_preparer, prepare_and_publish, wait_for_marker
-from litmt.data.preprocess import (
-    FilterSettings,
-    filter_pairs,
-    gather_rows,
-    is_cached,
-    split_ids,
-    tokenize_to_disk,
-)
+from litmt.data.preprocess import FilterSettings, tokenize_to_cache
 from litmt.data.sampler import dist_rank_world
 from litmt.data.sources import load_split, parse_train_sources, source_tags, split_fingerprint
+from litmt.data.spm_sample import sample_sentences
+from litmt.data.streams import count_pairs, pair_chunks
 from litmt.data.tokenizer import Tokenizer, TokenizerSettings
 from litmt.data.tokenizer_cache import cached_tokenizer
 from litmt.errors import ConfigError, DataError
@@ -61,7 +60,7 @@ from litmt.runtime.lightning_compat import uses_distributed_sampler
 
 log = logging.getLogger(__name__)
 
-_CACHE_VERSION = 2  # bump when the cached columns change
+_CACHE_VERSION = 3  # bump when the cache layout changes (3: memory-mapped arrays)
 
 
 def _plain(value: Any) -> Any:
@@ -267,20 +266,35 @@ class TranslationDataModule(L.LightningDataModule):
         if self.tokenizer is None:
             self.tokenizer = cached_tokenizer(
                 self.tokenizer_dir(),
-                settings=self.tokenizer_settings,
-                train_text=self._train_text,
+                train=self._train_tokenizer,
                 given=self.given_tokenizer,
                 given_origin=self.given_tokenizer_origin,
                 timings=self.timings,
             )
         return self.tokenizer
 
-    def _train_text(self) -> tuple[list[str], list[str]]:
-        train = self._raw("train")
-        return [x or "" for x in train["src"]], [x or "" for x in train["tgt"]]
+    def _chunks(self, split: str) -> Any:
+        """The pairs of `split` as a stream of chunks (`litmt.data.streams.pair_chunks`)."""
+        limit = self.limit if split == "train" else None
+        return pair_chunks(self.corpus, self.extra_train, split, limit=limit)
+
+    def _train_tokenizer(self) -> Tokenizer:
+        """sentencepiece on a bounded sample of the training split, streamed from disk."""
+        s = self.tokenizer_settings
+        work = self.tokenizer_dir().with_name(self.tokenizer_dir().name + f".sample{os.getpid()}")
+        try:
+            samples = sample_sentences(
+                lambda: self._chunks("train"), joint=s.joint, size=s.input_sentence_size,
+                seed=s.seed, workdir=work,
+            )  # fmt: skip
+            return Tokenizer.train(samples[0], samples[-1], s, sampled=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
     # -- raw text and token ids -----------------------------------------------------------
     def _raw(self, split: str) -> datasets.Dataset:
+        """The whole split's text in memory: references and sources (valid/test), never
+        what training reads."""
         if split not in self._text:
             ds = load_split(self.corpus, self.extra_train, split)
             if split == "train" and self.limit is not None:
@@ -290,38 +304,47 @@ class TranslationDataModule(L.LightningDataModule):
 
     def _cache_path(self, split: str, tok: Tokenizer) -> Path:
         fp = split_fingerprint(self.corpus, self.extra_train, split)
+        train = split == "train"
         key = short_hash(
             _CACHE_VERSION, fp, short_hash(*tok.identity()),
-            self.limit if split == "train" else None,
+            self.limit if train else None, repr(self.filter) if train else None,
         )  # fmt: skip
         return (
             self.cache_dir / "cache" / f"{self.name}-{self.src_lang}-{self.tgt_lang}-{split}-{key}"
         )
 
-    def _tokenized(self, split: str) -> datasets.Dataset:
-        """The split with columns src, tgt (text) and src_ids, tgt_ids, from cache if present."""
+    def _prepared(self, split: str) -> Path:
+        """The split's memory-mapped cache, built (streaming) unless already published."""
         tok = self._get_tokenizer()
         path = self._cache_path(split, tok)
-        if not is_cached(path):
-            tokenize_to_disk(self._raw(split), tok, path, self.num_proc, desc=f"tokenising {split}")
-        return datasets.load_from_disk(str(path))
+        if not is_complete(path):
+            train = split == "train"
+            total = count_pairs(self.corpus, self.extra_train, split)
+            if train and total is not None and self.limit is not None:
+                total = min(total, self.limit)
+            counts = tokenize_to_cache(
+                self._chunks(split), tok, path, num_proc=self.num_proc, total=total,
+                filters=self.filter if train else None, desc=f"tokenising {split}",
+            )  # fmt: skip
+            if counts is not None:
+                self.filter_counts = counts
+        return path
 
     def _pairs(self, split: str) -> TokenizedPairs:
-        ds = self._tokenized(split)
-        self._text[split] = ds.select_columns(["src", "tgt"])
-        src_v, src_o = split_ids(ds, "src_ids")
-        tgt_v, tgt_o = split_ids(ds, "tgt_ids")
+        arrays, meta = open_cache(self._prepared(split))
+        a = arrays
         if split != "train":
             lim = self.max_positions
             return TokenizedPairs(
-                src_v, src_o, tgt_v, tgt_o, None,
+                a["src.ids"], a["src.off"], a["tgt.ids"], a["tgt.off"], a["index"],
                 max_src_len=lim, max_tgt_len=None if lim is None else lim - 1,
+                src_lens=a["src.len"], tgt_lens=a["tgt.len"],
             )  # fmt: skip
-        keep, self.filter_counts = filter_pairs(np.diff(src_o), np.diff(tgt_o), self.filter)
-        pos = np.flatnonzero(keep)
-        src_v, src_o = gather_rows(src_v, src_o, pos)
-        tgt_v, tgt_o = gather_rows(tgt_v, tgt_o, pos)
-        return TokenizedPairs(src_v, src_o, tgt_v, tgt_o, pos)
+        self.filter_counts = meta["filter_counts"]
+        return TokenizedPairs(
+            a["src.ids"], a["src.off"], a["tgt.ids"], a["tgt.off"], a["index"],
+            src_lens=a["src.len"], tgt_lens=a["tgt.len"],
+        )  # fmt: skip
 
     # -- LightningDataModule ------------------------------------------------------------
     def prepare_data(self) -> None:
@@ -331,7 +354,7 @@ class TranslationDataModule(L.LightningDataModule):
         self._prepared_paths = [str(self.tokenizer_dir())]
         for split in SPLITS:
             try:
-                self._tokenized(split)
+                self._prepared(split)
             except DataError as exc:
                 if split != "test":
                     raise
@@ -400,14 +423,13 @@ class TranslationDataModule(L.LightningDataModule):
         return self.datasets[split]
 
     def references(self, split: str) -> list[str]:
-        """Raw target sentences of `split` in example-index order (valid/test: all of them)."""
-        self._dataset(split)
-        return list(self._text[split]["tgt"])
+        """Raw target sentences of `split` in example-index order (all of them; the training
+        split is read whole, so call it only on small corpora)."""
+        return [t or "" for t in self._raw(split)["tgt"]]
 
     def sources(self, split: str) -> list[str]:
         """Raw source sentences of `split`, same order as `references`."""
-        self._dataset(split)
-        return list(self._text[split]["src"])
+        return [s or "" for s in self._raw(split)["src"]]
 
     def _pin(self) -> bool:
         return torch.cuda.is_available() if self.pin_memory is None else bool(self.pin_memory)

@@ -1,5 +1,6 @@
-"""Preprocessing between raw text and the sampler: tokenise into a `datasets` cache, read the
-ids back as flat arrays, and filter training pairs.
+"""Preprocessing between raw text and the sampler: tokenise a stream of pair chunks (in
+parallel) into the memory-mapped cache (`litmt.data.memmap`), filtering and de-duplicating
+training pairs on the way.
 
 Ragged id arrays are kept flat: `values` (all ids concatenated) and `offsets` (N+1,), row i
 being `values[offsets[i]:offsets[i + 1]]`.
@@ -7,26 +8,27 @@ being `values[offsets[i]:offsets[i + 1]]`.
 
 from __future__ import annotations
 
-import contextlib
+import collections
+import hashlib
+import itertools
 import logging
-import os
-import shutil
+import multiprocessing
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import datasets
 import numpy as np
+from tqdm import tqdm
 
-from litmt.data.corpus import short_hash
+from litmt.data.memmap import CacheWriter
 from litmt.data.tokenizer import Tokenizer
 from litmt.errors import DataError
 
 log = logging.getLogger(__name__)
 
-# Splits at least this long show `datasets`' progress bar while they are tokenised (a WMT
+# Splits at least this long show a progress bar with an ETA while they are tokenised (a WMT
 # training split takes minutes); smaller ones only log a line before and after.
 PROGRESS_BAR_MIN_PAIRS = 100_000
 
@@ -38,12 +40,13 @@ class FilterSettings:
     min_len: int = 1  # drop pairs with a side shorter than this many tokens
     max_len: int = 256  # drop pairs with a side longer than this many tokens
     max_ratio: float | None = 3.0  # drop pairs whose length ratio exceeds this (None = off)
+    dedup: bool = False  # drop exact duplicate (source, target) pairs after the first
 
 
-def filter_pairs(
+def filter_mask(
     src_lengths: np.ndarray, tgt_lengths: np.ndarray, settings: FilterSettings
 ) -> tuple[np.ndarray, dict[str, int]]:
-    """Which training pairs to keep, and how many each rule removed.
+    """Which pairs pass the length rules, and how many each rule removed (not logged).
 
     Rules apply in order (a pair counts under the first rule it breaks): an empty side; a side
     shorter than `min_len`; a side longer than `max_len`; a longer/shorter ratio above
@@ -51,14 +54,10 @@ def filter_pairs(
 
     Args:
         src_lengths, tgt_lengths: (N,) token counts (no bos/eos).
-        settings: the thresholds.
 
     Returns:
         ((N,) bool keep-mask, counts with keys total, kept, empty, too_short, too_long,
-        bad_ratio); the counts are logged.
-
-    Raises:
-        DataError: no pair is left.
+        bad_ratio).
     """
     ls, lt, f = np.asarray(src_lengths), np.asarray(tgt_lengths), settings
     empty = (ls == 0) | (lt == 0)
@@ -73,27 +72,61 @@ def filter_pairs(
         "total": len(ls), "kept": int(keep.sum()), "empty": int(empty.sum()),
         "too_short": int(short.sum()), "too_long": int(long_.sum()), "bad_ratio": int(ratio.sum()),
     }  # fmt: skip
-    c = counts
+    return keep, counts
+
+
+def report_filter(counts: dict[str, int], settings: FilterSettings) -> None:
+    """Log the filter counts.
+
+    Raises:
+        DataError: no pair is left.
+    """
+    c, f = counts, settings
     log.info(
         "train filter: kept %d of %d pairs (empty %d, shorter than %d: %d, longer than %d: "
-        "%d, length ratio > %s: %d)",
+        "%d, length ratio > %s: %d, duplicates: %d)",
         c["kept"], c["total"], c["empty"], f.min_len, c["too_short"], f.max_len,
-        c["too_long"], f.max_ratio, c["bad_ratio"],
+        c["too_long"], f.max_ratio, c["bad_ratio"], c.get("duplicate", 0),
     )  # fmt: skip
     if not c["kept"]:
         raise DataError(
             f"no training pairs left after filtering {c['total']} (see data.filter: min_len, "
-            f"max_len, max_ratio); loosen the filters or check the corpus"
+            f"max_len, max_ratio, dedup); loosen the filters or check the corpus"
         )
+
+
+def filter_pairs(
+    src_lengths: np.ndarray, tgt_lengths: np.ndarray, settings: FilterSettings
+) -> tuple[np.ndarray, dict[str, int]]:
+    """`filter_mask`, with its counts logged (`report_filter`)."""
+    keep, counts = filter_mask(src_lengths, tgt_lengths, settings)
+    report_filter(counts, settings)
     return keep, counts
 
 
-def split_ids(ds: datasets.Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
-    """(values, offsets) of a list-of-int column, zero-copy from Arrow."""
-    arr = ds.data.column(column).combine_chunks()
-    offsets = arr.offsets.to_numpy().astype(np.int64)
-    values = arr.values.to_numpy(zero_copy_only=False)
-    return values[offsets[0] : offsets[-1]], offsets - offsets[0]
+class PairDeduper:
+    """Exact duplicate removal over a stream: 64-bit hashes of the pairs seen so far, kept in
+    a few sorted arrays (8 bytes per kept pair; merged like a log-structured tree)."""
+
+    def __init__(self) -> None:
+        self.levels: list[np.ndarray] = []
+
+    def first_seen(self, hashes: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+        """(n,) bool: candidates whose hash was not seen before (earlier in this chunk
+        included); those hashes are remembered."""
+        idx = np.flatnonzero(candidates)
+        _, first = np.unique(hashes[idx], return_index=True)
+        new = np.zeros(len(hashes), dtype=bool)
+        new[idx[first]] = True
+        for level in self.levels:
+            pos = np.minimum(np.searchsorted(level, hashes), len(level) - 1)
+            new &= level[pos] != hashes
+        if new.any():
+            self.levels.append(np.sort(hashes[new]))
+        while len(self.levels) > 1 and len(self.levels[-2]) <= 2 * len(self.levels[-1]):
+            top = self.levels.pop()
+            self.levels[-1] = np.sort(np.concatenate([self.levels[-1], top]))
+        return new
 
 
 def gather_rows(
@@ -108,82 +141,135 @@ def gather_rows(
     return values[idx], new_off
 
 
-@contextlib.contextmanager
-def _quiet_datasets(show: bool = False) -> Iterator[None]:
-    """Silence `datasets` progress bars (they flood training logs) unless `show`; restore
-    the previous setting afterwards."""
-    was_enabled = datasets.is_progress_bar_enabled()
-    if show:
-        datasets.enable_progress_bars()
-    else:
-        datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            datasets.enable_progress_bars()
-        else:
-            datasets.disable_progress_bars()
+_TOKENIZER: list[Tokenizer] = []  # the tokenizer of a worker process
 
 
-_TOKENIZERS: dict[str, Tokenizer] = {}  # per worker process, keyed by model digest
+def _init_worker(tokenizer: dict[str, Any]) -> None:
+    _TOKENIZER[:] = [Tokenizer.from_dict(tokenizer)]
 
 
-def _encode_batch(batch: dict[str, list[Any]], tokenizer: dict[str, Any]) -> dict[str, Any]:
-    key = short_hash(*tokenizer.values())
-    tok = _TOKENIZERS.get(key)
-    if tok is None:
-        tok = _TOKENIZERS[key] = Tokenizer.from_dict(tokenizer)
-    return {
-        "src_ids": tok.encode_src([s or "" for s in batch["src"]]),
-        "tgt_ids": tok.encode_tgt([t or "" for t in batch["tgt"]]),
-    }
+def _flat(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    lens = np.fromiter(map(len, rows), dtype=np.int32, count=len(rows))
+    ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=int(lens.sum()))
+    return ids, lens
 
 
-def is_cached(path: Path) -> bool:
-    """True when `tokenize_to_disk` has published `path` completely."""
-    return (path / "dataset_info.json").exists()
+def _pair_hashes(src: list[str], tgt: list[str]) -> np.ndarray:
+    out = np.empty(len(src), dtype=np.uint64)
+    for i, (s, t) in enumerate(zip(src, tgt, strict=True)):
+        b = s.encode("utf-8")
+        key = len(b).to_bytes(8, "little") + b + t.encode("utf-8")
+        out[i] = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+    return out
 
 
-def tokenize_to_disk(
-    raw: datasets.Dataset, tok: Tokenizer, path: Path, num_proc: int | None, desc: str = ""
-) -> None:
-    """Add `src_ids`/`tgt_ids` (int32, no bos/eos) to `raw` and `save_to_disk` it at `path`.
-
-    Uses `num_proc` processes when the split has at least 1000 pairs per process. The
-    directory is published atomically (written under a temporary name, then renamed); when
-    another process published it first, its copy is kept.
-    """
-    big = num_proc is not None and num_proc > 1 and len(raw) >= 1000 * num_proc
-    features = raw.features.copy()
-    features["src_ids"] = datasets.List(datasets.Value("int32"))  # int32 halves the memory
-    features["tgt_ids"] = datasets.List(datasets.Value("int32"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    show = len(raw) >= PROGRESS_BAR_MIN_PAIRS
-    log.info("%s: %d pairs → %s", desc or "tokenising", len(raw), path)
-    t0 = time.perf_counter()
-    with _quiet_datasets(show):
-        ds = raw.map(
-            _encode_batch,
-            batched=True,
-            batch_size=2000,
-            num_proc=num_proc if big else None,
-            fn_kwargs={"tokenizer": tok.to_dict()},
-            features=features,
-            new_fingerprint=path.name,
-            desc=desc,
-        )
-    with _quiet_datasets():
-        ds.save_to_disk(str(tmp))
-    seconds = time.perf_counter() - t0
-    log.info(
-        "%s: done in %.1fs (%.0f pairs/s)",
-        desc or "tokenising",
-        seconds,
-        len(raw) / max(seconds, 1e-9),
+def _encode_chunk(src: list[str], tgt: list[str], dedup: bool) -> tuple[Any, ...]:
+    """((src ids, src lens), (tgt ids, tgt lens), pair hashes or None) of one chunk."""
+    tok = _TOKENIZER[0]
+    return (
+        _flat(tok.encode_src(src)),
+        _flat(tok.encode_tgt(tgt)),
+        (_pair_hashes(src, tgt) if dedup else None),
     )
+
+
+def tokenize_to_cache(
+    chunks: Iterable[tuple[list[str], list[str]]],
+    tok: Tokenizer,
+    path: Path,
+    *,
+    num_proc: int | None,
+    total: int | None,
+    filters: FilterSettings | None = None,
+    desc: str = "tokenising",
+) -> dict[str, int] | None:
+    """Tokenise `chunks` (in order) into the cache at `path`, published atomically.
+
+    Args:
+        num_proc: worker processes (used when the split has >= 1000 pairs per process).
+        total: pairs in the stream if known (the progress bar's ETA).
+        filters: the training filters and de-duplication (None: keep every pair).
+
+    Returns:
+        the filter counts (None without `filters`), also stored in the cache's metadata.
+
+    Raises:
+        DataError: no pair left after filtering, or the disk is full (`litmt.data.memmap`).
+    """
+    procs = num_proc or 1
+    parallel = procs > 1 and (total is None or total >= 1000 * procs)
+    writer = CacheWriter(path, max(tok.src_vocab_size, tok.tgt_vocab_size))
+    dedup = PairDeduper() if filters is not None and filters.dedup else None
+    counts: collections.Counter[str] = collections.Counter()
+    t0 = time.perf_counter()
+    log.info("%s: %s pairs → %s", desc, total if total is not None else "?", path)
+    show = total is None or total >= PROGRESS_BAR_MIN_PAIRS
+    pool = None
+    if parallel:
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process running torch
+        pool = ctx.Pool(procs, _init_worker, (tok.to_dict(),))
+    else:
+        _init_worker(tok.to_dict())
     try:
-        tmp.rename(path)  # atomic publish
-    except OSError:  # another process published first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
+        with tqdm(total=total, desc=desc, unit="pairs", disable=not show, smoothing=0.1) as bar:
+            base = 0
+            for (src, sl), (tgt, tl), hashes in _encoded(chunks, pool, procs, dedup is not None):
+                n = len(sl)
+                keep = np.ones(n, dtype=bool)
+                if filters is not None:
+                    keep, c = filter_mask(sl, tl, filters)
+                    counts.update(c)
+                if dedup is not None:
+                    new = dedup.first_seen(hashes, keep)
+                    counts["duplicate"] += int(keep.sum() - new.sum())
+                    counts["kept"] -= int(keep.sum() - new.sum())
+                    keep = new
+                pos = np.flatnonzero(keep)
+                if len(pos) == n:
+                    writer.add((src, sl), (tgt, tl), base + pos)
+                else:
+                    so, to = _offsets(sl), _offsets(tl)
+                    writer.add((gather_rows(src, so, pos)[0], sl[pos]),
+                               (gather_rows(tgt, to, pos)[0], tl[pos]), base + pos)  # fmt: skip
+                base += n
+                bar.update(n)
+        result = None
+        if filters is not None:
+            result = {k: counts[k] for k in ("total", "kept", "empty", "too_short", "too_long",
+                                               "bad_ratio", "duplicate")}  # fmt: skip
+            report_filter(result, filters)
+        writer.publish({"filter_counts": result})
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        if pool is not None:
+            pool.terminate()
+    seconds = time.perf_counter() - t0
+    log.info("%s: done in %.1fs (%d pairs, %.0f pairs/s)", desc, seconds, base,
+             base / max(seconds, 1e-9))  # fmt: skip
+    return result
+
+
+def _offsets(lens: np.ndarray) -> np.ndarray:
+    off = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=off[1:])
+    return off
+
+
+def _encoded(
+    chunks: Iterable[tuple[list[str], list[str]]], pool: Any, procs: int, dedup: bool
+) -> Iterable[tuple[Any, ...]]:
+    """Encoded chunks in order; with a pool, at most 2 chunks per process in flight (the
+    corpus is never read ahead into memory)."""
+    if pool is None:
+        for src, tgt in chunks:
+            yield _encode_chunk(src, tgt, dedup)
+        return
+    pending: collections.deque[Any] = collections.deque()
+    for src, tgt in chunks:
+        pending.append(pool.apply_async(_encode_chunk, (src, tgt, dedup)))
+        if len(pending) >= 2 * procs:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()

@@ -33,12 +33,32 @@ import torch.distributed as dist
 
 from litmt.errors import ConfigError
 
+_PACK_CHUNK = 1 << 20  # examples converted to python ints at a time while packing
+_SORT_CHUNK = 1 << 20  # examples per chunk of the counting sort (`bucket_sort`)
+_MAX_SORT_KEYS = 1 << 24  # larger key ranges (absurd lengths) fall back to a lexsort
+
 
 def dist_rank_world() -> tuple[int, int]:
     """(rank, world size) of the initialised default process group, else (0, 1)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _signed(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
+    """`lengths` as a signed integer array, without a copy when it already is one (the
+    memory-mapped cache's int32 lengths stay on disk)."""
+    arr = np.asarray(lengths)
+    if arr.dtype.kind != "i":
+        arr = arr.astype(np.int64)
+    return arr
+
+
+def _narrow(lengths: np.ndarray) -> np.ndarray:
+    """`lengths` as int16 when every value fits (a quarter of int64), else unchanged."""
+    if len(lengths) and lengths.dtype.itemsize > 2 and int(lengths.max()) < 2**15:
+        return lengths.astype(np.int16)
+    return lengths
 
 
 def bucket_sort(order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
@@ -58,10 +78,40 @@ def bucket_sort(order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndar
     Returns:
         (N,) the same positions, sorted.
     """
-    s, t = src_lengths[order], tgt_lengths[order]
-    cost = np.maximum(s, t)
-    diff = np.where(cost % 2 == 0, s - t, t - s)
-    return order[np.lexsort((diff, cost))]  # last key is primary; lexsort is stable
+    n = len(order)
+    if n == 0:
+        return order
+    top = int(max(src_lengths.max(), tgt_lengths.max()))  # every cost and |diff| <= top
+    width = 2 * top + 1  # key = cost * width + diff + top: ordered like (cost, diff)
+    if (top + 1) * width > _MAX_SORT_KEYS or n <= _SORT_CHUNK:  # few examples or huge lengths
+        s, t = src_lengths[order], tgt_lengths[order]
+        cost = np.maximum(s, t)
+        diff = np.where(cost % 2 == 0, s - t, t - s)
+        return order[np.lexsort((diff, cost))]  # last key is primary; lexsort is stable
+
+    def keys(a: int) -> np.ndarray:
+        o = order[a : a + _SORT_CHUNK]
+        s, t = src_lengths[o].astype(np.int64), tgt_lengths[o].astype(np.int64)
+        cost = np.maximum(s, t)
+        return cost * width + np.where(cost % 2 == 0, s - t, t - s) + top
+
+    # The same stable order as the lexsort above, as a counting sort over the (small) key
+    # range, a chunk at a time: memory is the output plus one chunk, not 6 arrays of N.
+    nkeys = (top + 1) * width
+    counts = np.zeros(nkeys, dtype=np.int64)
+    for a in range(0, n, _SORT_CHUNK):
+        counts += np.bincount(keys(a), minlength=nkeys)
+    nxt = np.cumsum(counts) - counts  # first output slot of each key
+    out = np.empty_like(order)
+    for a in range(0, n, _SORT_CHUNK):
+        k = keys(a)
+        idx = np.argsort(k, kind="stable")
+        ks = k[idx]
+        group = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])  # first of each equal run
+        rank = np.arange(len(ks)) - np.repeat(group, np.diff(np.r_[group, len(ks)]))
+        out[nxt[ks] + rank] = order[a : a + _SORT_CHUNK][idx]
+        nxt += np.bincount(k, minlength=nkeys)
+    return out
 
 
 def pack_batches(
@@ -85,19 +135,19 @@ def pack_batches(
         raise ConfigError("set data.max_tokens or data.batch_size to batch the data")
     if batch_size is not None and max_tokens is None:
         return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    lens = lengths[order].tolist()
     bounds = [0]
     start, longest = 0, 0
-    for i, n in enumerate(lens):
-        new_longest = max(longest, n)
-        size = i - start + 1
-        full = (batch_size is not None and size > batch_size) or size * new_longest > max_tokens
-        if full and i > start:
-            bounds.append(i)
-            start, longest = i, n
-        else:
-            longest = new_longest
-    bounds.append(len(lens))
+    for a in range(0, len(order), _PACK_CHUNK):  # python ints for a chunk at a time
+        for i, n in enumerate(lengths[order[a : a + _PACK_CHUNK]].tolist(), start=a):
+            new_longest = max(longest, n)
+            size = i - start + 1
+            full = (batch_size is not None and size > batch_size) or size * new_longest > max_tokens
+            if full and i > start:
+                bounds.append(i)
+                start, longest = i, n
+            else:
+                longest = new_longest
+    bounds.append(len(order))
     return [order[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
@@ -166,8 +216,7 @@ class TokenBudgetBatchSampler:
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
-        src = np.asarray(src_lengths, dtype=np.int64)
-        tgt = np.asarray(tgt_lengths, dtype=np.int64)
+        src, tgt = _signed(src_lengths), _signed(tgt_lengths)
         if src.shape != tgt.shape:
             raise ValueError("src_lengths and tgt_lengths differ in size")
         if max_tokens is not None and max_tokens <= 0:
@@ -181,7 +230,7 @@ class TokenBudgetBatchSampler:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
         self.src_lengths, self.tgt_lengths = src, tgt
-        self.lengths = np.maximum(src, tgt)  # padded cost per sentence
+        self.lengths = _narrow(np.maximum(src, tgt))  # padded cost per sentence
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.shuffle, self.sort, self.bucket_pool = shuffle, sort, bucket_pool
         self.seed, self.rank, self.world_size = seed, rank, world_size
@@ -208,7 +257,11 @@ class TokenBudgetBatchSampler:
         """All batches of `epoch` before the split across ranks (steps 1-4)."""
         n = len(self.lengths)
         rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        # int32 positions (half of rng.permutation's int64); shuffling them in place draws
+        # the same random numbers, so the permutation is rng.permutation(n)'s
+        order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+        if self.shuffle:
+            rng.shuffle(order)
         if exclude is not None and len(exclude):
             order = order[~np.isin(order, exclude)]
         if self.sort and len(order):
@@ -216,7 +269,7 @@ class TokenBudgetBatchSampler:
             pieces = []
             for a in range(0, len(order), pool):
                 pieces.append(bucket_sort(order[a : a + pool], self.src_lengths, self.tgt_lengths))
-            order = np.concatenate(pieces)
+            order = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)  # no copy of one
         batches = pack_batches(order, self.lengths, self.max_tokens, self.batch_size)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]

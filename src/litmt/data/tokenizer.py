@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import random
 from collections.abc import Iterable, Sequence
@@ -62,14 +63,22 @@ class TokenizerSettings:
 
 def _train_model(sentences: Iterable[str], settings: TokenizerSettings) -> bytes:
     sentences = [s for s in sentences if s.strip()]
-    if not sentences:
-        raise DataError("cannot train a tokenizer on an empty corpus")
     if len(sentences) > settings.input_sentence_size:
         sentences = random.Random(settings.seed).sample(sentences, settings.input_sentence_size)
+    return train_spm(sentences, settings)
+
+
+def train_spm(sentences: Iterable[str], settings: TokenizerSettings) -> bytes:
+    """A serialized sentencepiece model trained on `sentences` (already non-empty, sampled;
+    `litmt.data.spm_sample` streams them from disk)."""
+    it = iter(sentences)
+    first = next(it, None)
+    if first is None:
+        raise DataError("cannot train a tokenizer on an empty corpus")
     buf = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
+            sentence_iterator=itertools.chain([first], it),
             model_writer=buf,
             vocab_size=settings.vocab_size,
             model_type=settings.model_type,
@@ -146,9 +155,24 @@ class Tokenizer:
     # -- construction ------------------------------------------------------------------
     @classmethod
     def train(
-        cls, src_sentences: Sequence[str], tgt_sentences: Sequence[str], settings: TokenizerSettings
+        cls,
+        src_sentences: Iterable[str],
+        tgt_sentences: Iterable[str],
+        settings: TokenizerSettings,
+        *,
+        sampled: bool = False,
     ) -> Tokenizer:
-        """Train on the training split (joint: both sides pooled)."""
+        """Train on the training split (joint: both sides pooled).
+
+        Args:
+            sampled: the sentences are already the non-empty, bounded sample
+                (`litmt.data.spm_sample`); joint: `src_sentences` is the pooled sample and
+                `tgt_sentences` is ignored. Else they are sampled here, in memory.
+        """
+        if sampled:
+            if settings.joint:
+                return cls(train_spm(src_sentences, settings))
+            return cls(train_spm(src_sentences, settings), train_spm(tgt_sentences, settings))
         if settings.joint:
             return cls(_train_model(list(src_sentences) + list(tgt_sentences), settings))
         return cls(_train_model(src_sentences, settings), _train_model(tgt_sentences, settings))

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +33,13 @@ def publish(tokenizer: Tokenizer, directory: Path) -> None:
 def cached_tokenizer(
     directory: Path,
     *,
-    settings: TokenizerSettings,
-    train_text: Callable[[], tuple[list[str], list[str]]],
+    train: Callable[[], Tokenizer],
     given: Tokenizer | None = None,
     given_origin: str | None = None,
     timings: dict[str, float] | None = None,
 ) -> Tokenizer:
     """The tokenizer of `directory`: loaded when present, else `given` (published there), else
-    trained with `settings` on `train_text()` (source, target sentences) and published.
+    `train()` (sentencepiece on a bounded sample of the corpus) and published.
 
     Args:
         timings: receives ``tokenizer_train_s`` when a tokenizer is trained.
@@ -53,17 +52,16 @@ def cached_tokenizer(
         log.info("tokenizer: reusing the one from %s, not training one (data.tokenizer "
                  "training settings ignored) → %s", given_origin, directory)  # fmt: skip
         return Tokenizer.load(directory)
-    src, tgt = train_text()
-    log.info("tokenizer: training sentencepiece on %d pairs (%s) ...", len(src), directory.name)
+    log.info("tokenizer: training sentencepiece on the training split (%s) ...", directory.name)
     t0 = time.perf_counter()
-    tok = Tokenizer.train(src, tgt, settings)
+    tok = train()
     seconds = time.perf_counter() - t0
     if timings is not None:
         timings["tokenizer_train_s"] = seconds
     publish(tok, directory)
     log.info(
-        "tokenizer: trained on %d pairs in %.1fs → %s (vocab %d/%d)",
-        len(src), seconds, directory, tok.src_vocab_size, tok.tgt_vocab_size,
+        "tokenizer: trained in %.1fs → %s (vocab %d/%d)",
+        seconds, directory, tok.src_vocab_size, tok.tgt_vocab_size,
     )  # fmt: skip
     # every process uses the published model, so concurrent trainers agree on one vocabulary
     return Tokenizer.load(directory)

@@ -15,6 +15,13 @@ Methods:
   samples per source, drawn with a ``torch.Generator`` seeded with ``seed``. Temperature 0
   takes the most likely token (greedy).
 
+Steering (`litmt.decoding.steering`): ``prefixes`` (target ids each output starts with) work
+with every method; ``constraints`` (target id sequences each output must contain) run the
+lexically constrained beam search (`litmt.decoding.constraints`) with ``beam_size`` beams
+(greedy: 1) on the sentences that have any, while the others of the batch take the
+ordinary search, so their results are those of a batch without constraints. Sampling
+refuses constraints.
+
 `models` is one `Seq2SeqTransformer` or a list of them (an `litmt.decoding.ensemble.Ensemble`: the
 log of the mean of the models' probabilities at every step).
 
@@ -30,9 +37,11 @@ import torch
 from torch import Tensor
 
 from litmt.decoding.config import DecodeConfig
+from litmt.decoding.constraints import constrained_beam_search
 from litmt.decoding.ensemble import Ensemble
 from litmt.decoding.sampling import make_generator, sample_search
 from litmt.decoding.search import Hypothesis, StepModel, beam_search, greedy_search
+from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 
 _D = DecodeConfig()  # keyword defaults of the functions below
@@ -52,6 +61,9 @@ def decode(
     *,
     generator: torch.Generator | None = None,
     sync_steps: bool = False,
+    prefixes: Sequence[Sequence[int]] | None = None,
+    constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+    word_continuation: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode a batch of sources with one model or an ensemble.
 
@@ -64,6 +76,10 @@ def decode(
             ``config.seed``). Pass one generator to successive calls to continue its stream.
         sync_steps: every rank of the default process group runs the same number of decoder
             steps (needed under FSDP; see `litmt.decoding.search`).
+        prefixes: B lists of target ids (possibly empty) each output starts with; None = none.
+        constraints: B lists of constraints (target id lists); None = none.
+        word_continuation: (V,) bool, target pieces that continue a word: blocked right
+            after a constraint is completed, so it ends a word (`litmt.decoding.constraints`).
 
     Returns:
         For each source row, its hypotheses best first: ``n_best`` of them for beam and
@@ -72,6 +88,12 @@ def decode(
     config = config or DecodeConfig()
     model = as_step_model(models)
     method = config.effective_method
+    if prefixes is not None and len(prefixes) != src.size(0):
+        raise ConfigError(f"{len(prefixes)} prefixes for {src.size(0)} sentences")
+    if constraints is not None and any(constraints):
+        return _decode_constrained(
+            model, src, config, prefixes, constraints, sync_steps, word_continuation
+        )
     common = dict(
         max_len_a=config.max_len_a,
         max_len_b=config.max_len_b,
@@ -79,6 +101,8 @@ def decode(
         min_len=config.min_len,
         sync_steps=sync_steps,
     )
+    if prefixes is not None and any(prefixes):
+        common["prefixes"] = prefixes
     if method == "greedy":
         return [[h] for h in greedy_search(model, src, **common)]
     if method == "beam":
@@ -95,6 +119,56 @@ def decode(
         generator=generator,
         **common,
     )
+
+
+def _decode_constrained(
+    model: StepModel,
+    src: Tensor,
+    config: DecodeConfig,
+    prefixes: Sequence[Sequence[int]] | None,
+    constraints: Sequence[Sequence[Sequence[int]]],
+    sync_steps: bool,
+    word_continuation: Tensor | None,
+) -> list[list[Hypothesis]]:
+    """`decode` of a batch where some sentences have constraints: those run
+    `constrained_beam_search`, the others `decode` without constraints; input order kept."""
+    if len(constraints) != src.size(0):
+        raise ConfigError(f"{len(constraints)} constraint lists for {src.size(0)} sentences")
+    if config.effective_method == "sample":
+        raise ConfigError("constraints need beam search; method=sample cannot apply them")
+    if sync_steps:
+        raise ConfigError("constrained decoding does not support sync_steps")
+    with_c = [i for i, c in enumerate(constraints) if c]
+    without = [i for i, c in enumerate(constraints) if not c]
+    out: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
+    beam = config.beam_size if config.method == "beam" else 1
+    rows = torch.tensor(with_c, device=src.device)
+    found = constrained_beam_search(
+        model,
+        src.index_select(0, rows),
+        [constraints[i] for i in with_c],
+        beam_size=beam,
+        length_penalty=config.length_penalty,
+        max_len_a=config.max_len_a,
+        max_len_b=config.max_len_b,
+        n_best=config.n_best,
+        min_len=config.min_len,
+        prefixes=None if prefixes is None else [prefixes[i] for i in with_c],
+        word_continuation=word_continuation,
+    )
+    for i, hyps in zip(with_c, found, strict=True):
+        out[i] = hyps
+    if without:
+        rows = torch.tensor(without, device=src.device)
+        found = decode(
+            model,
+            src.index_select(0, rows),
+            config,
+            prefixes=None if prefixes is None else [prefixes[i] for i in without],
+        )
+        for i, hyps in zip(without, found, strict=True):
+            out[i] = hyps
+    return out
 
 
 __all__ = ["decode"]

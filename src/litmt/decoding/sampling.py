@@ -12,6 +12,8 @@ vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -73,6 +75,7 @@ def sample_search(
     length_penalty: float = _D.length_penalty,
     min_len: int = _D.min_len,
     sync_steps: bool = False,
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[list[Hypothesis]]:
     """Ancestral sampling: `n` independent samples per source, batched (B * N rows).
 
@@ -89,6 +92,7 @@ def sample_search(
         n: samples per source.
         generator: random generator on src's device (None: torch's global one).
         sync_steps: every rank runs the same number of decoder steps (`decode_rows`).
+        prefixes: B lists of target ids every sample of that source starts with.
 
     Returns:
         For each source row, its `n` samples sorted by decreasing score.
@@ -112,6 +116,7 @@ def sample_search(
         length_penalty=length_penalty,
         min_len=min_len,
         sync_steps=sync_steps,
+        prefixes=prefixes,
     )
     return [
         sorted(hyps[i : i + n], key=lambda h: h.score, reverse=True) for i in range(0, len(hyps), n)

@@ -16,6 +16,12 @@ Conventions shared by both searches:
   at that point eos is forced.
 - ``min_len`` (default 0) suppresses eos until a hypothesis has that many tokens (the
   budget still wins: a sentence whose budget is below ``min_len`` ends at its budget).
+- ``prefixes`` (optional, one list of target ids per source, may be empty): the hypothesis
+  begins with those ids. At step t < len(prefix) every token but prefix[t] is -inf, so the
+  prefix tokens' own log-probabilities count in ``log_prob`` and ``score`` (the numbers
+  `litmt.decoding.forced` gives for the whole output). The budget counts the prefix: it is
+  raised to at least len(prefix) (`output_budgets`' ``floor``), so a prefix that is a whole
+  translation is reproduced, with eos forced after it.
 - ``sync_steps`` (default False): every rank of the default `torch.distributed` group runs
   the same number of decoder steps (a rank whose sentences are all done keeps calling
   `decode_step` on its finished rows and ignores the result until every rank is done). Set
@@ -37,6 +43,7 @@ from torch import Tensor
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.decoding.config import DecodeConfig
+from litmt.decoding.steering import budget_floor
 from litmt.errors import ConfigError
 from litmt.models import TransformerConfig
 
@@ -84,15 +91,23 @@ def length_penalty_factor(length: Tensor | float, alpha: float) -> Tensor | floa
 
 
 def output_budgets(
-    src_lengths: Tensor | Sequence[int], max_len_a: float, max_len_b: int, max_positions: int
+    src_lengths: Tensor | Sequence[int],
+    max_len_a: float,
+    max_len_b: int,
+    max_positions: int,
+    floor: Tensor | Sequence[int] | None = None,
 ) -> Tensor:
     """The output budget of every engine (torch search, CTranslate2): the most tokens each
-    sentence may produce before eos, min(floor(a * src_len + b), max_positions - 1), >= 0.
+    sentence may produce before eos, min(max(floor(a * src_len + b), floor), max_positions - 1),
+    >= 0.
 
     Args:
         src_lengths: (B,) non-pad source tokens per sentence (a tensor or a list).
         max_len_a, max_len_b: a and b (`DecodeConfig`).
         max_positions: the model's.
+        floor: (B,) tokens a sentence must be able to hold whatever its source length:
+            its target prefix plus its constraints (`litmt.decoding.steering.budget_floor`);
+            None = 0.
 
     Returns:
         (B,) long tensor (on `src_lengths`' device; the CPU for a list). The floor is taken
@@ -100,6 +115,8 @@ def output_budgets(
     """
     src_len = torch.as_tensor(src_lengths).to(torch.float64)  # (B,)
     budget = torch.floor(src_len * max_len_a + max_len_b).long()
+    if floor is not None:
+        budget = torch.maximum(budget, torch.as_tensor(floor, device=budget.device).long())
     return budget.clamp(min=0, max=max_positions - 1)
 
 
@@ -158,6 +175,25 @@ def constrain_eos(logp: Tensor, step: int, min_len: int, eos: int, budget: Tenso
         logp.masked_fill_(at_budget & ~keep, NEG_INF)
 
 
+def prefix_table(prefixes: Sequence[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
+    """(B, P) prefix ids right-padded with pad, and (B,) their lengths (P = longest, >= 1)."""
+    width = max(1, max((len(p) for p in prefixes), default=0))
+    table = torch.full((len(prefixes), width), PAD_ID, dtype=torch.long)  # (B, P)
+    for i, p in enumerate(prefixes):
+        table[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+    lengths = torch.tensor([len(p) for p in prefixes], dtype=torch.long)  # (B,)
+    return table.to(device), lengths.to(device)
+
+
+def force_prefix(logp: Tensor, step: int, table: Tensor, lengths: Tensor) -> None:
+    """In place on logp (R, V): rows still inside their prefix (lengths (R,) > step) keep only
+    the log-probability of prefix token ``table[:, step]`` (table (R, P)); the rest is -inf."""
+    inside = lengths.gt(step)[:, None]  # (R, 1)
+    want = table[:, min(step, table.size(1) - 1)]  # (R,)
+    vocab = torch.arange(logp.size(-1), device=logp.device)  # (V,)
+    logp.masked_fill_(inside & vocab.ne(want[:, None]), NEG_INF)
+
+
 def _global_max(value: int, device: torch.device) -> int:
     """The largest `value` over the ranks of the default process group (a collective)."""
     t = torch.tensor([value], dtype=torch.long, device=device)
@@ -194,6 +230,7 @@ def decode_rows(
     length_penalty: float = _D.length_penalty,
     min_len: int = _D.min_len,
     sync_steps: bool = False,
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[Hypothesis]:
     """Decode `n` rows per source (R = B * n rows) one token at a time with `rule`.
 
@@ -210,6 +247,8 @@ def decode_rows(
         length_penalty: alpha, used only for the reported `score`.
         min_len: no eos before this many tokens (see module docstring).
         sync_steps: every rank runs the same number of decoder steps (see module docstring).
+        prefixes: B lists of target ids each output starts with (see module docstring);
+            None = none.
 
     Returns:
         R hypotheses, row r decoding source r // n.
@@ -219,8 +258,14 @@ def decode_rows(
     bsz, device = src.size(0), src.device
     if bsz == 0:
         return []
-    budget = output_budgets(src.ne(PAD_ID).sum(1), max_len_a, max_len_b, model.config.max_positions)
+    floor = budget_floor(model.config.max_positions, prefixes) if prefixes is not None else None
+    budget = output_budgets(
+        src.ne(PAD_ID).sum(1), max_len_a, max_len_b, model.config.max_positions, floor
+    )
     budget = budget.to(device).repeat_interleave(n)  # (R,)
+    forced = None if prefixes is None else prefix_table(prefixes, device)
+    if forced is not None:  # (R, P), (R,)
+        forced = (forced[0].repeat_interleave(n, 0), forced[1].repeat_interleave(n))
     rows = bsz * n
     steps = int(budget.max()) + 1  # this rank's; under sync_steps, every rank's longest
     if sync_steps:
@@ -243,6 +288,8 @@ def decode_rows(
             logits = model.decode_step(tokens, state).float()  # (R, V)
             logp = F.log_softmax(logits, dim=-1)  # the model's distribution, for log_prob
             constrain_eos(logp, step, min_len, EOS_ID, budget if step in force_steps else None)
+            if forced is not None and step < forced[0].size(1):
+                force_prefix(logp, step, *forced)
             tokens = rule(logits, logp).masked_fill(finished, PAD_ID)  # (R,)
             log_prob += logp.gather(1, tokens[:, None])[:, 0].masked_fill(finished, 0.0)
             lengths += (~finished).long()
@@ -266,6 +313,7 @@ def greedy_search(
     length_penalty: float = _D.length_penalty,
     min_len: int = _D.min_len,
     sync_steps: bool = False,
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[Hypothesis]:
     """Batched greedy decoding (`decode_rows` with one row per source, argmax).
 
@@ -276,6 +324,7 @@ def greedy_search(
         length_penalty: alpha, used only for the reported `score`.
         min_len: no eos before this many tokens (see module docstring).
         sync_steps: every rank runs the same number of decoder steps (see module docstring).
+        prefixes: B lists of target ids each output starts with; None = none.
 
     Returns:
         One `Hypothesis` per source row, in input order.
@@ -288,6 +337,7 @@ def greedy_search(
         length_penalty=length_penalty,
         min_len=min_len,
         sync_steps=sync_steps,
+        prefixes=prefixes,
     )
 
 
@@ -303,6 +353,7 @@ def beam_search(
     n_best: int = _D.n_best,
     min_len: int = _D.min_len,
     sync_steps: bool = False,
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search with per-layer decode caches, GNMT length penalty and n-best output.
 
@@ -330,6 +381,8 @@ def beam_search(
         n_best: hypotheses returned per sentence (<= K), best first.
         min_len: no eos before this many tokens (see module docstring).
         sync_steps: every rank runs the same number of decoder steps (see module docstring).
+        prefixes: B lists of target ids each output starts with (see module docstring); while
+            a sentence is inside its prefix, only its best beam is alive (the others are -inf).
 
     Returns:
         For each source row, `n_best` hypotheses sorted by decreasing score.
@@ -347,7 +400,9 @@ def beam_search(
     vocab = model.config.tgt_vocab_size
     if 2 * k > vocab:
         raise ConfigError(f"beam_size={k} is too large for a target vocabulary of {vocab}")
-    budget = output_budgets(src.ne(PAD_ID).sum(1), max_len_a, max_len_b, cfg.max_positions)
+    floor = budget_floor(cfg.max_positions, prefixes) if prefixes is not None else None
+    budget = output_budgets(src.ne(PAD_ID).sum(1), max_len_a, max_len_b, cfg.max_positions, floor)
+    forced = None if prefixes is None else prefix_table(prefixes, device)  # (B, P), (B,)
     max_steps = int(budget.max()) + 1
     steps = _global_max(max_steps, device) if sync_steps else max_steps  # loop bound
 
@@ -381,6 +436,9 @@ def beam_search(
         logp = F.log_softmax(model.decode_step(last, state).float(), dim=-1)  # (b*kk, V)
         rows_budget = budget[active].repeat_interleave(kk) if step in force_steps else None
         constrain_eos(logp, step, min_len, EOS_ID, rows_budget)
+        if forced is not None and step < forced[0].size(1):
+            rows = active.repeat_interleave(kk)  # (b*kk,) sentence of each row
+            force_prefix(logp, step, forced[0][rows], forced[1][rows])
         cand = logp.view(b, kk, vocab).add_(scores[:, :, None]).view(b, kk * vocab)
         top_val, top_idx = topk_rows(cand, 2 * k)  # (b, 2K)
         top_beam, top_tok = top_idx // vocab, top_idx % vocab  # (b, 2K)

@@ -12,6 +12,12 @@ removed with a warning (`litmt.data.text.clean_line`); empty or whitespace-only 
 without running the model; sources longer than the model's `max_positions` are truncated
 with a warning. Warnings go to
 the ``litmt`` logger (the scripts print them on stderr as ``warning: ...``).
+
+Steering (`litmt.decoding.steering`): ``translate(sentences, prefixes=[...],
+constraints=[[...], ...])`` gives each sentence a target prefix (its output begins with it)
+and terminology constraints (target phrases its output must contain); ``search_ids`` takes
+them as target ids. An empty source gives its prefix (score 0) without running the model,
+whatever its constraints.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig, decoding_options
 from litmt.decoding.sampling import make_generator
 from litmt.decoding.search import Hypothesis
+from litmt.decoding.steering import budget_floor, check_constraints, check_prefixes
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 from litmt.runtime.precision import autocast_context, plan_model_inference
@@ -203,6 +210,38 @@ class Translator:
             ids = ids[: self.max_source_tokens]
         return ids
 
+    def encode_steering(
+        self, n: int, prefixes: Any = None, constraints: Any = None
+    ) -> tuple[list[list[int]] | None, list[list[list[int]]] | None]:
+        """Check (`litmt.decoding.steering`) and encode the prefixes and constraints of `n`
+        sentences with the target tokenizer: (prefix ids, constraint ids), None where absent.
+
+        Raises:
+            ConfigError: a malformed prefix or constraint (one line).
+        """
+        prefix_ids = None
+        if prefixes is not None:
+            texts = check_prefixes(prefixes, n)
+            encoded = self.tokenizer.encode_tgt([t or "" for t in texts]) if n else []
+            prefix_ids = [ids if t else [] for t, ids in zip(texts, encoded, strict=True)]
+        constraint_ids = None
+        if constraints is not None:
+            phrases = check_constraints(constraints, n)
+            constraint_ids = [self.tokenizer.encode_tgt(p) if p else [] for p in phrases]
+            for i, ids in enumerate(constraint_ids):
+                if any(not c for c in ids):
+                    raise ConfigError(
+                        f"a constraint of sentence {i + 1} encodes to no target tokens"
+                    )
+        return prefix_ids, constraint_ids
+
+    def word_continuation(self) -> torch.Tensor:
+        """(V,) bool: target pieces that continue the previous word (no leading ``▁``, a
+        letter or digit first), which may not follow a completed constraint."""
+        pieces = self.tokenizer.tgt_pieces(range(self.tokenizer.tgt_vocab_size))
+        mask = [not p.startswith("\u2581") and p[:1].isalnum() for p in pieces]
+        return torch.tensor(mask, dtype=torch.bool)
+
     # -- decoding -----------------------------------------------------------------------
     def search_ids(
         self,
@@ -211,6 +250,8 @@ class Translator:
         *,
         max_tokens: int = 4096,
         progress: bool = False,
+        prefixes: Sequence[Sequence[int]] | None = None,
+        constraints: Sequence[Sequence[Sequence[int]]] | None = None,
         **options: Any,
     ) -> list[list[Hypothesis]]:
         """Decode prepared source ids in token-budget batches, returning results in input order.
@@ -221,12 +262,19 @@ class Translator:
                 (DecodeConfig fields, e.g. ``beam_size=4``; None = keep) override it.
             max_tokens: padded source tokens per batch.
             progress: a tqdm bar on stderr.
+            prefixes: per sentence, target ids its output starts with (`encode_steering`).
+            constraints: per sentence, target id sequences its output must contain.
 
-        Empty sources give ``[Hypothesis([], 0.0, 0.0)]`` without running the model. Sampling
-        draws from one generator seeded with ``config.seed`` per call.
+        Empty sources give ``[Hypothesis(prefix, 0.0, 0.0)]`` without running the model.
+        Sampling draws from one generator seeded with ``config.seed`` per call.
         """
         config = decoding_options(config or self.default_config, options)
-        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
+        if prefixes is not None or constraints is not None:  # refused before any decoding
+            budget_floor(self.max_source_tokens, prefixes, constraints)
+        results: list[list[Hypothesis]] = [
+            [Hypothesis(list(prefixes[i]) if prefixes else [], 0.0, 0.0)]
+            for i in range(len(sources))
+        ]
         todo = [i for i, ids in enumerate(sources) if len(ids) > 0]
         pad = self.model.pad_id
         models = self.models if len(self.models) > 1 else self.model
@@ -243,7 +291,15 @@ class Translator:
                 src = torch.full((len(idx), width), pad, dtype=torch.long)  # (B, S)
                 for row, i in enumerate(idx):
                     src[row, : len(sources[i])] = torch.as_tensor(sources[i])
-                found = decode(models, src.to(self.device), config, generator=generator)
+                found = decode(
+                    models,
+                    src.to(self.device),
+                    config,
+                    generator=generator,
+                    prefixes=None if prefixes is None else [prefixes[i] for i in idx],
+                    constraints=None if constraints is None else [constraints[i] for i in idx],
+                    word_continuation=self.word_continuation() if constraints else None,
+                )
                 for i, hyps in zip(idx, found, strict=True):
                     results[i] = hyps
                 bar.update(len(idx))
@@ -297,6 +353,8 @@ class Translator:
         progress: bool = False,
         first_line: int = 1,
         alignment: AlignConfig | None = None,
+        prefixes: Sequence[str | None] | None = None,
+        constraints: Sequence[Sequence[str] | None] | None = None,
         **options: Any,
     ) -> list[str] | list[NBest] | list[Aligned]:
         """Translate sentences (any order of lengths; output order = input order).
@@ -309,6 +367,9 @@ class Translator:
             progress: show a tqdm bar on stderr.
             first_line: number of the first sentence in warnings ("line N").
             alignment: also return Pharaoh word alignments built this way.
+            prefixes: one string (or None) per sentence: its translation begins with it.
+            constraints: one list of target phrases (or None) per sentence: its translation
+                contains each (constrained beam search; not on the ct2 engine).
             options: DecodeConfig fields overriding `config` (e.g. ``beam_size=4``,
                 ``method="sample", n_best=3``).
 
@@ -320,9 +381,17 @@ class Translator:
         """
         if isinstance(sentences, str):
             raise ConfigError("translate() takes a list of sentences, not one string")
+        prefix_ids, constraint_ids = self.encode_steering(len(sentences), prefixes, constraints)
         ids = [self.prepare(s, f"line {first_line + i}") for i, s in enumerate(sentences)]
         config = decoding_options(config or self.default_config, options)
-        found = self.search_ids(ids, config, max_tokens=max_tokens, progress=progress)
+        found = self.search_ids(
+            ids,
+            config,
+            max_tokens=max_tokens,
+            progress=progress,
+            prefixes=prefix_ids,
+            constraints=constraint_ids,
+        )
         if not found:
             return []
         if alignment is not None:

@@ -28,6 +28,24 @@ How the CTranslate2 engine keeps litmt's semantics (``litmt.decoding.search`` mo
 - A hypothesis cut by its budget ends without eos in CTranslate2, where litmt forces eos:
   the engine adds that eos log-probability (`score_batch`) before ranking.
 
+- Target prefix (`litmt.decoding.steering`): CTranslate2's ``target_prefix``. Read in
+  CTranslate2's ``src/decoding.cc`` (``update_sample_with_prefix``, ``get_max_step``,
+  ``is_last_step``, ``apply_min_length``, ``split_start_tokens``), for the default
+  ``return_prefix=true`` of the Python API: the prefix is decoded step by step inside the
+  search, forced at steps < len(prefix), and returned as part of the hypothesis;
+  ``max_decoding_length`` and ``min_decoding_length`` count the prefix tokens (so litmt's
+  budget, which counts them too and is raised to at least len(prefix), is passed as it is);
+  the prefix steps add **nothing** to the score (the forced token's cumulative score is set to
+  0, and -1e10 in the other beams), so CTranslate2's scores leave out the prefix's
+  log-probabilities. The engine therefore recomputes the log-probability of every hypothesis
+  of a sentence with a prefix with ``score_batch`` (its tokens and eos: litmt's number,
+  prefix included, also for a hypothesis cut by the budget) before the GNMT ranking.
+  One more difference in beam search: at the first step after the prefix, CTranslate2 gives
+  eos in any beam but the first -1e10 (its issue #277), where litmt may finish ``prefix +
+  eos`` from a lower candidate; it matters only when that empty continuation would win.
+- Terminology constraints: CTranslate2 has no lexically constrained search, so the engine
+  refuses them with one line (use engine=torch).
+
 What remains different (both rare, both near-ties): when more than K hypotheses have finished
 at the stopping step, CTranslate2 keeps the K best by *its* normalisation before the engine
 re-ranks them with GNMT (litmt keeps the K best by GNMT), so a GNMT-best hypothesis can be
@@ -54,6 +72,7 @@ from tqdm import tqdm
 from litmt.data.tokenizer import Tokenizer
 from litmt.decoding.config import DecodeConfig, decoding_options
 from litmt.decoding.search import Hypothesis, length_penalty_factor, output_budgets
+from litmt.decoding.steering import budget_floor
 from litmt.decoding.translator import Translator, check_max_tokens
 from litmt.deploy.ct2_export import cached_export, is_export_dir, read_metadata
 from litmt.deploy.ct2_spec import ct2_vocabulary, import_ctranslate2
@@ -155,24 +174,43 @@ class CT2Translator(Translator):
         *,
         max_tokens: int = 4096,
         progress: bool = False,
+        prefixes: Sequence[Sequence[int]] | None = None,
+        constraints: Sequence[Sequence[Sequence[int]]] | None = None,
         **options: Any,
     ) -> list[list[Hypothesis]]:
         """Decode prepared source ids with CTranslate2; results in input order (see module doc).
 
-        `config` / `options` as `Translator.search_ids` (validated by `DecodeConfig`); beam
-        and greedy only.
+        `config` / `options` / `prefixes` as `Translator.search_ids` (validated by
+        `DecodeConfig`); beam and greedy only; `constraints` are refused.
         """
         config = decoding_options(config or self.default_config, options)
         if config.effective_method == "sample":
             raise ConfigError("engine=ct2 does not sample; use engine=torch for method=sample")
+        if constraints is not None and any(constraints):
+            raise ConfigError(
+                "engine=ct2 cannot apply terminology constraints (CTranslate2 has no "
+                "constrained search); use engine=torch"
+            )
+        if prefixes is not None and not any(prefixes):
+            prefixes = None
+        if prefixes is not None:  # refused before any decoding, naming the sentence
+            budget_floor(self.max_source_tokens, prefixes)
         beam_size, n_best, min_len = config.beam_size, config.n_best, config.min_len
         length_penalty = config.length_penalty
         max_len_a, max_len_b = config.max_len_a, config.max_len_b
         check_max_tokens(max_tokens)
-        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
+        results: list[list[Hypothesis]] = [
+            [Hypothesis(list(prefixes[i]) if prefixes else [], 0.0, 0.0)]
+            for i in range(len(sources))
+        ]
         todo = [i for i, ids in enumerate(sources) if len(ids) > 0]
         lengths = [len(sources[i]) for i in todo]
-        budgets = output_budgets(lengths, max_len_a, max_len_b, self.max_source_tokens).tolist()
+        floor = None
+        if prefixes is not None:
+            floor = budget_floor(self.max_source_tokens, [prefixes[i] for i in todo])
+        budgets = output_budgets(
+            lengths, max_len_a, max_len_b, self.max_source_tokens, floor
+        ).tolist()
         groups: dict[int, list[int]] = defaultdict(list)
         for i, budget in zip(todo, budgets, strict=True):
             groups[budget].append(i)
@@ -184,8 +222,15 @@ class CT2Translator(Translator):
                 if budget == 0:  # only eos is allowed: the empty translation
                     bar.update(len(idx))
                     continue
+                target_prefix = None
+                if prefixes is not None and any(prefixes[i] for i in idx):
+                    target_prefix = [
+                        [self._tgt_pieces[t] for t in prefixes[i]] if prefixes[i] else None
+                        for i in idx
+                    ]
                 futures = self.ct2.translate_batch(
                     [[self._src_pieces[t] for t in sources[i]] for i in idx],
+                    target_prefix,
                     max_batch_size=max_tokens,
                     batch_type="tokens",
                     beam_size=beam_size,
@@ -202,6 +247,8 @@ class CT2Translator(Translator):
                 found = [f.result() for f in futures]
                 hyps = [self._log_probs(res, length_penalty, rescore, budget) for res in found]
                 self._add_forced_eos(idx, sources, hyps, budget)
+                if prefixes is not None:
+                    self._rescore_prefixed(idx, sources, prefixes, hyps)
                 for i, sentence in zip(idx, hyps, strict=True):
                     ranked = [
                         Hypothesis(
@@ -229,6 +276,37 @@ class CT2Translator(Translator):
                 out.append((tokens, float(score)))
         return out
 
+    def _rescore_prefixed(
+        self,
+        idx: list[int],
+        sources: Sequence[Sequence[int]],
+        prefixes: Sequence[Sequence[int]],
+        hyps: list[list[tuple[list[int], float]]],
+    ) -> None:
+        """In place: the log-probability of every hypothesis of a sentence with a prefix, from
+        `score_batch` (its tokens and eos), as CTranslate2's search scores leave the prefix
+        steps out (module docstring)."""
+        where = [(r, h) for r, i in enumerate(idx) if prefixes[i] for h in range(len(hyps[r]))]
+        for (r, h), log_probs in zip(where, self._scored(idx, sources, hyps, where), strict=True):
+            hyps[r][h] = (hyps[r][h][0], float(sum(log_probs)))
+
+    def _scored(
+        self,
+        idx: list[int],
+        sources: Sequence[Sequence[int]],
+        hyps: list[list[tuple[list[int], float]]],
+        where: list[tuple[int, int]],
+    ) -> list[list[float]]:
+        """CTranslate2's per-token log-probabilities (eos included) of hypothesis h of row r,
+        for each (r, h) in `where` (`score_batch`; nothing is run when `where` is empty)."""
+        if not where:
+            return []
+        scored = self.ct2.score_batch(
+            [[self._src_pieces[t] for t in sources[idx[r]]] for r, _ in where],
+            [[self._tgt_pieces[t] for t in hyps[r][h][0]] for r, h in where],
+        )
+        return [list(res.log_probs) for res in scored]
+
     def _add_forced_eos(
         self,
         idx: list[int],
@@ -247,15 +325,9 @@ class CT2Translator(Translator):
             for h, (t, _) in enumerate(sent)
             if len(t) == budget
         ]
-        if not where:
-            return
-        scored = self.ct2.score_batch(
-            [[self._src_pieces[t] for t in sources[idx[r]]] for r, _ in where],
-            [[self._tgt_pieces[t] for t in hyps[r][h][0]] for r, h in where],
-        )
-        for (r, h), res in zip(where, scored, strict=True):
+        for (r, h), log_probs in zip(where, self._scored(idx, sources, hyps, where), strict=True):
             tokens, log_prob = hyps[r][h]
-            hyps[r][h] = (tokens, log_prob + float(res.log_probs[-1]))
+            hyps[r][h] = (tokens, log_prob + float(log_probs[-1]))
 
 
 __all__ = ["CT2Translator", "default_cache_dir"]

@@ -20,6 +20,15 @@ Shapes, messages and status codes follow LibreTranslate's ``libretranslate/app.p
   ``POST /translate_file`` for ``.txt`` (multipart ``file``, ``source``, ``target``) →
   ``{"translatedFileUrl": ...}``, fetched from ``GET /download_file/{name}``.
 
+litmt extension fields of ``POST /translate`` (not in LibreTranslate; its clients never send
+them): ``prefix`` (the translation begins with it) and ``constraints`` (target phrases the
+translation must contain; `litmt.decoding.steering`). For a string ``q``: a string and a list
+of strings; for a list ``q``: one entry per text (a string or null; a list of strings or
+null). ``constraints`` must come as JSON (a form field cannot carry a list). A steered text
+must be one line within the model's source limit (it is not split into sentences), with
+``format=text`` and no ``alternatives``; a malformed field or a bad combination is a 400
+with one line, and engine=ct2 refuses ``constraints`` (400).
+
 Routes are added by `register_routes`, called once by `litmt.deploy.server.create_app`.
 """
 
@@ -101,22 +110,11 @@ def filter_unique(seq: list[str], best: str) -> list[str]:
     return out
 
 
-def nbest_lines(translator: Any, texts: list[str], options: dict[str, Any], n: int) -> list[Any]:
-    """Per text, its n-best list (best first); a text with line breaks is translated line
-    by line, and its i-th hypothesis joins each line's i-th (or last) one."""
-    lines, spans = [], []
-    for text in texts:
-        parts = text.split("\n")
-        spans.append(len(parts))
-        lines.extend(parts)
-    found = translator.translate(lines, **{**options, "n_best": n, "return_scores": True})
-    out, start = [], 0
-    for span in spans:
-        per_line = [[t for t, *_ in hyps] for hyps in found[start : start + span]]
-        start += span
-        depth = max(len(h) for h in per_line)
-        out.append(["\n".join(h[min(i, len(h) - 1)] for h in per_line) for i in range(depth)])
-    return out
+def nbest_units(translator: Any, units: list[str], options: dict[str, Any], n: int) -> list[Any]:
+    """Per unit (one line or sentence), its n-best translations, best first
+    (`litmt.deploy.sentences.Plan.join_nbest` rebuilds the texts)."""
+    found = translator.translate(units, **{**options, "n_best": n, "return_scores": True})
+    return [[t for t, *_ in hyps] for hyps in found]
 
 
 # -- format=html ------------------------------------------------------------------------
@@ -187,10 +185,31 @@ class Service:
     texts: Callable[[dict[str, Any], bool], tuple[list[str], bool]]  # q, checked
     batched: Callable[[Request, list[str]], Awaitable[Any]]  # list[str] or a JSONResponse
     nbest: Callable[[Request, list[str], int], Awaitable[Any]]  # list[list[str]] or response
+    # (request, texts, prefixes, constraints) -> list[str] or a response: the litmt fields
+    steered: Callable[[Request, list[str], Any, Any], Awaitable[Any]]
     upload_dir: Path
     check: Callable[[Request, dict[str, Any]], JSONResponse | None]  # keys, rate limit
     api_keys: bool  # /frontend/settings' apiKeys: keys are on
     key_required: bool  # /frontend/settings' keyRequired
+
+
+def steering(params: dict[str, Any], n: int, batch: bool) -> tuple[Any, Any] | None:
+    """The litmt fields ``prefix`` and ``constraints`` as per-text lists (None: neither was
+    sent); their values are checked by the translator (`litmt.decoding.steering`)."""
+    prefix, constraints = params.get("prefix"), params.get("constraints")
+    if prefix is None and constraints is None:
+        return None
+    if batch:
+        for name, value in (("prefix", prefix), ("constraints", constraints)):
+            if value is not None and not (isinstance(value, list) and len(value) == n):
+                raise ApiError(
+                    400, f"Invalid request: {name} must be a list with one entry per text of q"
+                )
+        return prefix, constraints
+    return (
+        None if prefix is None else [prefix],
+        None if constraints is None else [constraints],
+    )
 
 
 async def translate(request: Request, params: dict[str, Any], svc: Service) -> JSONResponse:
@@ -205,7 +224,18 @@ async def translate(request: Request, params: dict[str, Any], svc: Service) -> J
     check_pair(source, target, svc.src, svc.tgt)
     fmt = text_format(params)
     alternatives: list[list[str]] = [[] for _ in texts]
-    if fmt == "html":
+    steer = steering(params, len(texts), batch)
+    if steer is not None:
+        if fmt == "html" or n_alt > 0:
+            raise ApiError(
+                400,
+                "Invalid request: prefix and constraints work with format=text only, "
+                "without alternatives",
+            )
+        translated = await svc.steered(request, texts, *steer)
+        if isinstance(translated, JSONResponse):
+            return translated
+    elif fmt == "html":
         docs = [HtmlText(t) for t in texts]
         nodes = [node for d in docs for node in d.texts]
         out = await svc.batched(request, nodes) if nodes else []

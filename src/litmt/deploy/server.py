@@ -11,8 +11,11 @@ Routes (request and answer shapes follow LibreTranslate's ``libretranslate/app.p
   ``/suggest`` and ``/translate_file``). Errors are ``{"error": message}``: malformed JSON,
   missing ``q``/``source``/``target`` or an unsupported pair or format → 400; a request over a configured limit
   (bytes, texts, characters, lines, tokens) → 413 naming it (LibreTranslate answers 400);
+  a line over the model's source limit is translated sentence by sentence
+  (`litmt.deploy.sentences`, ``split_sentences``), never truncated;
   a full queue or a dead batcher → 503 with ``Retry-After``; past ``request_timeout_s`` →
-  504.
+  504. litmt extension fields: ``prefix`` and ``constraints`` (`litmt.deploy.libretranslate`);
+  a steered request runs as its own job in the model's thread, not in the batcher.
 - ``GET /languages``: ``[{"code", "name", "targets"}]``.
 - ``GET /health``: ``{"status": "ok", ...}`` with batching counters (queued, skipped,
   rejected); 503 when the batcher task has ended.
@@ -37,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -61,6 +65,7 @@ from litmt.deploy.access import AccessGuard, AccessSettings, install_cors
 from litmt.deploy.attention_view import attention_maps, attention_payload
 from litmt.deploy.http_errors import ApiError
 from litmt.deploy.request_batcher import BatcherDead, QueueFull, RequestBatcher
+from litmt.deploy.sentences import MODES, segmenter_for
 from litmt.errors import ConfigError, LitmtError
 
 log = logging.getLogger(__name__)
@@ -96,6 +101,7 @@ class ServeSettings:
     max_text_chars: int = 5000  # characters per text, else 413
     max_lines: int = 100  # lines per text, else 413
     max_source_tokens: int = 4096  # subword tokens per request (all lines), else 413
+    split_sentences: str = "long"  # long | always | never (litmt.deploy.sentences)
     max_body_bytes: int = 1_000_000  # request body, else 413
     attention_max_tokens: int = 256  # /attention: source tokens (else 413) and target budget
     cors: bool | str | list[str] = False  # allowed origins; False = same origin (access.py)
@@ -106,6 +112,10 @@ class ServeSettings:
         for name in POSITIVE:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.split_sentences not in MODES:
+            raise ConfigError(
+                f"split_sentences must be one of {list(MODES)}, got {self.split_sentences!r}"
+            )
         if float(self.max_wait_ms) < 0:
             raise ConfigError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
         if float(self.request_timeout_s) <= 0:
@@ -224,30 +234,6 @@ def _texts(
     return texts, batch
 
 
-def _check_tokens(translator: Any, texts: list[str], settings: ServeSettings) -> None:
-    """413 when the request's lines hold over `max_source_tokens` subword tokens, or one line
-    is longer than the model's source limit (it would be truncated, not translated whole)."""
-    tokenizer = getattr(translator, "tokenizer", None)
-    if tokenizer is None:  # a translator without a litmt tokenizer (a test double)
-        return
-    lines = [line for text in texts for line in text.split("\n")]
-    counts = [len(ids) for ids in tokenizer.encode_src(lines)]
-    total = sum(counts)
-    if total > settings.max_source_tokens:
-        raise ApiError(
-            413,
-            f"Invalid request: {total} source tokens, over the limit "
-            f"(max_source_tokens={settings.max_source_tokens})",
-        )
-    longest = getattr(translator, "max_source_tokens", None)
-    if longest is not None and counts and max(counts) > int(longest):
-        raise ApiError(
-            413,
-            f"Invalid request: a line has {max(counts)} source tokens, over the model's limit "
-            f"({longest}); split it into sentences",
-        )
-
-
 def _json_in_pieces(value: list[Any]) -> str:
     """JSON of nested lists of numbers, one innermost list per `json.dumps` call, so that a
     thread encoding a large attention payload lets the event loop's thread run in between
@@ -255,21 +241,6 @@ def _json_in_pieces(value: list[Any]) -> str:
     if not value or not isinstance(value[0], list):
         return json.dumps(value)
     return "[" + ",".join(_json_in_pieces(v) for v in value) + "]"
-
-
-def _translate_lines(translator: Any, texts: list[str], options: dict[str, Any]) -> list[str]:
-    """Translate each text; a text with line breaks is translated line by line."""
-    lines, spans = [], []
-    for text in texts:
-        parts = text.split("\n")
-        spans.append(len(parts))
-        lines.extend(parts)
-    out = translator.translate(lines, **options)
-    result, start = [], 0
-    for n in spans:
-        result.append("\n".join(out[start : start + n]))
-        start += n
-    return result
 
 
 def create_app(
@@ -292,11 +263,13 @@ def create_app(
     options.pop("n_best", None)  # one translation per text
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="litmt-model")
     state: dict[str, Any] = {}
+    segmenter = segmenter_for(translator, settings.split_sentences, settings.max_source_tokens)
+    upload_dir = Path(tempfile.mkdtemp(prefix="litmt-files-"))  # /translate_file's results
 
     @asynccontextmanager
     async def lifespan(app: Any) -> Any:
         batcher = RequestBatcher(
-            lambda texts: _translate_lines(translator, texts, options),
+            lambda units: translator.translate(units, **options),
             executor,
             max_batch=settings.max_batch_texts,
             max_wait_ms=settings.max_wait_ms,
@@ -307,6 +280,7 @@ def create_app(
         yield
         await batcher.stop()
         executor.shutdown(wait=False, cancel_futures=True)
+        shutil.rmtree(upload_dir, ignore_errors=True)
 
     app = FastAPI(title="litmt", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     install_cors(app, settings.cors)  # litmt.deploy.access
@@ -367,14 +341,14 @@ def create_app(
     async def batched(request: Request, texts: list[str], n_best: int = 1) -> Any:
         """The translations of `texts` (n-best lists when `n_best` > 1), or the error
         response (503, 499) to answer."""
-        _check_tokens(translator, texts, settings)
+        plan = segmenter.plan(texts)  # lines, or sentences of long lines; 413 over a limit
         try:
             if n_best == 1:
-                out = await translate_for(request, texts)
+                out = await translate_for(request, plan.units)
             else:  # other options than the batch's: one job in the model's thread
                 out = await asyncio.wait_for(
                     asyncio.get_running_loop().run_in_executor(
-                        executor, lt.nbest_lines, translator, texts, options, n_best
+                        executor, lt.nbest_units, translator, plan.units, options, n_best
                     ),
                     settings.request_timeout_s,
                 )
@@ -393,7 +367,34 @@ def create_app(
             raise ApiError(500, f"Cannot translate text: {exc}") from exc
         if out is None:  # nobody to answer; 499 is what proxies log for it
             return JSONResponse({"error": "Client closed the request"}, status_code=499)
-        return out
+        return plan.join(out) if n_best == 1 else plan.join_nbest(out)
+
+    async def steered(request: Request, texts: list[str], prefixes: Any, constraints: Any) -> Any:
+        """The translations of `texts` with their prefixes and constraints (one job in the
+        model's thread), or the error response to answer."""
+        plan = segmenter.plan(texts)  # the limits (413) as for any request
+        if len(plan.units) != len(texts):
+            raise ApiError(
+                400,
+                "Invalid request: a text with a prefix or constraints must be one line within "
+                "the model's source limit",
+            )
+
+        def job() -> list[str]:
+            return translator.translate(
+                plan.units, prefixes=prefixes, constraints=constraints, **options
+            )
+
+        try:
+            out = await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(executor, job),
+                settings.request_timeout_s,
+            )
+        except TimeoutError:
+            raise ApiError(
+                504, f"Translation timed out (request_timeout_s={settings.request_timeout_s:g})"
+            ) from None
+        return plan.join(out)
 
     service = lt.Service(
         src=src,
@@ -407,7 +408,8 @@ def create_app(
         texts=lambda params, is_json: _texts(params, settings, is_json),
         batched=batched,
         nbest=batched,
-        upload_dir=Path(tempfile.mkdtemp(prefix="litmt-files-")),
+        steered=steered,
+        upload_dir=upload_dir,
         check=guard.check,
         api_keys=guard.keys_on,
         key_required=bool(settings.access.require_api_key),
@@ -450,6 +452,7 @@ def create_app(
                 "queued": batcher.queue.qsize() if batcher else 0,
                 "skipped": batcher.skipped if batcher else 0,  # requests whose client went
                 "rejected": batcher.rejected if batcher else 0,  # 503: the queue was full
+                "split_lines": segmenter.split_lines,  # long lines translated by sentence
             },
             status_code=200 if alive else 503,
         )

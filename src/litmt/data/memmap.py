@@ -1,0 +1,166 @@
+"""The prepared cache of one split: flat token-id arrays on disk, memory-mapped for training.
+
+One directory per split (`cache/{name}-{src}-{tgt}-{split}-{key}/`):
+
+    src.ids  tgt.ids    all token ids of the side, concatenated (uint16 when the vocabulary
+                        fits, else int32; no bos/eos)
+    src.off  tgt.off    (N+1,) int64 row offsets: row i is ids[off[i]:off[i + 1]]
+    src.len  tgt.len    (N,) int32 token counts (what the bucketing sampler reads)
+    index               (N,) int64 position of each kept pair in its split
+    meta.json           counts and dtypes; written last: the completion marker
+
+The directory is written under a temporary name and renamed when complete, so a half-written
+cache is never read; every rank of a node maps the same files (one copy in the page cache).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from litmt.errors import DataError
+
+FORMAT_VERSION = 1
+_FILES = ("src.ids", "tgt.ids", "src.off", "tgt.off", "src.len", "tgt.len", "index")
+
+
+def is_complete(path: Path) -> bool:
+    """True when `path` holds a published cache (its completion marker exists)."""
+    return (path / "meta.json").is_file()
+
+
+@contextlib.contextmanager
+def _disk_errors(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise DataError(
+                f"no space left on the device while writing the prepared cache {path}; free "
+                f"space or point data.cache_dir at a larger disk"
+            ) from None
+        raise DataError(f"cannot write the prepared cache {path}: {exc.strerror or exc}") from None
+
+
+def _remove_stale(path: Path) -> None:
+    """Delete temporary directories of `path` left by processes that no longer run."""
+    for tmp in path.parent.glob(path.name + ".tmp*"):
+        pid = tmp.name.rsplit(".tmp", 1)[-1]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except PermissionError:  # alive, owned by another user
+            pass
+
+
+class CacheWriter:
+    """Append tokenised pairs chunk by chunk, then `publish` the directory atomically.
+
+    Args:
+        path: the cache directory to publish.
+        vocab_size: the largest vocabulary of the two sides (picks the id dtype).
+    """
+
+    def __init__(self, path: Path, vocab_size: int) -> None:
+        self.path = path
+        self.tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        self.id_dtype = np.dtype(np.uint16 if vocab_size <= 65536 else np.int32)
+        self.pairs = 0
+        self.tokens = {"src": 0, "tgt": 0}
+        with _disk_errors(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _remove_stale(path)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp.mkdir()
+            self._f = {name: (self.tmp / name).open("wb") for name in _FILES}
+            for side in ("src", "tgt"):
+                self._write(f"{side}.off", np.zeros(1, dtype=np.int64))
+
+    def _write(self, name: str, array: np.ndarray) -> None:
+        self._f[name].write(np.ascontiguousarray(array).tobytes())
+
+    def add(
+        self,
+        src: tuple[np.ndarray, np.ndarray],
+        tgt: tuple[np.ndarray, np.ndarray],
+        index: np.ndarray,
+    ) -> None:
+        """Append rows: each side as (flat ids, (n,) lengths); `index` (n,) split positions."""
+        with _disk_errors(self.path):
+            for side, (ids, lens) in (("src", src), ("tgt", tgt)):
+                self._write(f"{side}.ids", ids.astype(self.id_dtype, copy=False))
+                self._write(f"{side}.len", lens.astype(np.int32, copy=False))
+                self._write(f"{side}.off", self.tokens[side] + np.cumsum(lens, dtype=np.int64))
+                self.tokens[side] += int(lens.sum())
+            self._write("index", index.astype(np.int64, copy=False))
+            self.pairs += len(index)
+
+    def publish(self, extra: dict[str, Any]) -> None:
+        """Close the files, write `meta.json` (the completion marker) and rename into place;
+        when another process published first, its copy is kept."""
+        with _disk_errors(self.path):
+            for f in self._f.values():
+                f.close()
+            meta = {"version": FORMAT_VERSION, "pairs": self.pairs, "id_dtype": self.id_dtype.name,
+                    "tokens": self.tokens, **extra}  # fmt: skip
+            (self.tmp / "meta.json").write_text(json.dumps(meta))
+            try:
+                self.tmp.rename(self.path)  # atomic publish
+            except OSError:  # another process published first: keep theirs
+                shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def abort(self) -> None:
+        """Close and delete the temporary directory (after a failure)."""
+        for f in self._f.values():
+            with contextlib.suppress(OSError):
+                f.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _map(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
+    if count == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+
+def open_cache(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The arrays of a published cache, memory-mapped read-only, and its metadata.
+
+    Raises:
+        DataError: the cache is corrupt (unreadable marker, missing or truncated files).
+    """
+    fix = "delete that directory and run again to rebuild it"
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        n, tokens, id_dtype = int(meta["pairs"]), meta["tokens"], np.dtype(meta["id_dtype"])
+        if meta.get("version") != FORMAT_VERSION:
+            raise ValueError(f"format version {meta.get('version')}")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"the prepared cache {path} is corrupt ({exc}); {fix}") from None
+    shapes = {"index": (np.dtype(np.int64), n)}
+    for side in ("src", "tgt"):
+        shapes[f"{side}.ids"] = (id_dtype, int(tokens[side]))
+        shapes[f"{side}.off"] = (np.dtype(np.int64), n + 1)
+        shapes[f"{side}.len"] = (np.dtype(np.int32), n)
+    arrays = {}
+    for name, (dtype, count) in shapes.items():
+        f = path / name
+        size = f.stat().st_size if f.is_file() else -1
+        if size != dtype.itemsize * count:
+            raise DataError(
+                f"the prepared cache {path} is corrupt ({name} has {size} bytes, expected "
+                f"{dtype.itemsize * count}); {fix}"
+            )
+        arrays[name] = _map(f, dtype, count)
+    return arrays, meta

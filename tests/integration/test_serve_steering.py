@@ -1,0 +1,61 @@
+"""The server's litmt extension fields ``prefix`` and ``constraints`` on /translate."""
+
+from __future__ import annotations
+
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
+pytest.importorskip("fastapi", reason="the serve extra is not installed")
+pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+
+from litmt.deploy.server import ServerThread, ServeSettings, build_server_app  # noqa: E402
+
+DECODING = {"beam_size": 3}
+PAIR = {"source": "en", "target": "de"}
+
+
+@pytest.fixture(scope="module")
+def client(ckpt):
+    app = build_server_app(ckpt, device="cpu", settings=ServeSettings(decoding=DECODING))
+    with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=60) as c:
+        yield c
+
+
+def test_prefix_and_constraints_fields(client, reference):
+    q = ["A red dog runs.", "A big man sleeps here.", "A small cat eats today."]
+    prefixes = ["Ein alter", None, "Ein kleiner"]
+    constraints = [["heute"], None, ["Vogel"]]
+    want = reference.translate(q, prefixes=prefixes, constraints=constraints, **DECODING)
+    r = client.post(
+        "/translate", json={"q": q, "prefix": prefixes, "constraints": constraints, **PAIR}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["translatedText"] == want
+    assert want[0].startswith("Ein alter") and "heute" in want[0] and "Vogel" in want[2]
+    r = client.post(
+        "/translate", json={"q": q[0], "prefix": "Ein alter", "constraints": ["heute"], **PAIR}
+    )
+    assert r.json()["translatedText"] == want[0]
+    r = client.post("/translate", data={"q": q[0], "prefix": "Ein alter", **PAIR})  # a form
+    assert r.status_code == 200 and r.json()["translatedText"].startswith("Ein alter")
+    plain = client.post("/translate", json={"q": q, **PAIR}).json()["translatedText"]
+    assert plain == reference.translate(q, **DECODING)  # no fields: the batched path
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "message"),
+    [
+        ({"q": "A dog.", "constraints": "Hund"}, "the constraints of a sentence must be a list"),
+        ({"q": "A dog.", "constraints": [""]}, "a constraint must not be empty"),
+        ({"q": "A dog.", "prefix": 3}, "a prefix must be a string, got int"),
+        ({"q": ["A dog.", "A cat."], "prefix": ["Ein"]}, "prefix must be a list with one entry"),
+        ({"q": "A dog.", "prefix": "Ein", "format": "html"}, "work with format=text only"),
+        ({"q": "A dog.", "prefix": "Ein", "alternatives": 2}, "without alternatives"),
+        ({"q": "A dog.\nA cat.", "prefix": "Ein"}, "must be one line within the model's"),
+    ],
+)
+def test_bad_fields_are_a_400_with_one_line(client, request_fields, message):
+    r = client.post("/translate", json={**request_fields, **PAIR})
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"]
+    assert "\n" not in r.json()["error"]

@@ -1,0 +1,256 @@
+"""Corpora larger than memory: streamed preparation, the memory-mapped cache, shards, dedup,
+the bounded tokenizer sample and the one-line errors of bad input."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_corpora import make_pairs
+
+from litmt.data import TranslationDataModule
+from litmt.data.corpus import HubSpec
+from litmt.data.memmap import CacheWriter
+from litmt.data.preprocess import PairDeduper
+from litmt.data.sampler import TokenBudgetBatchSampler
+from litmt.data.spm_sample import sample_sentences
+from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.errors import ConfigError, DataError
+
+
+def _write(path: Path, lines: list[str]) -> None:
+    path.write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
+
+
+def _train_cache(dm: TranslationDataModule) -> Path:
+    return dm._cache_path("train", dm._get_tokenizer())
+
+
+def _batches(dm: TranslationDataModule) -> list[list[int]]:
+    return [b["index"].tolist() for b in dm.train_dataloader()]
+
+
+def _mapped(arr: object) -> bool:
+    """Whether `arr` is (a view of) a memory-mapped file, not a copy in memory."""
+    while arr is not None:
+        if isinstance(arr, np.memmap):
+            return True
+        arr = getattr(arr, "base", None)
+    return False
+
+
+def test_training_reads_memory_mapped_arrays(dm_kwargs: dict) -> None:
+    dm = TranslationDataModule(**dm_kwargs)
+    dm.setup("fit")
+    ds = dm.datasets["train"]
+    for arr in (ds.src_values, ds.tgt_values, ds.src_offsets, ds.indices, ds.src_lengths()):
+        assert _mapped(arr)
+    sampler = dm.train_dataloader().batch_sampler
+    assert _mapped(sampler.src_lengths)  # the sampler reads the lengths, not a copy
+
+
+def test_shards_by_glob_and_list_equal_one_file(tmp_path: Path, dm_kwargs: dict) -> None:
+    src, tgt = make_pairs(300, seed=3)
+    one, shards = tmp_path / "one", tmp_path / "shards"
+    for d in (one, shards):
+        d.mkdir()
+        for split in ("valid", "test"):
+            _write(d / f"{split}.en", src[:20])
+            _write(d / f"{split}.de", tgt[:20])
+    _write(one / "train.en", src)
+    _write(one / "train.de", tgt)
+    for i, (a, b) in enumerate(((0, 120), (120, 250), (250, 300))):
+        _write(shards / f"train.{i:02d}.en", src[a:b])
+        _write(shards / f"train.{i:02d}.de", tgt[a:b])
+    kw = {**dm_kwargs, "filter": {"max_ratio": None}}
+    ref = TranslationDataModule(**{**kw, "dir": str(one), "cache_dir": str(tmp_path / "c1")})
+    glob = TranslationDataModule(
+        **{**kw, "dir": str(shards), "cache_dir": str(tmp_path / "c2"),
+           "splits": {"train": "train.*"}}
+    )  # fmt: skip
+    listed = TranslationDataModule(
+        **{**kw, "dir": str(shards), "cache_dir": str(tmp_path / "c3"),
+           "splits": {"train": ["train.00", "train.01", "train.02"]}}
+    )  # fmt: skip
+    for dm in (ref, glob, listed):
+        dm.setup("fit")
+    assert ref.references("train") == glob.references("train") == listed.references("train")
+    assert _batches(ref) == _batches(glob) == _batches(listed)
+
+
+def test_shard_line_count_mismatch_is_one_line(tmp_path: Path, dm_kwargs: dict) -> None:
+    corpus = Path(dm_kwargs["dir"])
+    _write(corpus / "train.en", [*make_pairs(10)[0], "one more"])
+    _write(corpus / "train.de", make_pairs(10)[1])
+    with pytest.raises(DataError) as exc:
+        TranslationDataModule(**dm_kwargs).prepare_data()
+    msg = str(exc.value)
+    assert "\n" not in msg and "has 11 lines" in msg and "has 10" in msg
+
+
+def test_corrupt_cache_is_one_line(dm_kwargs: dict) -> None:
+    dm = TranslationDataModule(**dm_kwargs)
+    dm.prepare_data()
+    path = _train_cache(dm)
+    with (path / "src.ids").open("r+b") as f:
+        f.truncate(2)
+    with pytest.raises(DataError) as exc:
+        TranslationDataModule(**dm_kwargs).setup("fit")
+    assert "corrupt" in str(exc.value) and "src.ids" in str(exc.value)
+    assert "\n" not in str(exc.value)
+    (path / "meta.json").write_text("{not json")
+    with pytest.raises(DataError, match="corrupt"):
+        TranslationDataModule(**dm_kwargs).setup("fit")
+
+
+def test_full_disk_is_one_line_and_leaves_no_cache(
+    dm_kwargs: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = {"n": 0}
+    real = CacheWriter._write
+
+    def fail_later(self: CacheWriter, name: str, array: np.ndarray) -> None:
+        calls["n"] += 1
+        if calls["n"] > 6:  # in the middle of the first chunk: a half-written cache
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, name, array)
+
+    monkeypatch.setattr(CacheWriter, "_write", fail_later)
+    dm = TranslationDataModule(**dm_kwargs)
+    with pytest.raises(DataError) as exc:
+        dm.prepare_data()
+    assert str(exc.value).startswith("no space left on the device") and "\n" not in str(exc.value)
+    cache = Path(dm_kwargs["cache_dir"]) / "cache"
+    assert not any(cache.iterdir())  # neither the half-written directory nor a published one
+    monkeypatch.setattr(CacheWriter, "_write", real)
+    TranslationDataModule(**dm_kwargs).setup("fit")  # rebuilt from scratch
+
+
+def test_half_written_cache_is_never_reused(dm_kwargs: dict, tmp_path: Path) -> None:
+    dm = TranslationDataModule(**dm_kwargs)
+    dm.prepare_data()
+    path = _train_cache(dm)
+    ref = _batches(TranslationDataModule(**dm_kwargs))
+    # a crashed writer's temporary directory (a pid that does not run) and a published
+    # directory whose completion marker is gone
+    stale = path.with_name(path.name + ".tmp999999999")
+    stale.mkdir()
+    (path / "meta.json").unlink()
+    dm2 = TranslationDataModule(**dm_kwargs)
+    with pytest.raises(DataError, match="corrupt"):  # the marker-less directory is not read
+        dm2.setup("fit")
+    shutil.rmtree(path)
+    assert _batches(TranslationDataModule(**dm_kwargs)) == ref  # rebuilt
+    assert not stale.exists()  # the dead writer's directory was removed
+
+
+def test_dedup_keeps_first_occurrences(tmp_path: Path, dm_kwargs: dict) -> None:
+    corpus = Path(dm_kwargs["dir"])
+    src, tgt = make_pairs(50, seed=9)
+    src += [*src[:10], "x y"]
+    tgt += [*tgt[:10], tgt[0]]  # same target, other source: not a duplicate
+    _write(corpus / "train.en", src)
+    _write(corpus / "train.de", tgt)
+    expect = len({(s, t) for s, t in zip(src, tgt, strict=True)})
+    kw = {**dm_kwargs, "filter": {"max_ratio": None, "dedup": True}}
+    dm = TranslationDataModule(**kw)
+    dm.setup("fit")
+    c = dm.filter_counts
+    assert c["kept"] == expect and c["duplicate"] == len(src) - expect
+    idx = np.asarray(dm.datasets["train"].indices)
+    pairs = [(src[i], tgt[i]) for i in idx]
+    assert len(set(pairs)) == len(pairs) and idx.max() == len(src) - 1  # "x y" kept
+    assert TranslationDataModule(**kw).tokenizer_dir() == dm.tokenizer_dir()
+    assert _train_cache(TranslationDataModule(**dm_kwargs)) != _train_cache(dm)  # keyed
+
+
+def test_pair_deduper_across_chunks() -> None:
+    d = PairDeduper()
+    seen: set[int] = set()
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        h = rng.integers(0, 500, 40).astype(np.uint64)
+        cand = rng.random(40) < 0.9
+        new = d.first_seen(h, cand)
+        expect = np.zeros(40, dtype=bool)
+        for i, v in enumerate(h.tolist()):
+            if cand[i] and v not in seen:
+                expect[i] = True
+                seen.add(v)
+        assert (new == expect).all()
+
+
+@pytest.mark.parametrize("joint", [True, False])
+def test_streamed_sample_trains_the_same_tokenizer(
+    tmp_path: Path, joint: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    src, tgt = make_pairs(400, seed=5)
+    src[7] = ""  # empty sentences are skipped on both paths
+    settings = TokenizerSettings(vocab_size=40, joint=joint, input_sentence_size=250, seed=3)
+    ref = Tokenizer.train(src, tgt, settings)
+
+    def chunks():
+        for a in range(0, 400, 64):
+            yield src[a : a + 64], tgt[a : a + 64]
+
+    with caplog.at_level(logging.INFO, logger="litmt.data"):
+        samples = sample_sentences(chunks, joint=joint, size=250, seed=3, workdir=tmp_path / "w")
+    assert [len(s) for s in samples] == [250] * (1 if joint else 2)
+    total = 799 if joint else 399
+    assert f"tokenizer: sampled 250 of {total} sentences" in caplog.text
+    got = Tokenizer.train(samples[0], samples[-1], settings, sampled=True)
+    assert got.to_dict() == ref.to_dict()
+
+
+def test_sampler_keeps_memory_mapped_lengths_and_the_same_plan(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    s, t = rng.integers(1, 60, 5000), rng.integers(2, 60, 5000)
+    np.asarray(s, dtype=np.int32).tofile(tmp_path / "s")
+    np.asarray(t, dtype=np.int32).tofile(tmp_path / "t")
+    ms = np.memmap(tmp_path / "s", dtype=np.int32, mode="r")
+    mt = np.memmap(tmp_path / "t", dtype=np.int32, mode="r")
+    for world in (1, 2):
+        for rank in range(world):
+            a = TokenBudgetBatchSampler(s.tolist(), t.tolist(), max_tokens=300, seed=4,
+                                        rank=rank, world_size=world)  # fmt: skip
+            b = TokenBudgetBatchSampler(ms, mt, max_tokens=300, seed=4, rank=rank,
+                                        world_size=world)  # fmt: skip
+            assert _mapped(b.src_lengths)
+            assert list(a) == list(b)
+
+
+def test_hub_streaming_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError) as exc:
+        HubSpec(path="wmt/wmt14", streaming=True)
+    assert "memory-mapped cache" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_cache_key_follows_the_input_files(dm_kwargs: dict) -> None:
+    dm = TranslationDataModule(**dm_kwargs)
+    dm.prepare_data()
+    before = _train_cache(dm)
+    f = Path(dm_kwargs["dir"]) / "train.de"
+    f.write_text(f.read_text(encoding="utf-8").replace("hund", "katze", 1), encoding="utf-8")
+    assert _train_cache(TranslationDataModule(**dm_kwargs)) != before
+    meta = json.loads((before / "meta.json").read_text())
+    assert meta["pairs"] == meta["filter_counts"]["kept"]
+
+
+def test_chunked_counting_sort_equals_the_lexsort(monkeypatch: pytest.MonkeyPatch) -> None:
+    from litmt.data import sampler
+
+    rng = np.random.default_rng(2)
+    s, t = rng.integers(0, 40, 3000).astype(np.int32), rng.integers(1, 41, 3000).astype(np.int32)
+    order = rng.permutation(3000).astype(np.int32)
+    whole = sampler.bucket_sort(order, s, t)  # one chunk: the lexsort
+    monkeypatch.setattr(sampler, "_SORT_CHUNK", 257)  # many chunks: the counting sort
+    chunked = sampler.bucket_sort(order, s, t)
+    assert (whole == chunked).all()
+    ss, tt = s[whole], t[whole]
+    cost = np.maximum(ss, tt)
+    assert (np.diff(cost) >= 0).all()
