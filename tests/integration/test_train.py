@@ -247,7 +247,7 @@ def test_train_script_reports_a_bad_override_in_one_line(tmp_path):
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(
-        "error: unknown positional encoding 'alibi'; valid names: sinusoidal, learned, rope"
+        "error: unknown positional encoding 'alibi'; valid names: sinusoidal, sinusoidal_split, learned, rope"
     )
     assert "Traceback" not in proc.stderr
 

@@ -42,9 +42,8 @@ def config_differences(
 
 
 def _pieces(tokenizer: Tokenizer) -> tuple[list[str], list[str]]:
-    src = [tokenizer.src.id_to_piece(i) for i in range(tokenizer.src_vocab_size)]
-    tgt = [tokenizer.tgt.id_to_piece(i) for i in range(tokenizer.tgt_vocab_size)]
-    return src, tgt
+    src = tokenizer.src_pieces(range(tokenizer.src_vocab_size))
+    return src, tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size))
 
 
 def tokenizer_difference(

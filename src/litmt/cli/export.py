@@ -1,5 +1,5 @@
-"""The export command: a checkpoint to a CTranslate2 directory or an Argos Translate package
-(conf/export.yaml)."""
+"""The export command: a checkpoint to a CTranslate2 directory, an Argos Translate package or a
+transformers directory (conf/export.yaml)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ from typing import Any
 
 from litmt.deploy.argos_package import export_argos_package
 from litmt.deploy.ct2_export import export_model
+from litmt.deploy.hf_export import export_hf
 from litmt.errors import ConfigError
 
-FORMATS = ("ct2", "argos")
+FORMATS = ("ct2", "argos", "hf")
 
 
 def export(cfg: Any) -> Path:
     """The `scripts/export.py` job: ``ckpt_path``, ``out``, ``format``, ``quantization``,
-    ``force``, ``decoding``, ``argos``.
+    ``force``, ``decoding``, ``argos``, ``card`` (format=hf).
 
     Prints the export directory (format=argos: the package file) on stdout (the job's one
     line of data).
@@ -39,6 +40,13 @@ def export(cfg: Any) -> Path:
     }
     if fmt == "argos":
         out = export_argos_package(ckpt, str(cfg.out), dict(cfg.argos), **options)
+    elif fmt == "hf":
+        if options["quantization"] != "none":
+            raise ConfigError("format=hf writes float32 weights; drop quantization")
+        card = dict(cfg.get("card") or {})
+        out = export_hf(
+            ckpt, str(cfg.out), force=options["force"], decoding=options["decoding"], card=card
+        )
     else:
         out = export_model(ckpt, str(cfg.out), **options)
     print(out, flush=True)

@@ -257,7 +257,7 @@ class TranslationDataModule(L.LightningDataModule):
         key = self.tokenizer_settings.key()
         if self.given_tokenizer is not None:  # reused, not trained: keyed by its bytes
             given = self.given_tokenizer
-            key = "given-" + short_hash(given.src_model_bytes, given.tgt_model_bytes, n=12)
+            key = "given-" + short_hash(*given.identity(), n=12)
         return (
             self.cache_dir
             / "tokenizers"
@@ -308,7 +308,7 @@ class TranslationDataModule(L.LightningDataModule):
         fp = split_fingerprint(self.corpus, self.extra_train, split)
         train = split == "train"
         key = short_hash(
-            _CACHE_VERSION, fp, short_hash(tok.src_model_bytes, tok.tgt_model_bytes),
+            _CACHE_VERSION, fp, short_hash(*tok.identity()),
             self.limit if train else None, repr(self.filter) if train else None,
         )  # fmt: skip
         return (

@@ -144,8 +144,8 @@ def gather_rows(
 _TOKENIZER: list[Tokenizer] = []  # the tokenizer of a worker process
 
 
-def _init_worker(src: bytes, tgt: bytes | None) -> None:
-    _TOKENIZER[:] = [Tokenizer(src, tgt)]
+def _init_worker(tokenizer: dict[str, Any]) -> None:
+    _TOKENIZER[:] = [Tokenizer.from_dict(tokenizer)]
 
 
 def _flat(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -207,9 +207,9 @@ def tokenize_to_cache(
     pool = None
     if parallel:
         ctx = multiprocessing.get_context("spawn")  # no fork of a process running torch
-        pool = ctx.Pool(procs, _init_worker, (tok.src_model_bytes, tok.tgt_model_bytes))
+        pool = ctx.Pool(procs, _init_worker, (tok.to_dict(),))
     else:
-        _init_worker(tok.src_model_bytes, tok.tgt_model_bytes)
+        _init_worker(tok.to_dict())
     try:
         with tqdm(total=total, desc=desc, unit="pairs", disable=not show, smoothing=0.1) as bar:
             base = 0

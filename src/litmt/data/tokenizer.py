@@ -7,6 +7,11 @@ Tags: pieces declared as sentencepiece user-defined symbols (e.g. ``<BT>``, the 
 back-translated sources) are never split. A source that starts with such a piece followed
 by a space (``"<BT> a dog runs"``) encodes the tag as exactly one id, first, followed by the
 ids of the rest; sentencepiece alone would put a separate ``▁`` piece before it.
+
+A piece vocabulary (`litmt.data.piece_vocab`, the one of a model imported from
+transformers' Marian) gives the ids instead of the sentencepiece models, which then only
+split text into pieces; such a tokenizer also ends every source with eos (``src_eos``), as
+MarianTokenizer does.
 """
 
 from __future__ import annotations
@@ -14,18 +19,22 @@ from __future__ import annotations
 import hashlib
 import io
 import itertools
+import json
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
+from litmt.data.piece_vocab import PieceVocab
 from litmt.errors import DataError
 from litmt.runtime.threads import TOKENIZER_TRAIN_THREADS
 
 # Special token ids of every litmt tokenizer; the model, the collator and the search use them.
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+PIECES_FILE = "pieces.json"  # `Tokenizer.save`: the piece vocabulary and src_eos, if any
 
 
 @dataclass
@@ -113,13 +122,27 @@ class Tokenizer:
     Args:
         src_model: serialized sentencepiece model for the source (the joint one if shared).
         tgt_model: serialized model for the target, or None when the vocabulary is joint.
+        vocab: the pieces by id, shared by source and target, when they give the ids
+            instead of the sentencepiece models (see the module docstring); None: the
+            sentencepiece ids.
+        src_eos: end every source with eos.
     """
 
-    def __init__(self, src_model: bytes, tgt_model: bytes | None = None) -> None:
+    def __init__(
+        self,
+        src_model: bytes,
+        tgt_model: bytes | None = None,
+        vocab: Sequence[str] | None = None,
+        src_eos: bool = False,
+    ) -> None:
         self.src_model_bytes, self.tgt_model_bytes = src_model, tgt_model
         self.src = _load(src_model)
         self.tgt = _load(tgt_model) if tgt_model is not None else self.src
-        self.src_tags = user_defined_pieces(src_model)  # tag piece -> id (see module docstring)
+        self.vocab = PieceVocab(vocab) if vocab is not None else None
+        self.src_eos = bool(src_eos)
+        self.src_tags = {} if self.vocab else user_defined_pieces(src_model)  # see module doc
+        if self.vocab is not None:
+            return
         for proc in {id(self.src): self.src, id(self.tgt): self.tgt}.values():
             if (proc.pad_id(), proc.unk_id(), proc.bos_id(), proc.eos_id()) != (
                 PAD_ID,
@@ -181,48 +204,74 @@ class Tokenizer:
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer:
-        """Load `src.model` (+ `tgt.model` if present) from `directory`."""
+        """Load `src.model` (+ `tgt.model`, + `PIECES_FILE` if present) from `directory`."""
         d = Path(directory)
-        tgt = d / "tgt.model"
-        return cls((d / "src.model").read_bytes(), tgt.read_bytes() if tgt.exists() else None)
+        tgt, pieces = d / "tgt.model", d / PIECES_FILE
+        extra = json.loads(pieces.read_text(encoding="utf-8")) if pieces.exists() else {}
+        return cls(
+            (d / "src.model").read_bytes(),
+            tgt.read_bytes() if tgt.exists() else None,
+            extra.get("pieces"),
+            extra.get("src_eos", False),
+        )
 
     def save(self, directory: str | Path) -> None:
-        """Write `src.model` (+ `tgt.model` when separate) into `directory`."""
+        """Write `src.model` (+ `tgt.model` when separate, + the piece vocabulary and
+        ``src_eos`` as `PIECES_FILE`) into `directory`."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         (d / "src.model").write_bytes(self.src_model_bytes)
         if self.tgt_model_bytes is not None:
             (d / "tgt.model").write_bytes(self.tgt_model_bytes)
+        if self.vocab is not None or self.src_eos:
+            pieces = None if self.vocab is None else self.vocab.pieces
+            data = {"pieces": pieces, "src_eos": self.src_eos}
+            (d / PIECES_FILE).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
-    def to_dict(self) -> dict[str, bytes | None]:
-        """Plain bytes, safe to store in a checkpoint."""
-        return {"src_model": self.src_model_bytes, "tgt_model": self.tgt_model_bytes}
+    def to_dict(self) -> dict[str, Any]:
+        """Plain bytes (and the piece list), safe to store in a checkpoint."""
+        out: dict[str, Any] = {"src_model": self.src_model_bytes, "tgt_model": self.tgt_model_bytes}
+        if self.vocab is not None or self.src_eos:  # only then: older checkpoints compare equal
+            out["vocab"] = None if self.vocab is None else list(self.vocab.pieces)
+            out["src_eos"] = self.src_eos
+        return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, bytes | None]) -> Tokenizer:
+    def from_dict(cls, data: dict[str, Any]) -> Tokenizer:
         """Inverse of `to_dict`."""
-        return cls(data["src_model"], data.get("tgt_model"))
+        return cls(
+            data["src_model"], data.get("tgt_model"), data.get("vocab"), data.get("src_eos", False)
+        )
 
-    def __getstate__(self) -> dict[str, bytes | None]:
+    def identity(self) -> tuple[Any, ...]:
+        """What defines the ids (cache keys): the model bytes (+ the piece list and src_eos)."""
+        return tuple(self.to_dict().values())
+
+    def __getstate__(self) -> dict[str, Any]:
         """Pickle as model bytes (sentencepiece processors do not pickle): DDP spawn, workers."""
         return self.to_dict()
 
-    def __setstate__(self, state: dict[str, bytes | None]) -> None:
-        self.__init__(state["src_model"], state.get("tgt_model"))  # type: ignore[misc]
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(  # type: ignore[misc]
+            state["src_model"],
+            state.get("tgt_model"),
+            state.get("vocab"),
+            state.get("src_eos", False),
+        )
 
     # -- properties ---------------------------------------------------------------------
     @property
     def joint(self) -> bool:
         """True when source and target share one vocabulary."""
-        return self.tgt_model_bytes is None
+        return self.tgt_model_bytes is None or self.vocab is not None
 
     @property
     def src_vocab_size(self) -> int:
-        return self.src.get_piece_size()
+        return len(self.vocab) if self.vocab is not None else self.src.get_piece_size()
 
     @property
     def tgt_vocab_size(self) -> int:
-        return self.tgt.get_piece_size()
+        return len(self.vocab) if self.vocab is not None else self.tgt.get_piece_size()
 
     # -- encode / decode ----------------------------------------------------------------
     def encode_src(self, texts: Sequence[str]) -> list[list[int]]:
@@ -231,8 +280,15 @@ class Tokenizer:
         A leading tag (a user-defined piece, then a space or the end) becomes its one id.
         """
         texts = list(texts)
-        if not self.src_tags:
-            return self.src.encode(texts)
+        if self.vocab is not None:
+            ids = self.vocab.encode(self.src, texts)
+        elif not self.src_tags:
+            ids = self.src.encode(texts)
+        else:
+            ids = self._encode_tagged(texts)
+        return [[*s, EOS_ID] for s in ids] if self.src_eos else ids
+
+    def _encode_tagged(self, texts: list[str]) -> list[list[int]]:
         tags: list[int | None] = [None] * len(texts)
         for i, text in enumerate(texts):
             head, _, rest = text.partition(" ")
@@ -243,6 +299,8 @@ class Tokenizer:
 
     def encode_tgt(self, texts: Sequence[str]) -> list[list[int]]:
         """Target ids without bos/eos (collate adds them)."""
+        if self.vocab is not None:
+            return self.vocab.encode(self.tgt, list(texts))
         return self.tgt.encode(list(texts))
 
     def decode_tgt(self, ids: Sequence[Sequence[int]]) -> list[str]:
@@ -253,12 +311,18 @@ class Tokenizer:
             if EOS_ID in seq:
                 seq = seq[: seq.index(EOS_ID)]
             cleaned.append([i for i in seq if i not in (PAD_ID, BOS_ID)])
+        if self.vocab is not None:
+            return self.vocab.decode(self.tgt, cleaned)
         return self.tgt.decode(cleaned)
 
     def src_pieces(self, ids: Sequence[int]) -> list[str]:
         """Source subword strings for `ids` (axis labels of heatmaps)."""
+        if self.vocab is not None:
+            return [self.vocab.pieces[int(i)] for i in ids]
         return [self.src.id_to_piece(int(i)) for i in ids]
 
     def tgt_pieces(self, ids: Sequence[int]) -> list[str]:
         """Target subword strings for `ids`."""
+        if self.vocab is not None:
+            return [self.vocab.pieces[int(i)] for i in ids]
         return [self.tgt.id_to_piece(int(i)) for i in ids]

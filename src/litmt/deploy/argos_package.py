@@ -103,8 +103,14 @@ def export_argos_package(
             f"argos.spacy_model={spacy_model} is not a spaCy pipeline directory (no config.cfg)"
         )
     first = ckpt_path if isinstance(ckpt_path, str | Path) else ckpt_path[0]
-    if not load_model(first, map_location="cpu").tokenizer.joint:  # refuse before any work
+    tokenizer = load_model(first, map_location="cpu").tokenizer
+    if not tokenizer.joint:  # refuse before any work
         raise ConfigError(SEPARATE_VOCABULARIES)
+    if tokenizer.vocab is not None:  # Argos reads ids from sentencepiece.model itself
+        raise ConfigError(
+            "format=argos needs a tokenizer whose ids are its sentencepiece ids; a model "
+            "imported from transformers (vocab.json ids) exports with format=ct2 or format=hf"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -40,7 +40,7 @@ DECODING_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b")
 DEFAULT_DECODING = {key: getattr(DecodeConfig(), key) for key in DECODING_KEYS}
 
 
-def _decoding_defaults(decoding: Mapping[str, Any] | None) -> dict[str, Any]:
+def export_decoding(decoding: Mapping[str, Any] | None) -> dict[str, Any]:
     """`DEFAULT_DECODING` with the keys `decoding` sets (None = keep), type-checked."""
     config = DecodeConfig.from_options(decoding)  # ConfigError for a mistyped value
     return {key: getattr(config, key) for key in DECODING_KEYS}
@@ -102,7 +102,7 @@ def export_model(
         raise ConfigError(
             f"{out} exists and is not a litmt export; force=true only replaces exports"
         )
-    decoding_defaults = _decoding_defaults(decoding)  # ConfigError before any work
+    decoding_defaults = export_decoding(decoding)  # ConfigError before any work
     import_ctranslate2()  # ExportError with the install hint when the ct2 extra is missing
     from litmt.deploy.ct2_converter import CheckpointConverter  # imports ctranslate2
 

@@ -15,11 +15,12 @@ What is mapped, and how:
   ``src/layers/common.cc``) is *not* litmt's: it concatenates [sin | cos] with timescales
   ``log(10000) / (C/2 - 1)`` and counts positions from 1, while litmt interleaves sin/cos
   with ``log(10000) / (C/2)`` from position 0. So the table is always exported explicitly
-  (``position_encodings.encodings``), sinusoidal or learned. RoPE maps to CTranslate2's
+  (``position_encodings.encodings``), sinusoidal (either layout) or learned. RoPE maps to CTranslate2's
   rotary self-attention with ``rotary_interleave=False`` (litmt rotates halves).
 - Embeddings: shared or separate source/target tables, tied output projection (the
   spec's variable aliasing stores one copy), ``scale_embeddings`` (sqrt(C) or none).
-- Activations: relu, gelu (exact erf form, ``Activation.GELU``), swiglu (``ffn_glu`` with
+- ``output_bias`` (models imported from Marian): the output projection's bias.
+- Activations: relu, gelu (exact erf form, ``Activation.GELU``), silu (``SWISH``), swiglu (``ffn_glu`` with
   ``Activation.SWISH``: ``silu(linear_0(x)) * linear_0_noact(x)``; litmt's fc1 rows hold
   the gate half first).
 - Fused projections: litmt's self-attention ``qkv_proj`` rows are [q; k; v] and the
@@ -27,7 +28,9 @@ What is mapped, and how:
   (``utils.fuse_linear`` in the fairseq converter builds the same). Biases are optional.
 - Special tokens: litmt's ids pad=0, unk=1, bos=2, eos=3 become CTranslate2's pieces
   ``<blank>``, ``<unk>``, ``<s>``, ``</s>`` at the same ids (the fairseq converter's
-  ``<pad>`` -> ``<blank>``); the decoder starts from ``<s>``, no bos/eos on the source.
+  ``<pad>`` -> ``<blank>``); the decoder starts from ``<s>``, no bos/eos on the source
+  (a tokenizer with ``src_eos`` ends every source with ``</s>`` itself). A piece vocabulary
+  (`litmt.data.piece_vocab`) gives the pieces instead of the sentencepiece model.
 
 Refused (`ExportError`, one line): an approximate attention kernel at any site (local,
 sparse, linear, flex with a window: ``support.exact`` is false), since CTranslate2 computes
@@ -134,7 +137,7 @@ def _cross_attention(spec: Any, mha: nn.Module, norm: nn.LayerNorm) -> None:
 def _positions(model: Seq2SeqTransformer, side: str) -> np.ndarray | None:
     """The (max_positions, C) table added to the embeddings of `side`, or None (RoPE)."""
     cfg = model.config
-    if cfg.positional == "sinusoidal":
+    if cfg.positional in ("sinusoidal", "sinusoidal_split"):
         return _np(model.pos_encoding(cfg.max_positions))
     if cfg.positional == "learned":
         return _np(getattr(model, f"{side}_pos")(cfg.max_positions))
@@ -145,12 +148,13 @@ def ct2_vocabulary(tokenizer: Tokenizer, side: str) -> list[str]:
     """The `side` ("src" | "tgt") pieces by id, with CTranslate2's special-token spellings."""
     proc = tokenizer.src if side == "src" else tokenizer.tgt
     specials = (proc.pad_id(), proc.unk_id(), proc.bos_id(), proc.eos_id())
-    if specials != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+    if tokenizer.vocab is None and specials != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
         raise ExportError(
             f"cannot export: the {side} tokenizer's pad/unk/bos/eos ids are {specials}, "
             f"litmt's are {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}"
         )
-    pieces = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
+    size = tokenizer.src_vocab_size if side == "src" else tokenizer.tgt_vocab_size
+    pieces = (tokenizer.src_pieces if side == "src" else tokenizer.tgt_pieces)(range(size))
     for i, piece in CT2_SPECIAL_PIECES.items():
         pieces[i] = piece
     if len(set(pieces)) != len(pieces):
@@ -174,6 +178,7 @@ def build_spec(model: Seq2SeqTransformer, tokenizer: Tokenizer) -> Any:
     activation = {
         "relu": specs.Activation.RELU,
         "gelu": specs.Activation.GELU,  # exact erf GELU, as torch's F.gelu default
+        "silu": specs.Activation.SWISH,
         "swiglu": specs.Activation.SWISH,  # silu
     }[cfg.activation]
     rope = cfg.positional == "rope"
@@ -206,6 +211,8 @@ def build_spec(model: Seq2SeqTransformer, tokenizer: Tokenizer) -> Any:
         _norm(encoder.layer_norm, model.encoder_norm)
         _norm(decoder.layer_norm, model.decoder_norm)
     _linear(decoder.projection, model.output_proj)  # tied: aliased to the embedding on save
+    if cfg.output_bias:
+        decoder.projection.bias = _np(model.output_bias)
 
     spec.register_source_vocabulary(ct2_vocabulary(tokenizer, "src"))
     spec.register_target_vocabulary(ct2_vocabulary(tokenizer, "tgt"))

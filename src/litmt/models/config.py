@@ -14,8 +14,8 @@ from litmt.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "rope")
-ACTIVATIONS = ("relu", "gelu", "swiglu")
+POSITIONAL_ENCODINGS = ("sinusoidal", "sinusoidal_split", "learned", "rope")
+ACTIVATIONS = ("relu", "gelu", "silu", "swiglu")
 ATTENTION_SITES = ("encoder_self", "decoder_self", "cross")
 
 
@@ -53,13 +53,18 @@ class TransformerConfig:
     dropout: float = 0.1  # residual and embedding dropout
     attention_dropout: float = 0.0  # dropout on attention weights
     activation_dropout: float = 0.0  # dropout after the FFN activation
-    activation: str = "relu"  # relu | gelu | swiglu
+    activation: str = "relu"  # relu | gelu | silu (swish, Marian's) | swiglu
     norm_first: bool = True  # pre-norm (True, stable) or post-norm (False, the 2017 paper)
-    positional: str = "sinusoidal"  # sinusoidal | learned | rope
+    # sinusoidal (sin/cos interleaved) | sinusoidal_split (sin in the first half of the
+    # channels, cos in the second: Marian's layout) | learned | rope
+    positional: str = "sinusoidal"
     max_positions: int = 1024  # longest sequence (learned table / sinusoid cache size)
     share_embeddings: bool = True  # tie source and target embeddings (needs a joint vocab)
     tie_output: bool = True  # tie the target embedding and the output projection
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model)
+    output_bias: bool = (
+        False  # a fixed (untrained) bias added to the logits (Marian's final_logits_bias)
+    )
     bias: bool = True  # biases in linear layers
     layer_norm_eps: float = 1e-5
     attention: AttentionConfig = field(default_factory=AttentionConfig)
@@ -91,6 +96,8 @@ class TransformerConfig:
                 f"unknown positional encoding '{self.positional}'; valid names: "
                 f"{', '.join(POSITIONAL_ENCODINGS)}"
             )
+        if self.positional == "sinusoidal_split" and self.d_model % 2:
+            raise ConfigError("sinusoidal_split needs an even model.d_model")
         if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
             raise ConfigError("rope needs an even head dimension (d_model / n_heads)")
         if self.activation not in ACTIVATIONS:

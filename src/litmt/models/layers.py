@@ -32,6 +32,8 @@ class FeedForward(nn.Module):
             h = F.relu(h)
         elif self.activation == "gelu":
             h = F.gelu(h)
+        elif self.activation == "silu":
+            h = F.silu(h)
         else:
             a, b = h.chunk(2, dim=-1)
             h = F.silu(a) * b

@@ -36,6 +36,20 @@ class SinusoidalPositionalEncoding(nn.Module):
         return self.table[offset : offset + length]
 
 
+class SplitSinusoidalPositionalEncoding(SinusoidalPositionalEncoding):
+    """The same frequencies, laid out as Marian's (transformers' `MarianSinusoidalPositionalEmbedding`):
+    sin of every frequency in channels [0, C/2), cos in [C/2, C). Computed in float64, then
+    rounded to float32, as transformers does (non-persistent)."""
+
+    def __init__(self, d_model: int, max_positions: int) -> None:
+        nn.Module.__init__(self)
+        pos = torch.arange(max_positions, dtype=torch.float64)[:, None]  # (T, 1)
+        exponent = torch.arange(0, d_model, 2, dtype=torch.float64) / d_model  # (C/2,)
+        angle = pos / torch.pow(torch.tensor(10000.0, dtype=torch.float64), exponent)  # (T, C/2)
+        table = torch.cat([angle.sin(), angle.cos()], dim=-1).float()  # (T, C)
+        self.register_buffer("table", table, persistent=False)  # (T_max, C)
+
+
 class LearnedPositionalEncoding(nn.Module):
     """A trained embedding per position."""
 

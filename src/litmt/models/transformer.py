@@ -21,7 +21,12 @@ from litmt.models.positional import (
     LearnedPositionalEncoding,
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
+    SplitSinusoidalPositionalEncoding,
 )
+
+# The logit of a token the model must never produce (`output_bias`): finite, so that label
+# smoothing stays finite, and far below any real logit, so that its probability is exactly 0.
+NEVER_LOGIT = -1e4
 
 
 @dataclass
@@ -84,6 +89,8 @@ class Seq2SeqTransformer(nn.Module):
         self.pos_encoding: nn.Module | None = None
         if cfg.positional == "sinusoidal":
             self.pos_encoding = SinusoidalPositionalEncoding(cfg.d_model, cfg.max_positions)
+        elif cfg.positional == "sinusoidal_split":
+            self.pos_encoding = SplitSinusoidalPositionalEncoding(cfg.d_model, cfg.max_positions)
         elif cfg.positional == "learned":
             self.src_pos = LearnedPositionalEncoding(cfg.d_model, cfg.max_positions)
             self.tgt_pos = LearnedPositionalEncoding(cfg.d_model, cfg.max_positions)
@@ -104,6 +111,8 @@ class Seq2SeqTransformer(nn.Module):
             nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
         )
         self.output_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        if cfg.output_bias:  # (V,), fixed: a buffer, like Marian's final_logits_bias
+            self.register_buffer("output_bias", torch.zeros(cfg.tgt_vocab_size))
         self.reset_parameters()
         if cfg.tie_output:
             self.output_proj.weight = self.tgt_embed.weight
@@ -160,7 +169,12 @@ class Seq2SeqTransformer(nn.Module):
         Right padding needs no target mask: causal attention never lets a real position
         see a later (padded) one.
         """
-        return self.output_proj(self.decode_hidden(tgt_in, memory, src_padding_mask))
+        return self.logits(self.decode_hidden(tgt_in, memory, src_padding_mask))
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Output scores (..., V) of decoder states (..., C): the projection (+ `output_bias`)."""
+        out = self.output_proj(hidden)
+        return out + self.output_bias.to(out.dtype) if self.config.output_bias else out
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Logits (B, T, V) for source (B, S) and teacher-forced target input (B, T)."""
@@ -200,7 +214,7 @@ class Seq2SeqTransformer(nn.Module):
         for layer, cache in zip(self.decoder_layers, state.layers, strict=True):
             x = layer(x, state.memory, state.src_padding_mask, cache=cache, offset=state.step)
         state.step += 1
-        return self.output_proj(self.decoder_norm(x))[:, 0]  # (B, V)
+        return self.logits(self.decoder_norm(x))[:, 0]  # (B, V)
 
     # -- attention backends -------------------------------------------------------------
     def attention_modules(self) -> list[MultiHeadAttention]:

@@ -3,7 +3,9 @@
 `python scripts/train.py init_from=CKPT data=...` builds the model, loads CKPT's weights into
 it and trains with a fresh optimizer, LR schedule and step count (only the weights are read:
 the run is a new run, not a resume). The data module reuses CKPT's tokenizer, byte for byte,
-instead of training one on the new corpus, so the ids keep their meaning.
+instead of training one on the new corpus, so the ids keep their meaning. CKPT may also be a
+transformers Marian directory (e.g. an OPUS-MT model saved with ``save_pretrained``), read
+through `litmt.checkpoint.hf_import` the way ``scripts/import_hf.py`` imports it.
 
 The architecture (`finetune.model_config`):
 
@@ -34,6 +36,7 @@ from typing import Any
 from torch import Tensor
 
 from litmt.checkpoint.compat import RUNTIME_KEYS, config_differences
+from litmt.checkpoint.hf_import import is_hf_dir, read_hf_dir
 from litmt.checkpoint.io import META_KEY, load_checkpoint, model_state_dict
 from litmt.data.tokenizer import Tokenizer
 from litmt.errors import CheckpointError, ConfigError
@@ -72,11 +75,22 @@ class InitCheckpoint:
 
 
 def read_init_checkpoint(path: str | Path) -> InitCheckpoint:
-    """Load the checkpoint fine-tuning starts from (safely: ``weights_only``).
+    """Load the checkpoint fine-tuning starts from (safely: ``weights_only``): a litmt
+    checkpoint, or a transformers Marian directory (`litmt.checkpoint.hf_import`).
 
     Raises:
         CheckpointError: missing, corrupt or not a litmt checkpoint.
     """
+    if is_hf_dir(path):
+        imported = read_hf_dir(path)
+        return InitCheckpoint(
+            path=str(path),
+            weights=imported.weights,
+            model_config=imported.config.to_dict(),
+            tokenizer=imported.tokenizer,
+            src_lang=imported.src_lang,
+            tgt_lang=imported.tgt_lang,
+        )
     ckpt = load_checkpoint(path)
     meta = ckpt[META_KEY]
     return InitCheckpoint(

@@ -48,7 +48,7 @@ def test_a_user_error_wrapped_by_hydra_instantiate_is_one_line_exit_2(capsys):
         hydra.utils.instantiate(cfg)  # raises InstantiationException from ConfigError
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == (
-        "error: unknown positional encoding 'alibi'; valid names: sinusoidal, learned, rope\n"
+        "error: unknown positional encoding 'alibi'; valid names: sinusoidal, sinusoidal_split, learned, rope\n"
     )
     bug = OmegaConf.create({"_target_": "math.sqrt", "_args_": ["not a number"]})
     with pytest.raises(Exception, match=r"Error in call to target 'math\.sqrt'"), cli_errors():

@@ -104,7 +104,7 @@ def test_config_roundtrips_through_a_plain_dict():
         (dict(d_model=30, n_heads=4), "not divisible"),
         (
             dict(positional="alibi"),
-            "unknown positional encoding 'alibi'; valid names: sinusoidal, learned, rope",
+            "unknown positional encoding 'alibi'; valid names: sinusoidal, sinusoidal_split, learned, rope",
         ),
         (dict(activation="tanh"), "unknown activation 'tanh'"),
         (dict(tgt_vocab_size=50), "share_embeddings=true needs a joint vocabulary"),
