@@ -6,7 +6,10 @@ Special ids agree with the model: pad=0, unk=1, bos=2, eos=3.
 Tags: pieces declared as sentencepiece user-defined symbols (e.g. ``<BT>``, the tag of
 back-translated sources) are never split. A source that starts with such a piece followed
 by a space (``"<BT> a dog runs"``) encodes the tag as exactly one id, first, followed by the
-ids of the rest; sentencepiece alone would put a separate ``▁`` piece before it.
+ids of the rest; sentencepiece alone would put a separate ``▁`` piece before it. Target
+text is encoded the same way (a multilingual model with ``data.tag_placement=target`` starts
+its targets with the language token ``<2de>``), and target-language tokens (``<2xx>``,
+`litmt.data.directions`) are dropped from decoded text.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from litmt.data.directions import tag_language
 from litmt.errors import DataError
 from litmt.runtime.threads import TOKENIZER_TRAIN_THREADS
 
@@ -107,6 +111,23 @@ def user_defined_pieces(model: bytes) -> dict[str, int]:
     return {p.piece: i for i, p in enumerate(proto.pieces) if p.type == user}
 
 
+def _encode_tagged(
+    proc: spm.SentencePieceProcessor, tags: dict[str, int], texts: Sequence[str]
+) -> list[list[int]]:
+    """Ids of `texts`; a leading tag (a user-defined piece, then a space or the end) is its
+    one id, first."""
+    texts = list(texts)
+    if not tags:
+        return proc.encode(texts)
+    found: list[int | None] = [None] * len(texts)
+    for i, text in enumerate(texts):
+        head, _, rest = text.partition(" ")
+        if head in tags:
+            found[i], texts[i] = tags[head], rest
+    ids = proc.encode(texts)
+    return [s if t is None else [t, *s] for t, s in zip(found, ids, strict=True)]
+
+
 class Tokenizer:
     """Encode source/target text to ids and decode target ids back to detokenised text.
 
@@ -120,6 +141,9 @@ class Tokenizer:
         self.src = _load(src_model)
         self.tgt = _load(tgt_model) if tgt_model is not None else self.src
         self.src_tags = user_defined_pieces(src_model)  # tag piece -> id (see module docstring)
+        self.tgt_tags = self.src_tags if tgt_model is None else user_defined_pieces(tgt_model)
+        # target-language tokens <2xx>: never part of the detokenised output
+        self.lang_tag_ids = frozenset(i for p, i in self.tgt_tags.items() if tag_language(p))
         for proc in {id(self.src): self.src, id(self.tgt): self.tgt}.values():
             if (proc.pad_id(), proc.unk_id(), proc.bos_id(), proc.eos_id()) != (
                 PAD_ID,
@@ -230,20 +254,12 @@ class Tokenizer:
 
         A leading tag (a user-defined piece, then a space or the end) becomes its one id.
         """
-        texts = list(texts)
-        if not self.src_tags:
-            return self.src.encode(texts)
-        tags: list[int | None] = [None] * len(texts)
-        for i, text in enumerate(texts):
-            head, _, rest = text.partition(" ")
-            if head in self.src_tags:
-                tags[i], texts[i] = self.src_tags[head], rest
-        ids = self.src.encode(texts)
-        return [s if t is None else [t, *s] for t, s in zip(tags, ids, strict=True)]
+        return _encode_tagged(self.src, self.src_tags, texts)
 
     def encode_tgt(self, texts: Sequence[str]) -> list[list[int]]:
-        """Target ids without bos/eos (collate adds them)."""
-        return self.tgt.encode(list(texts))
+        """Target ids without bos/eos (collate adds them); a leading tag is one id, as in
+        `encode_src`."""
+        return _encode_tagged(self.tgt, self.tgt_tags, texts)
 
     def decode_tgt(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Detokenised target text; stops at the first eos and drops pad/bos."""
@@ -252,7 +268,8 @@ class Tokenizer:
             seq = list(seq)
             if EOS_ID in seq:
                 seq = seq[: seq.index(EOS_ID)]
-            cleaned.append([i for i in seq if i not in (PAD_ID, BOS_ID)])
+            drop = self.lang_tag_ids
+            cleaned.append([i for i in seq if i not in (PAD_ID, BOS_ID) and i not in drop])
         return self.tgt.decode(cleaned)
 
     def src_pieces(self, ids: Sequence[int]) -> list[str]:
