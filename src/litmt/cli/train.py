@@ -170,6 +170,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         src_lang=datamodule.src_lang,
         tgt_lang=datamodule.tgt_lang,
         seed=cfg.seed,
+        languages=datamodule.languages_meta() if hasattr(datamodule, "languages_meta") else None,
     )
     prepare_model(module.model, init, cfg)  # init_from weights, finetune.freeze
     del init
