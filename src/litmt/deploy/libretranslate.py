@@ -195,7 +195,7 @@ class Service:
     key_required: bool  # /frontend/settings' keyRequired
     # (source, target) -> the direction `batched`/`nbest`/`steered` take as ``pair=`` (None:
     # a one-pair model); raises ApiError 400 for a pair the model does not translate
-    route: Callable[[str, str], Any] = lambda source, target: None
+    route: Callable[[str, str], Any]
 
 
 def steering(params: dict[str, Any], n: int, batch: bool) -> tuple[Any, Any] | None:
