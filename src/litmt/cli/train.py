@@ -230,7 +230,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 cfg.finalize,
                 best_k_models=kept,
                 best=best,
-                corpus=datamodule.corpus,
+                # a multilingual run: every direction's corpus, scored with its language token
+                corpus=datamodule.multi.corpora
+                if getattr(datamodule, "multi", None) is not None
+                else datamodule.corpus,
                 output_dir=output_dir,
             )
             metrics.update(flat_metrics(report))
