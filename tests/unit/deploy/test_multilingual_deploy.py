@@ -84,3 +84,21 @@ def test_ct2_matches_torch_on_a_multilingual_model(multi, tmp_path: Path) -> Non
             assert got == want, (lang, beam)
             assert not any("<2" in t for t in got)
     assert ct2_engine.translate(EN, tgt_lang="de") != ct2_engine.translate(EN, tgt_lang="fr")
+
+
+def test_an_argos_package_is_one_direction_with_its_target_prefix() -> None:
+    from litmt.deploy.argos_package import argos_metadata
+    from litmt.errors import ConfigError
+
+    settings = {"package_version": "1.0", "argos_version": "1.9", "tgt_lang": "fr"}
+    meta = {"src_lang": "en", "tgt_lang": "de", "directions": ["en-de", "en-fr"]}
+    got = argos_metadata({**meta, "tag_placement": "target"}, settings)
+    assert (got["from_code"], got["to_code"], got["target_prefix"]) == ("en", "fr", "<2fr>")
+    with pytest.raises(
+        ConfigError, match=r"^cannot export an Argos package of a model with source"
+    ):
+        argos_metadata({**meta, "tag_placement": "source"}, settings)
+    with pytest.raises(ConfigError, match=r"^this model translates en-de, en-fr; an Argos package"):
+        argos_metadata({**meta, "tag_placement": "target"}, {**settings, "tgt_lang": None})
+    one_pair = argos_metadata({"src_lang": "en", "tgt_lang": "de"}, settings)
+    assert "target_prefix" not in one_pair and one_pair["to_code"] == "de"
