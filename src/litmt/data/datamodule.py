@@ -217,6 +217,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.sampling_temperature = float(sampling_temperature)
         sampling_weights([1], self.sampling_temperature)  # refuses T <= 0 now
         self.multi: MultiCorpus | None = None
+        self._offsets: dict[str, list[int]] = {}  # split -> direction start offsets
         if self.directions:
             if self.extra_train:
                 raise ConfigError(
@@ -416,7 +417,9 @@ class TranslationDataModule(L.LightningDataModule):
         test), for per-direction scores; None for a one-pair corpus."""
         if self.multi is None:
             return None
-        offsets = self.multi.offsets(split)
+        if split not in self._offsets:  # counted once (valid is decoded every epoch)
+            self._offsets[split] = self.multi.offsets(split)
+        offsets = self._offsets[split]
         return [(d.name, offsets[k], offsets[k + 1]) for k, d in enumerate(self.directions)]
 
     def forced_prefixes(self, split: str, indices: Any) -> list[list[int]] | None:
