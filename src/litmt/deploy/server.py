@@ -63,6 +63,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from litmt.decoding.config import DecodeConfig
+from litmt.decoding.languages import Languages
 from litmt.deploy import libretranslate as lt
 from litmt.deploy.access import AccessGuard, AccessSettings, install_cors
 from litmt.deploy.attention_view import attention_maps, attention_payload
@@ -272,7 +273,10 @@ def create_app(
     segmenter = segmenter_for(translator, settings.split_sentences, settings.max_source_tokens)
     upload_dir = Path(tempfile.mkdtemp(prefix="litmt-files-"))  # /translate_file's results
 
-    languages = translator.languages
+    # a translator without directions (a one-pair stand-in) serves its src_lang -> tgt_lang
+    languages = getattr(translator, "languages", None) or Languages.from_meta(
+        {}, translator.src_lang, translator.tgt_lang
+    )
     zero_shot = settings.allow_zero_shot
     batchers: dict[Pair, RequestBatcher] = {}  # one per direction (None: a one-pair model)
 
