@@ -46,3 +46,30 @@ def test_one_pair_logs_corpus_bleu_only() -> None:
     logged = _run(None)
     assert set(logged) == {"valid/bleu", "valid/chrf"}
     assert logged["valid/bleu"] == pytest.approx(corpus_scores(HYPS, REFS)["bleu"].score)
+
+
+def test_validation_forces_the_target_side_language_token() -> None:
+    """With ``data.tag_placement=target`` each example's decoding starts with its
+    direction's token (the datamodule's `forced_prefixes`, by example index)."""
+    import torch
+
+    calls: list[dict] = []
+    dm = SimpleNamespace(
+        references=lambda split: REFS,
+        direction_spans=lambda split: [("en-de", 0, 2), ("en-fr", 2, 4)],
+        forced_prefixes=lambda split, indices: [[7] if i < 2 else [8] for i in indices],
+    )
+
+    def model(src, config, sync_steps=False, **kwargs):
+        calls.append(kwargs)
+        return [[5] for _ in range(src.size(0))]
+
+    trainer = SimpleNamespace(datamodule=dm, sanity_checking=False, loggers=[], model=model,
+                              strategy=None)  # fmt: skip
+    tokenizer = SimpleNamespace(decode_tgt=lambda ids: ["x" for _ in ids])
+    pl_module = SimpleNamespace(trainer=trainer, tokenizer=tokenizer)
+    scorer = ValidationBleu(splits=["valid"])
+    scorer.on_validation_epoch_start(trainer, pl_module)  # type: ignore[arg-type]
+    batch = {"src": torch.zeros(3, 4, dtype=torch.long), "index": torch.tensor([3, 0, 2])}
+    scorer.hypotheses(pl_module, batch, "valid")  # type: ignore[arg-type]
+    assert calls == [{"prefixes": [[8], [7], [8]]}]
