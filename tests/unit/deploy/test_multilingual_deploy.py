@@ -102,3 +102,17 @@ def test_an_argos_package_is_one_direction_with_its_target_prefix() -> None:
         argos_metadata({**meta, "tag_placement": "target"}, {**settings, "tgt_lang": None})
     one_pair = argos_metadata({"src_lang": "en", "tgt_lang": "de"}, settings)
     assert "target_prefix" not in one_pair and one_pair["to_code"] == "de"
+
+
+def test_the_attention_page_shows_the_first_direction(multi) -> None:
+    placement, path = multi
+    if placement != "source":
+        pytest.skip("the page forces no target-side token (docs/usage.md)")
+    translator = Translator.from_checkpoint(path, device="cpu")
+    settings = ServeSettings(decoding={"beam_size": 1})
+    with TestClient(create_app(translator, settings, attention_model=translator)) as client:
+        r = client.post("/attention", json={"q": EN[0]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["source_pieces"][0] == "<2de>"
+    assert body["translation"] == translator.translate(EN[:1], tgt_lang="de", beam_size=1)[0]
