@@ -54,6 +54,22 @@ class Route:
             return ids
         return [self.tag_id, *ids][:max_len]
 
+    def untagged_alignment(self, links: str) -> str:
+        """A Pharaoh alignment ``"i-j ..."`` of the tagged ids with the language token's word
+        (source word 0, or target word 0) removed and the other words renumbered, so that
+        the indices count the words of the text the user gave and got."""
+        if self.tag_id is None or not links:
+            return links
+        side = 0 if self.placement == "source" else 1
+        out = []
+        for link in links.split():
+            pair = [int(x) for x in link.split("-")]
+            if pair[side] == 0:
+                continue
+            pair[side] -= 1
+            out.append(f"{pair[0]}-{pair[1]}")
+        return " ".join(out)
+
     def prefix_ids(self, prefix: list[int] | None) -> list[int] | None:
         """The target ids decoding must start with: the target-side tag, then `prefix`."""
         if self.tag_id is None or self.placement != "target":

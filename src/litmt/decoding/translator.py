@@ -445,6 +445,7 @@ class Translator:
             return []
         if alignment is not None:
             links = self.alignments(ids, found, alignment, max_tokens=max_tokens)
+            links = [[route.untagged_alignment(a) for a in row] for row in links]
             aligned: list[Aligned] = []
             for hyps, link in zip(found, links, strict=True):
                 texts = self.tokenizer.decode_tgt([h.tokens for h in hyps])

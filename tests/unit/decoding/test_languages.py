@@ -115,3 +115,20 @@ def test_a_one_pair_checkpoint_is_unchanged(tmp_path_factory) -> None:
     with pytest.raises(ConfigError, match=r"^this model translates en-de only, not en-fr;"):
         translator.translate(EN, tgt_lang="fr")
     assert translator.route().tag_id is None
+
+
+def test_alignments_leave_the_language_token_out(multi) -> None:
+    from litmt.decoding.alignment import AlignConfig
+    from litmt.decoding.languages import Route
+
+    _, path = multi
+    translator = Translator.from_checkpoint(path, device="cpu")
+    (text, _, links), *_ = translator.translate(
+        EN[:1], tgt_lang="fr", beam_size=1, alignment=AlignConfig()
+    )[0]
+    n_src, n_tgt = len(EN[0].split()), len(text.split())
+    pairs = [tuple(map(int, x.split("-"))) for x in links.split()]
+    assert pairs and all(0 <= i < n_src and 0 <= j < n_tgt for i, j in pairs)
+    assert Route("en", "fr", 5, "source").untagged_alignment("0-0 1-0 2-1") == "0-0 1-1"
+    assert Route("en", "fr", 5, "target").untagged_alignment("0-0 1-1 2-2") == "1-0 2-1"
+    assert Route("en", "de").untagged_alignment("0-0") == "0-0"
