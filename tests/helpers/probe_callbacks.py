@@ -149,7 +149,9 @@ class ScriptedScorer(ValidationBleu):
             self.validations += 1
         super().on_validation_epoch_start(trainer, pl_module)
 
-    def hypotheses(self, pl_module: L.LightningModule, batch: dict[str, Any]) -> list[str]:
+    def hypotheses(
+        self, pl_module: L.LightningModule, batch: dict[str, Any], split: str = "valid"
+    ) -> list[str]:
         testing = pl_module.trainer.testing
         refs = self.references["test" if testing else "valid"]
         quality = 1.0 if testing else self.quality[self.validations - 1]

@@ -133,3 +133,52 @@ def tiny_checkpoint_path(tmp_path_factory) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
         build_tiny_checkpoint(directory)
     return path
+
+
+# French for the multilingual tiny model (en→de and en→fr from the same English templates)
+FR_WORDS = {
+    "Ein": "Un", "roter": "rouge", "großer": "grand", "kleiner": "petit", "alter": "vieux",
+    "junger": "jeune", "Hund": "chien", "Mann": "homme", "Junge": "garçon", "Kater": "chat",
+    "Vogel": "oiseau", "rennt": "court", "schläft": "dort", "isst": "mange", "singt": "chante",
+    "geht": "marche", "draußen": "dehors", "hier": "ici", "heute": "aujourd'hui",
+}  # fmt: skip
+
+
+def build_tiny_multilingual_checkpoint(
+    directory: Path, placement: str = "source", steps: int = 80, lr: float = 3e-3
+) -> Path:
+    """The tiny model trained on en→de and en→fr at once (`data.directions=[en-de, en-fr]`),
+    the target-language token `<2de>`/`<2fr>` on the source or as the first target token
+    (`placement`); saves ``directory/tiny_multi_{placement}.ckpt`` recording its directions."""
+    torch.manual_seed(0)
+    en, de = corpus()
+    fr = [" ".join(FR_WORDS.get(w.rstrip("."), w.rstrip(".")) for w in s.split()) + "." for s in de]
+    settings = TokenizerSettings(
+        vocab_size=100, model_type="unigram", user_defined_symbols=["<2de>", "<2fr>"]
+    )
+    tok = Tokenizer.train(en + en, de + fr, settings)
+    src_text, tgt_text = [], []
+    for tag, targets in (("<2de>", de), ("<2fr>", fr)):
+        for e, t in zip(en, targets, strict=True):
+            src_text.append(f"{tag} {e}" if placement == "source" else e)
+            tgt_text.append(f"{tag} {t}" if placement == "target" else t)
+    config = tiny_config(tok.src_vocab_size)
+    model = Seq2SeqTransformer(config)
+    src_ids, tgt_ids = tok.encode_src(src_text), tok.encode_tgt(tgt_text)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(steps):
+        idx = torch.randint(len(src_ids), (32,), generator=gen).tolist()
+        src = _batch([src_ids[i] for i in idx], bos_eos=False)
+        tgt = _batch([tgt_ids[i] for i in idx], bos_eos=True)
+        logits = model(src, tgt[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD_ID)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    languages = {"directions": ["en-de", "en-fr"], "tag_placement": placement}
+    return save_model_checkpoint(
+        directory / f"tiny_multi_{placement}.ckpt", model, tok, "en", "de", languages=languages
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from litmt.checkpoint.io import save_model_checkpoint
+from litmt.checkpoint.io import languages_of, save_model_checkpoint
 from litmt.checkpoint.load import load_model
 
 
@@ -20,4 +20,5 @@ def average_checkpoints(paths: Sequence[str | Path], output: str | Path) -> Path
         loaded.src_lang,
         loaded.tgt_lang,
         extra={"averaged_from": [str(p) for p in paths]},
+        languages=languages_of(loaded.meta),
     )

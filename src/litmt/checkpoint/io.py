@@ -6,6 +6,10 @@ to rebuild the translator without the training config:
     {"format": 1, "model_config": dict, "tokenizer": {"src_model": bytes, "tgt_model": bytes | None},
      "src_lang": str, "tgt_lang": str}
 
+plus, for a multilingual model (`data.directions`), ``"directions": ["en-de", "en-fr", ...]``
+and ``"tag_placement": "source" | "target"`` (`LANGUAGE_KEYS`); ``src_lang``/``tgt_lang``
+are then its first direction. A checkpoint without them is one pair, as before.
+
 Only plain types and tensors are stored, so files load with ``torch.load(weights_only=True)``:
 loading never executes code from the file. Saves are atomic (temporary file, fsync, rename).
 """
@@ -28,6 +32,7 @@ from litmt.runtime.precision import drop_fp8_extra_state
 
 FORMAT_VERSION = 1
 META_KEY = "litmt"
+LANGUAGE_KEYS = ("directions", "tag_placement")  # a multilingual model's extra metadata
 MODEL_PREFIX = "model."
 
 
@@ -136,16 +141,31 @@ def model_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def make_meta(
-    config: TransformerConfig, tokenizer: Tokenizer, src_lang: str, tgt_lang: str
+    config: TransformerConfig,
+    tokenizer: Tokenizer,
+    src_lang: str,
+    tgt_lang: str,
+    languages: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``"litmt"`` entry written into every checkpoint."""
-    return {
+    """The ``"litmt"`` entry written into every checkpoint.
+
+    Args:
+        languages: a multilingual model's `LANGUAGE_KEYS` (None or {} = one pair).
+    """
+    meta = {
         "format": FORMAT_VERSION,
         "model_config": config.to_dict(),
         "tokenizer": tokenizer.to_dict(),
         "src_lang": src_lang,
         "tgt_lang": tgt_lang,
     }
+    meta.update({k: v for k, v in (languages or {}).items() if k in LANGUAGE_KEYS})
+    return meta
+
+
+def languages_of(meta: dict[str, Any]) -> dict[str, Any]:
+    """The `LANGUAGE_KEYS` a checkpoint's metadata holds ({} for a one-pair model)."""
+    return {k: meta[k] for k in LANGUAGE_KEYS if k in meta}
 
 
 def save_model_checkpoint(
@@ -155,6 +175,7 @@ def save_model_checkpoint(
     src_lang: str,
     tgt_lang: str,
     extra: dict[str, Any] | None = None,
+    languages: dict[str, Any] | None = None,
 ) -> Path:
     """Write a minimal litmt checkpoint (weights + metadata, no optimiser state), atomically.
 
@@ -163,7 +184,7 @@ def save_model_checkpoint(
     """
     ckpt = {
         "state_dict": {MODEL_PREFIX + k: v.detach().cpu() for k, v in model.state_dict().items()},
-        META_KEY: make_meta(model.config, tokenizer, src_lang, tgt_lang),
+        META_KEY: make_meta(model.config, tokenizer, src_lang, tgt_lang, languages),
         **(extra or {}),
     }
     atomic_save(ckpt, path)

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from litmt.checkpoint.paths import checkpoint_paths
 from litmt.data.text import read_text_file
 from litmt.decoding.config import DecodeConfig
-from litmt.deploy.engines import engine_options, load_translator
+from litmt.deploy.engines import direction_options, engine_options, load_translator
 from litmt.errors import ConfigError, DataError
 from litmt.metrics import corpus_scores
 
@@ -50,7 +50,9 @@ def load_eval_data(cfg: DictConfig) -> tuple[list[str], list[str], str]:
         )
     from hydra.utils import instantiate  # only this path needs Hydra and the datamodule
 
-    datamodule = instantiate(cfg.data)
+    # one pair: src_lang/tgt_lang (a direction of a multilingual model) override the data's
+    pair = {k: str(cfg[k]) for k in ("src_lang", "tgt_lang") if cfg.get(k)}
+    datamodule = instantiate(cfg.data, **pair, directions=[])
     split = str(cfg.get("split") or "test")
     corpus = datamodule.corpus.load(split)
     label = f"data={datamodule.name} split={split} ({datamodule.src_lang}→{datamodule.tgt_lang})"
@@ -74,9 +76,19 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     ensemble = bool(cfg.get("ensemble"))
     translator = load_translator(paths, **engine_options(cfg))
     data_cfg = cfg.get("data")
-    if data_cfg is not None and (
-        data_cfg.get("src_lang") != translator.src_lang
-        or data_cfg.get("tgt_lang") != translator.tgt_lang
+    direction = direction_options(cfg)
+    if translator.languages.multilingual and data_cfg is not None:
+        # a multilingual model evaluates the data's pair unless src_lang/tgt_lang say otherwise
+        direction["src_lang"] = direction["src_lang"] or data_cfg.get("src_lang")
+        direction["tgt_lang"] = direction["tgt_lang"] or data_cfg.get("tgt_lang")
+    route = translator.route(**direction)  # an unknown direction fails before decoding
+    if (
+        data_cfg is not None
+        and not translator.languages.multilingual
+        and (
+            data_cfg.get("src_lang") != translator.src_lang
+            or data_cfg.get("tgt_lang") != translator.tgt_lang
+        )
     ):
         log.warning(
             "the checkpoint translates %s→%s but the data is %s→%s",
@@ -98,7 +110,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     )
     t0 = time.perf_counter()
     hyps = translator.translate(
-        sources, config, max_tokens=int(cfg.max_tokens), progress=bool(cfg.progress)
+        sources, config, max_tokens=int(cfg.max_tokens), progress=bool(cfg.progress), **direction
     )
     seconds = time.perf_counter() - t0
     assert all(isinstance(h, str) for h in hyps)
@@ -120,6 +132,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             "checkpoints": paths,
             "data": label,
             "n_sentences": len(sources),
+            "direction": f"{route.src_lang}-{route.tgt_lang}",
+            "zero_shot": route.zero_shot,
             "decoding": dataclasses.asdict(config),
             "ensemble": ensemble,
             "decode_seconds": round(seconds, 3),

@@ -13,7 +13,7 @@ from litmt.checkpoint.paths import checkpoint_paths
 from litmt.data.text import open_output, read_text_file
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.forced import ForcedDecoder, PairScore
-from litmt.deploy.engines import load_translator
+from litmt.deploy.engines import direction_options, load_translator
 from litmt.errors import DataError
 
 
@@ -51,6 +51,7 @@ def score(cfg: DictConfig) -> list[PairScore]:
         targets,
         length_penalty=DecodeConfig.from_options(cfg.decoding).length_penalty,  # null: the default
         max_tokens=int(cfg.max_tokens),
+        **direction_options(cfg),
     )
     output = cfg.get("output")
     with open_output(None if output is None else str(output)) as out:

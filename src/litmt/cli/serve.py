@@ -38,6 +38,7 @@ def serve(cfg: Any) -> None:
         max_lines=int(cfg.max_lines),
         max_source_tokens=int(cfg.max_source_tokens),
         split_sentences=str(cfg.split_sentences),
+        allow_zero_shot=bool(cfg.get("allow_zero_shot") or False),
         max_body_bytes=int(cfg.max_body_bytes),
         attention_max_tokens=int(cfg.attention_max_tokens),
         cors=OmegaConf.to_object(cfg.cors) if OmegaConf.is_config(cfg.cors) else cfg.cors,

@@ -170,6 +170,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         src_lang=datamodule.src_lang,
         tgt_lang=datamodule.tgt_lang,
         seed=cfg.seed,
+        languages=datamodule.languages_meta() if hasattr(datamodule, "languages_meta") else None,
     )
     prepare_model(module.model, init, cfg)  # init_from weights, finetune.freeze
     del init
@@ -229,7 +230,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 cfg.finalize,
                 best_k_models=kept,
                 best=best,
-                corpus=datamodule.corpus,
+                # a multilingual run: every direction's corpus, scored with its language token
+                corpus=datamodule.multi.corpora
+                if getattr(datamodule, "multi", None) is not None
+                else datamodule.corpus,
                 output_dir=output_dir,
             )
             metrics.update(flat_metrics(report))

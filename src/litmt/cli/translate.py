@@ -21,7 +21,7 @@ from litmt.data.text import open_output, read_lines
 from litmt.decoding.alignment import AlignConfig
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.translator import Aligned, NBest
-from litmt.deploy.engines import engine_options, load_translator
+from litmt.deploy.engines import direction_options, engine_options, load_translator
 from litmt.errors import ConfigError, DataError
 
 
@@ -146,7 +146,11 @@ def translate(cfg: DictConfig) -> int:
     # null keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
     config = DecodeConfig.from_options(cfg.decoding, base=translator.default_config)
     n_best, scores = config.n_best, bool(cfg.scores) or config.n_best > 1
-    options: dict[str, Any] = dict(config=config, return_scores=scores)
+    direction = direction_options(cfg)
+    route = translator.route(**direction)  # an unknown direction fails before any input is read
+    if route.zero_shot:
+        print(f"note: {route.src_lang}-{route.tgt_lang} is zero-shot", file=sys.stderr)
+    options: dict[str, Any] = dict(config=config, return_scores=scores, **direction)
     if cfg.get("print_alignment"):
         heads = cfg.get("alignment_heads")
         options["alignment"] = AlignConfig(

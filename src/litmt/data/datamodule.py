@@ -32,6 +32,7 @@ torchrun or SLURM have started every rank at once) lets one process per node pre
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -43,12 +44,21 @@ from typing import Any
 
 import datasets
 import lightning as L
+import numpy as np
 import torch
 
 from litmt.data.collate import TokenizedPairs
 from litmt.data.corpus import SPLITS, HubSpec, ParallelCorpus, short_hash
+from litmt.data.directions import (
+    check_placement,
+    direction_of,
+    lang_tag,
+    parse_directions,
+    sampling_weights,
+)
 from litmt.data.loader import ResumableDataLoader, token_budget_loader
 from litmt.data.memmap import is_complete, open_cache
+from litmt.data.mixing import MultiCorpus, resample
 from litmt.data.prepare_once import is_preparer, prepare_and_publish, wait_for_marker
 from litmt.data.preprocess import FilterSettings, tokenize_to_cache
 from litmt.data.sampler import dist_rank_world
@@ -100,6 +110,13 @@ class TranslationDataModule(L.LightningDataModule):
         layout, columns, translation_column: how tables (hub, tsv/jsonl/parquet) hold text.
         extra_train: more training sources appended to the train split, each a dict
             (`litmt.data.sources.parse_train_sources`), optionally tagged (e.g. `<BT>`).
+        directions: several directions in one model, e.g. ["en-de", "en-fr"]
+            (`litmt.data.mixing`); None/[] = the one pair `src_lang`→`tgt_lang`. The first
+            direction becomes `src_lang`/`tgt_lang`.
+        tag_placement: where the target-language token `<2xx>` goes: "source" or "target"
+            (`litmt.data.directions`).
+        sampling_temperature: T of the sampling across directions (1 = proportional,
+            inf = uniform).
         tokenizer: `TokenizerSettings` fields.
         cache_dir: root of the tokenizer and token-id caches.
         max_tokens: train token budget per batch, padding included (None = by sentences).
@@ -131,6 +148,9 @@ class TranslationDataModule(L.LightningDataModule):
         columns: Mapping[str, str] | None = None,
         translation_column: str = "translation",
         extra_train: Any = None,
+        directions: Any = None,
+        tag_placement: str = "source",
+        sampling_temperature: float = 1.0,
         tokenizer: Mapping[str, Any] | None = None,
         cache_dir: str = "data",
         max_tokens: int | None = 4096,
@@ -194,8 +214,35 @@ class TranslationDataModule(L.LightningDataModule):
             resolve=_resolve_path,
             hf_cache_dir=str(self.cache_dir / "hf"),
         )
+        self.directions = parse_directions(_plain(directions))
+        self.tag_placement = check_placement(str(tag_placement))
+        self.sampling_temperature = float(sampling_temperature)
+        sampling_weights([1], self.sampling_temperature)  # refuses T <= 0 now
+        self.multi: MultiCorpus | None = None
+        self._offsets: dict[str, list[int]] = {}  # split -> direction start offsets
+        if self.directions:
+            if self.extra_train:
+                raise ConfigError(
+                    "data.extra_train cannot be combined with data.directions yet; list the "
+                    "extra corpora as directions, or train one pair"
+                )
+            first = self.directions[0]
+            self.src_lang, self.tgt_lang = first.src, first.tgt
+            corpora = [
+                dataclasses.replace(
+                    self.corpus, src_lang=d.src, tgt_lang=d.tgt,
+                    dir=_resolve_path(d.dir) if d.dir is not None else self.corpus.dir,
+                    splits={**self.corpus.splits, **dict(d.splits)},
+                )
+                for d in self.directions
+            ]  # fmt: skip
+            self.corpus = corpora[0]
+            self.multi = MultiCorpus(self.directions, corpora, self.tag_placement)
         symbols = self.tokenizer_settings.user_defined_symbols
         symbols.extend(t for t in source_tags(self.extra_train) if t not in symbols)
+        symbols.extend(
+            t for t in dict.fromkeys(lang_tag(d.tgt) for d in self.directions) if t not in symbols
+        )
         self.given_tokenizer: Tokenizer | None = None  # reused instead of trained (use_tokenizer)
         self.given_tokenizer_origin: str | None = None  # where it comes from (logs)
         if self.tokenizer_settings.model:
@@ -251,7 +298,7 @@ class TranslationDataModule(L.LightningDataModule):
 
     def tokenizer_dir(self) -> Path:
         """Where this corpus/direction/settings' sentencepiece models are cached."""
-        fp = split_fingerprint(self.corpus, self.extra_train, "train")
+        fp = self._fingerprint("train")
         if self.limit is not None:
             fp = short_hash(fp, self.limit)
         key = self.tokenizer_settings.key()
@@ -278,7 +325,19 @@ class TranslationDataModule(L.LightningDataModule):
     def _chunks(self, split: str) -> Any:
         """The pairs of `split` as a stream of chunks (`litmt.data.streams.pair_chunks`)."""
         limit = self.limit if split == "train" else None
+        if self.multi is not None:
+            return self.multi.chunks(split, limit=limit)
         return pair_chunks(self.corpus, self.extra_train, split, limit=limit)
+
+    def _fingerprint(self, split: str) -> str:
+        if self.multi is not None:
+            return self.multi.fingerprint(split)
+        return split_fingerprint(self.corpus, self.extra_train, split)
+
+    def _count(self, split: str) -> int | None:
+        if self.multi is not None:
+            return sum(self.multi.sizes(split, self.limit if split == "train" else None))
+        return count_pairs(self.corpus, self.extra_train, split)
 
     def _train_tokenizer(self) -> Tokenizer:
         """sentencepiece on a bounded sample of the training split, streamed from disk."""
@@ -297,6 +356,8 @@ class TranslationDataModule(L.LightningDataModule):
     def _raw(self, split: str) -> datasets.Dataset:
         """The whole split's text in memory: references and sources (valid/test), never
         what training reads."""
+        if split not in self._text and self.multi is not None:
+            self._text[split] = self.multi.load(split, self.limit if split == "train" else None)
         if split not in self._text:
             ds = load_split(self.corpus, self.extra_train, split)
             if split == "train" and self.limit is not None:
@@ -305,7 +366,7 @@ class TranslationDataModule(L.LightningDataModule):
         return self._text[split]
 
     def _cache_path(self, split: str, tok: Tokenizer) -> Path:
-        fp = split_fingerprint(self.corpus, self.extra_train, split)
+        fp = self._fingerprint(split)
         train = split == "train"
         key = short_hash(
             _CACHE_VERSION, fp, short_hash(*tok.identity()),
@@ -321,7 +382,7 @@ class TranslationDataModule(L.LightningDataModule):
         path = self._cache_path(split, tok)
         if not is_complete(path):
             train = split == "train"
-            total = count_pairs(self.corpus, self.extra_train, split)
+            total = self._count(split)
             if train and total is not None and self.limit is not None:
                 total = min(total, self.limit)
             counts = tokenize_to_cache(
@@ -343,10 +404,45 @@ class TranslationDataModule(L.LightningDataModule):
                 src_lens=a["src.len"], tgt_lens=a["tgt.len"],
             )  # fmt: skip
         self.filter_counts = meta["filter_counts"]
-        return TokenizedPairs(
+        pairs = TokenizedPairs(
             a["src.ids"], a["src.off"], a["tgt.ids"], a["tgt.off"], a["index"],
             src_lens=a["src.len"], tgt_lens=a["tgt.len"],
         )  # fmt: skip
+        if self.multi is None:
+            return pairs
+        offsets = self.multi.offsets("train", self.limit)
+        return resample(pairs, offsets, self.directions, self.sampling_temperature, self.seed)
+
+    # -- directions (`data.directions`) ----------------------------------------------------
+    def direction_spans(self, split: str) -> list[tuple[str, int, int]] | None:
+        """Per direction, (name ``en-de``, first, end) example indices of `split` (valid,
+        test), for per-direction scores; None for a one-pair corpus."""
+        if self.multi is None:
+            return None
+        if split not in self._offsets:  # counted once (valid is decoded every epoch)
+            self._offsets[split] = self.multi.offsets(split)
+        offsets = self._offsets[split]
+        return [(d.name, offsets[k], offsets[k + 1]) for k, d in enumerate(self.directions)]
+
+    def forced_prefixes(self, split: str, indices: Any) -> list[list[int]] | None:
+        """Per example index of `split`, the target ids decoding must start with: the
+        language token with ``tag_placement=target``, else None (nothing forced)."""
+        if self.multi is None or self.tag_placement != "target":
+            return None
+        tok = self._get_tokenizer()
+        spans = self.direction_spans(split) or []
+        which = direction_of([0, *(end for _, _, end in spans)], np.asarray(indices))
+        return [[tok.tgt_tags[self.directions[int(k)].tag]] for k in which]
+
+    def languages_meta(self) -> dict[str, Any]:
+        """What a checkpoint records of its languages beside src_lang/tgt_lang: the
+        directions and the tag placement ({} for a one-pair model)."""
+        if self.multi is None:
+            return {}
+        return {
+            "directions": [d.name for d in self.directions],
+            "tag_placement": self.tag_placement,
+        }
 
     # -- LightningDataModule ------------------------------------------------------------
     def prepare_data(self) -> None:

@@ -6,12 +6,15 @@ Special ids agree with the model: pad=0, unk=1, bos=2, eos=3.
 Tags: pieces declared as sentencepiece user-defined symbols (e.g. ``<BT>``, the tag of
 back-translated sources) are never split. A source that starts with such a piece followed
 by a space (``"<BT> a dog runs"``) encodes the tag as exactly one id, first, followed by the
-ids of the rest; sentencepiece alone would put a separate ``▁`` piece before it.
+ids of the rest; sentencepiece alone would put a separate ``▁`` piece before it. Target
+text is encoded the same way (a multilingual model with ``data.tag_placement=target`` starts
+its targets with the language token ``<2de>``), and target-language tokens (``<2xx>``,
+`litmt.data.directions`) are dropped from decoded text.
 
 A piece vocabulary (`litmt.data.piece_vocab`, the one of a model imported from
 transformers' Marian) gives the ids instead of the sentencepiece models, which then only
 split text into pieces; such a tokenizer also ends every source with eos (``src_eos``), as
-MarianTokenizer does.
+MarianTokenizer does. It has no tags.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 import sentencepiece as spm
 
+from litmt.data.directions import tag_language
 from litmt.data.piece_vocab import PieceVocab
 from litmt.errors import DataError
 from litmt.runtime.threads import TOKENIZER_TRAIN_THREADS
@@ -116,6 +120,23 @@ def user_defined_pieces(model: bytes) -> dict[str, int]:
     return {p.piece: i for i, p in enumerate(proto.pieces) if p.type == user}
 
 
+def _encode_tagged(
+    proc: spm.SentencePieceProcessor, tags: dict[str, int], texts: Sequence[str]
+) -> list[list[int]]:
+    """Ids of `texts`; a leading tag (a user-defined piece, then a space or the end) is its
+    one id, first."""
+    texts = list(texts)
+    if not tags:
+        return proc.encode(texts)
+    found: list[int | None] = [None] * len(texts)
+    for i, text in enumerate(texts):
+        head, _, rest = text.partition(" ")
+        if head in tags:
+            found[i], texts[i] = tags[head], rest
+    ids = proc.encode(texts)
+    return [s if t is None else [t, *s] for t, s in zip(found, ids, strict=True)]
+
+
 class Tokenizer:
     """Encode source/target text to ids and decode target ids back to detokenised text.
 
@@ -140,7 +161,13 @@ class Tokenizer:
         self.tgt = _load(tgt_model) if tgt_model is not None else self.src
         self.vocab = PieceVocab(vocab) if vocab is not None else None
         self.src_eos = bool(src_eos)
-        self.src_tags = {} if self.vocab else user_defined_pieces(src_model)  # see module doc
+        # tag piece -> id (see module docstring); none with a piece vocabulary (imported models)
+        self.src_tags = {} if self.vocab else user_defined_pieces(src_model)
+        self.tgt_tags = (
+            self.src_tags if tgt_model is None or self.vocab else user_defined_pieces(tgt_model)
+        )
+        # target-language tokens <2xx>: never part of the detokenised output
+        self.lang_tag_ids = frozenset(i for p, i in self.tgt_tags.items() if tag_language(p))
         if self.vocab is not None:
             return
         for proc in {id(self.src): self.src, id(self.tgt): self.tgt}.values():
@@ -282,26 +309,16 @@ class Tokenizer:
         texts = list(texts)
         if self.vocab is not None:
             ids = self.vocab.encode(self.src, texts)
-        elif not self.src_tags:
-            ids = self.src.encode(texts)
         else:
-            ids = self._encode_tagged(texts)
+            ids = _encode_tagged(self.src, self.src_tags, texts)
         return [[*s, EOS_ID] for s in ids] if self.src_eos else ids
 
-    def _encode_tagged(self, texts: list[str]) -> list[list[int]]:
-        tags: list[int | None] = [None] * len(texts)
-        for i, text in enumerate(texts):
-            head, _, rest = text.partition(" ")
-            if head in self.src_tags:
-                tags[i], texts[i] = self.src_tags[head], rest
-        ids = self.src.encode(texts)
-        return [s if t is None else [t, *s] for t, s in zip(tags, ids, strict=True)]
-
     def encode_tgt(self, texts: Sequence[str]) -> list[list[int]]:
-        """Target ids without bos/eos (collate adds them)."""
+        """Target ids without bos/eos (collate adds them); a leading tag is one id, as in
+        `encode_src`."""
         if self.vocab is not None:
             return self.vocab.encode(self.tgt, list(texts))
-        return self.tgt.encode(list(texts))
+        return _encode_tagged(self.tgt, self.tgt_tags, texts)
 
     def decode_tgt(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Detokenised target text; stops at the first eos and drops pad/bos."""
@@ -310,7 +327,8 @@ class Tokenizer:
             seq = list(seq)
             if EOS_ID in seq:
                 seq = seq[: seq.index(EOS_ID)]
-            cleaned.append([i for i in seq if i not in (PAD_ID, BOS_ID)])
+            drop = self.lang_tag_ids
+            cleaned.append([i for i in seq if i not in (PAD_ID, BOS_ID) and i not in drop])
         if self.vocab is not None:
             return self.vocab.decode(self.tgt, cleaned)
         return self.tgt.decode(cleaned)

@@ -161,17 +161,28 @@ class ForcedDecoder:
         *,
         length_penalty: float = DecodeConfig.length_penalty,
         max_tokens: int = 4096,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+        allow_zero_shot: bool = False,
     ) -> list[PairScore]:
         """Force-decode text pairs (sources prepared as `Translator.prepare` does).
 
+        Args:
+            src_lang, tgt_lang, allow_zero_shot: the direction (`Translator.route`): a
+                multilingual model's language token goes on the source, or first in the
+                target (then its log-probability counts, as a forced prefix's does).
+
         Raises:
-            DataError: the two lists differ in length.
+            DataError: the two lists differ in length. ConfigError: an unknown direction.
         """
         if len(sources) != len(targets):
             raise DataError(f"{len(sources)} sources but {len(targets)} targets")
         tr = self.translator
+        route = tr.route(src_lang, tgt_lang, allow_zero_shot=allow_zero_shot)
         src_ids = [tr.prepare(s, f"line {i + 1}") for i, s in enumerate(sources)]
+        src_ids = [route.source_ids(ids, tr.max_source_tokens) for ids in src_ids]
         tgt_ids = tr.tokenizer.encode_tgt(list(targets)) if targets else []
+        tgt_ids = [route.prefix_ids(ids) or [] for ids in tgt_ids]
         return self.force_decode_ids(
             src_ids, tgt_ids, length_penalty=length_penalty, max_tokens=max_tokens
         )

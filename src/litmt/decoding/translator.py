@@ -18,6 +18,10 @@ constraints=[[...], ...])`` gives each sentence a target prefix (its output begi
 and terminology constraints (target phrases its output must contain); ``search_ids`` takes
 them as target ids. An empty source gives its prefix (score 0) without running the model,
 whatever its constraints.
+
+Directions (`litmt.decoding.languages`): ``translate(sentences, src_lang="en", tgt_lang="fr")``
+routes to a multilingual model's language token (a one-pair model refuses any other pair);
+``allow_zero_shot=True`` lets a never-trained direction through, reported as zero-shot.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from litmt.data.tokenizer import Tokenizer
 from litmt.decoding.alignment import AlignConfig, align_ids, pharaoh
 from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig, decoding_options
+from litmt.decoding.languages import Languages, Route
 from litmt.decoding.sampling import make_generator
 from litmt.decoding.search import Hypothesis
 from litmt.decoding.steering import budget_floor, check_constraints, check_prefixes
@@ -93,8 +98,11 @@ class Translator:
             (`litmt.decoding.ensemble`); put in eval mode and moved to `device`. ``self.model`` is
             the first (the attention explorer and forced decoding use it).
         tokenizer: its `Tokenizer`.
-        src_lang, tgt_lang: language codes from the checkpoint (informative).
+        src_lang, tgt_lang: language codes from the checkpoint (a multilingual model: its
+            first direction).
         device: where to run; None picks CUDA when available.
+        languages: the checkpoint's metadata (its ``directions`` and ``tag_placement``,
+            `litmt.decoding.languages.Languages.from_meta`); None = the one pair.
     """
 
     def __init__(
@@ -105,8 +113,10 @@ class Translator:
         src_lang: str = "",
         tgt_lang: str = "",
         device: str | torch.device | None = None,
+        languages: dict[str, Any] | None = None,
     ) -> None:
         self.device = resolve_device(device)
+        self.languages = Languages.from_meta(languages or {}, src_lang, tgt_lang)
         members = [model] if isinstance(model, Seq2SeqTransformer) else list(model)
         self.models = [m.to(self.device).eval() for m in members]
         self.model = self.models[0]
@@ -161,6 +171,7 @@ class Translator:
                 src_lang=first.src_lang,
                 tgt_lang=first.tgt_lang,
                 device=first.device,
+                languages=first.languages_meta(),
             )
             translator.autocast = first.autocast
             return translator
@@ -180,9 +191,36 @@ class Translator:
             src_lang=loaded.src_lang,
             tgt_lang=loaded.tgt_lang,
             device=dev,
+            languages=loaded.meta,
         )
         translator.autocast = plan.autocast
         return translator
+
+    # -- directions -----------------------------------------------------------------------
+    def languages_meta(self) -> dict[str, Any]:
+        """The model's directions as metadata (`Languages.from_meta` reads it back)."""
+        lang = self.languages
+        meta: dict[str, Any] = {"src_lang": lang.src_lang, "tgt_lang": lang.tgt_lang}
+        if lang.directions:
+            meta["directions"] = [d.name for d in lang.directions]
+            meta["tag_placement"] = lang.placement
+        return meta
+
+    def route(
+        self,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+        *,
+        allow_zero_shot: bool = False,
+    ) -> Route:
+        """The route of a requested direction (`litmt.decoding.languages.Languages.route`).
+
+        Raises:
+            ConfigError: a direction the model does not know (one line).
+        """
+        return self.languages.route(
+            self.tokenizer, src_lang, tgt_lang, allow_zero_shot=allow_zero_shot
+        )
 
     # -- preprocessing ------------------------------------------------------------------
     @property
@@ -355,6 +393,9 @@ class Translator:
         alignment: AlignConfig | None = None,
         prefixes: Sequence[str | None] | None = None,
         constraints: Sequence[Sequence[str] | None] | None = None,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+        allow_zero_shot: bool = False,
         **options: Any,
     ) -> list[str] | list[NBest] | list[Aligned]:
         """Translate sentences (any order of lengths; output order = input order).
@@ -370,6 +411,9 @@ class Translator:
             prefixes: one string (or None) per sentence: its translation begins with it.
             constraints: one list of target phrases (or None) per sentence: its translation
                 contains each (constrained beam search; not on the ct2 engine).
+            src_lang, tgt_lang: the direction (None = the model's only one); a multilingual
+                model routes to its language token (`litmt.decoding.languages`).
+            allow_zero_shot: let a direction the model never trained on through (a warning).
             options: DecodeConfig fields overriding `config` (e.g. ``beam_size=4``,
                 ``method="sample", n_best=3``).
 
@@ -381,8 +425,13 @@ class Translator:
         """
         if isinstance(sentences, str):
             raise ConfigError("translate() takes a list of sentences, not one string")
+        route = self.route(src_lang, tgt_lang, allow_zero_shot=allow_zero_shot)
         prefix_ids, constraint_ids = self.encode_steering(len(sentences), prefixes, constraints)
         ids = [self.prepare(s, f"line {first_line + i}") for i, s in enumerate(sentences)]
+        ids = [route.source_ids(x, self.max_source_tokens) for x in ids]
+        if route.tag_id is not None and route.placement == "target":
+            given = prefix_ids or [[] for _ in sentences]
+            prefix_ids = [route.prefix_ids(p) or [] for p in given]
         config = decoding_options(config or self.default_config, options)
         found = self.search_ids(
             ids,
@@ -396,6 +445,7 @@ class Translator:
             return []
         if alignment is not None:
             links = self.alignments(ids, found, alignment, max_tokens=max_tokens)
+            links = [[route.untagged_alignment(a) for a in row] for row in links]
             aligned: list[Aligned] = []
             for hyps, link in zip(found, links, strict=True):
                 texts = self.tokenizer.decode_tgt([h.tokens for h in hyps])

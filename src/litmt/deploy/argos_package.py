@@ -15,6 +15,11 @@ it into its packages directory. Each directory there is one installed package, r
   rule-based ``sentencizer``) when run with ``ARGOS_CHUNK_TYPE=SPACY`` (docs/deploy.md,
   "Argos Translate and LibreTranslate").
 
+A multilingual model (`data.directions`) gives one package per direction (``argos.src_lang``,
+``argos.tgt_lang``): Argos forces ``metadata.json``'s ``target_prefix`` as the first target
+token and strips it from the text, which is the ``data.tag_placement=target`` route; Argos
+adds nothing to the source, so a model with source-side tokens is refused with one line.
+
 So the zip holds one top-level directory (``translate-<src>_<tgt>-<version>``, as Argos's own
 packages are named) with those entries. One sentencepiece model means a joint vocabulary:
 a checkpoint with separate source and target vocabularies is refused.
@@ -31,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from litmt.checkpoint.load import load_model
+from litmt.data.directions import lang_tag
+from litmt.decoding.languages import Languages
 from litmt.deploy.ct2_export import export_model, read_metadata
 from litmt.errors import ConfigError
 
@@ -50,9 +57,34 @@ def package_dir_name(src_lang: str, tgt_lang: str, package_version: str) -> str:
 def argos_metadata(meta: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
     """``metadata.json`` from the export's ``litmt.json`` and the ``argos.*`` settings.
 
-    A null ``from_name``/``to_name`` is the language code.
+    A null ``from_name``/``to_name`` is the language code. A multilingual export's package
+    is the direction ``argos.src_lang``→``argos.tgt_lang``, with its ``target_prefix``.
+
+    Raises:
+        ConfigError: a direction the model does not know, or a source-side language token.
     """
     src, tgt = str(meta["src_lang"]), str(meta["tgt_lang"])
+    extra: dict[str, Any] = {}
+    if meta.get("directions"):
+        languages = Languages.from_meta(meta)
+        pairs = languages.pairs()
+        src = str(settings.get("src_lang") or "")
+        tgt = str(settings.get("tgt_lang") or "")
+        if not tgt:
+            raise ConfigError(
+                f"this model translates {languages.names()}; an Argos package is one direction: "
+                f"pass argos.tgt_lang=XX (and argos.src_lang=XX)"
+            )
+        src = src or next((s for s, t in pairs if t == tgt), "")
+        if (src, tgt) not in pairs:
+            raise ConfigError(f"this model translates {languages.names()}, not {src}-{tgt}")
+        if languages.placement != "target":
+            raise ConfigError(
+                "cannot export an Argos package of a model with source-side language tokens "
+                "(Argos forces a target_prefix but adds nothing to the source); train with "
+                "data.tag_placement=target, or serve the model with scripts/serve.py"
+            )
+        extra["target_prefix"] = lang_tag(tgt)
     return {
         "package_version": str(settings["package_version"]),
         "argos_version": str(settings["argos_version"]),
@@ -62,6 +94,7 @@ def argos_metadata(meta: Mapping[str, Any], settings: Mapping[str, Any]) -> dict
         "to_name": str(settings.get("to_name") or tgt),
         "type": "translate",
         "links": [],
+        **extra,
     }
 
 
@@ -119,7 +152,9 @@ def export_argos_package(
         )
         meta = read_metadata(model_dir)
         metadata = argos_metadata(meta, settings)
-        root = package_dir_name(meta["src_lang"], meta["tgt_lang"], metadata["package_version"])
+        root = package_dir_name(
+            metadata["from_code"], metadata["to_code"], metadata["package_version"]
+        )
         (model_dir / "src.model").rename(work / "sentencepiece.model")
         tmp_zip = work / out.name
         with zipfile.ZipFile(tmp_zip, "w", zipfile.ZIP_DEFLATED) as z:

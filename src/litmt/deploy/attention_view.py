@@ -20,6 +20,11 @@ def attention_maps(
 
     # one line (the page sends one sentence), cleaned as every engine cleans its input
     cleaned = clean_line(sentence.replace("\n", " "), "attention request")
+    languages = getattr(translator, "languages", None)
+    if languages is not None and languages.multilingual and languages.placement == "source":
+        # a multilingual model: the page shows its first direction (the source-side token;
+        # a target-side token is not forced here, see docs/usage.md)
+        cleaned = f"{languages.directions[0].tag} {cleaned}"
     config = DecodeConfig.from_options(options)  # null/absent keys: DecodeConfig's defaults
     max_len_a, max_len_b = config.max_len_a, config.max_len_b
     if max_target is not None:  # the same budget rule, capped: floor(0 * S + min(budget, cap))

@@ -71,6 +71,7 @@ from tqdm import tqdm
 
 from litmt.data.tokenizer import Tokenizer
 from litmt.decoding.config import DecodeConfig, decoding_options
+from litmt.decoding.languages import Languages
 from litmt.decoding.search import Hypothesis, length_penalty_factor, output_budgets
 from litmt.decoding.steering import budget_floor
 from litmt.decoding.translator import Translator, check_max_tokens
@@ -131,6 +132,7 @@ class CT2Translator(Translator):
         self.default_config = DecodeConfig.from_options(self.meta.get("decoding"))
         self.tokenizer = Tokenizer.load(self.model_dir)
         self.src_lang, self.tgt_lang = self.meta["src_lang"], self.meta["tgt_lang"]
+        self.languages = Languages.from_meta(self.meta)  # directions (a multilingual export)
         self._src_pieces = ct2_vocabulary(self.tokenizer, "src")
         self._tgt_pieces = ct2_vocabulary(self.tokenizer, "tgt")
         self._tgt_ids = {p: i for i, p in enumerate(self._tgt_pieces)}

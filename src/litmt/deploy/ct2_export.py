@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from litmt.checkpoint.io import languages_of
 from litmt.decoding.config import DecodeConfig
 from litmt.deploy.ct2_spec import CT2_SPECIAL_PIECES, ExportError, import_ctranslate2
 from litmt.errors import ConfigError
@@ -128,6 +129,9 @@ def export_model(
             "special_tokens": {str(i): p for i, p in CT2_SPECIAL_PIECES.items()},
             "decoding": decoding_defaults,
             "model_config": loaded.model.config.to_dict(),
+            # a multilingual model's directions and tag placement: the engine routes to the
+            # <2xx> token, as a source token or CTranslate2's target_prefix
+            **languages_of(loaded.meta),
         }
         loaded.tokenizer.save(tmp)
         (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")

@@ -95,6 +95,16 @@ def load_translator(
     )
 
 
+def direction_options(cfg: Any) -> dict[str, Any]:
+    """A command's direction keys (``src_lang``, ``tgt_lang``, ``allow_zero_shot``; null =
+    the model's only direction) as `Translator.translate` keyword arguments."""
+    return {
+        "src_lang": cfg.get("src_lang") or None,
+        "tgt_lang": cfg.get("tgt_lang") or None,
+        "allow_zero_shot": bool(cfg.get("allow_zero_shot") or False),
+    }
+
+
 def engine_options(cfg: Any) -> dict[str, Any]:
     """`load_translator` keyword arguments from a job config (translate/evaluate/serve keys).
 

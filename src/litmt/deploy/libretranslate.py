@@ -184,13 +184,18 @@ class Service:
     read_params: Callable[..., Awaitable[dict[str, Any]]]  # (request, files=None) -> params
     texts: Callable[[dict[str, Any], bool], tuple[list[str], bool]]  # q, checked
     batched: Callable[[Request, list[str]], Awaitable[Any]]  # list[str] or a JSONResponse
-    nbest: Callable[[Request, list[str], int], Awaitable[Any]]  # list[list[str]] or response
-    # (request, texts, prefixes, constraints) -> list[str] or a response: the litmt fields
-    steered: Callable[[Request, list[str], Any, Any], Awaitable[Any]]
+    nbest: Callable[
+        ..., Awaitable[Any]
+    ]  # (request, texts, n, pair=) -> list[list[str]] or response
+    # (request, texts, prefixes, constraints, pair=) -> list[str] or a response: litmt fields
+    steered: Callable[..., Awaitable[Any]]
     upload_dir: Path
     check: Callable[[Request, dict[str, Any]], JSONResponse | None]  # keys, rate limit
     api_keys: bool  # /frontend/settings' apiKeys: keys are on
     key_required: bool  # /frontend/settings' keyRequired
+    # (source, target) -> the direction `batched`/`nbest`/`steered` take as ``pair=`` (None:
+    # a one-pair model); raises ApiError 400 for a pair the model does not translate
+    route: Callable[[str, str], Any]
 
 
 def steering(params: dict[str, Any], n: int, batch: bool) -> tuple[Any, Any] | None:
@@ -221,7 +226,7 @@ async def translate(request: Request, params: dict[str, Any], svc: Service) -> J
             raise ApiError(400, f"Invalid request: missing {name} parameter")
     n_alt = num_alternatives(params)
     source, target = iso2model(str(params["source"])), iso2model(str(params["target"]))
-    check_pair(source, target, svc.src, svc.tgt)
+    pair = svc.route(source, target)
     fmt = text_format(params)
     alternatives: list[list[str]] = [[] for _ in texts]
     steer = steering(params, len(texts), batch)
@@ -232,13 +237,13 @@ async def translate(request: Request, params: dict[str, Any], svc: Service) -> J
                 "Invalid request: prefix and constraints work with format=text only, "
                 "without alternatives",
             )
-        translated = await svc.steered(request, texts, *steer)
+        translated = await svc.steered(request, texts, *steer, pair=pair)
         if isinstance(translated, JSONResponse):
             return translated
     elif fmt == "html":
         docs = [HtmlText(t) for t in texts]
         nodes = [node for d in docs for node in d.texts]
-        out = await svc.batched(request, nodes) if nodes else []
+        out = await svc.batched(request, nodes, pair=pair) if nodes else []
         if isinstance(out, JSONResponse):
             return out
         translated, start = [], 0
@@ -246,13 +251,13 @@ async def translate(request: Request, params: dict[str, Any], svc: Service) -> J
             translated.append(d.render(out[start : start + len(d.texts)]))
             start += len(d.texts)
     elif n_alt > 0 and min(n_alt + 1, svc.beam_size) > 1:
-        found = await svc.nbest(request, texts, min(n_alt + 1, svc.beam_size))
+        found = await svc.nbest(request, texts, min(n_alt + 1, svc.beam_size), pair=pair)
         if isinstance(found, JSONResponse):
             return found
         translated = [hyps[0] for hyps in found]
         alternatives = [filter_unique(hyps[1:], hyps[0]) for hyps in found]
     else:
-        translated = await svc.batched(request, texts)
+        translated = await svc.batched(request, texts, pair=pair)
         if isinstance(translated, JSONResponse):
             return translated
     result: dict[str, Any] = {"translatedText": translated if batch else translated[0]}
@@ -324,14 +329,14 @@ def register_routes(app: FastAPI, svc: Service) -> None:
         if Path(filename).suffix not in FILE_FORMATS:
             raise ApiError(400, "Invalid request: file format not supported")
         source, target = iso2model(str(params["source"])), iso2model(str(params["target"]))
-        check_pair(source, target, svc.src, svc.tgt)
+        pair = svc.route(source, target)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise ApiError(400, "Invalid request: the file is not UTF-8 text") from None
         ends_with_newline = text.endswith("\n")
         texts, _ = svc.texts({"q": text.rstrip("\n") or " "}, False)  # the request limits
-        out = await svc.batched(request, texts)
+        out = await svc.batched(request, texts, pair=pair)
         if isinstance(out, JSONResponse):
             return out
         svc.upload_dir.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,10 @@ Routes (request and answer shapes follow LibreTranslate's ``libretranslate/app.p
   a full queue or a dead batcher → 503 with ``Retry-After``; past ``request_timeout_s`` →
   504. litmt extension fields: ``prefix`` and ``constraints`` (`litmt.deploy.libretranslate`);
   a steered request runs as its own job in the model's thread, not in the batcher.
-- ``GET /languages``: ``[{"code", "name", "targets"}]``.
+- ``GET /languages``: ``[{"code", "name", "targets"}]``; a multilingual model lists every
+  target of each source (``target=fr`` routes to its ``<2fr>`` token,
+  `litmt.decoding.languages`; one batcher per direction, all sharing the model's thread;
+  an unknown direction is a 400 with the translator's one-line message).
 - ``GET /health``: ``{"status": "ok", ...}`` with batching counters (queued, skipped,
   rejected); 503 when the batcher task has ended.
 - ``GET /``: the attention explorer (``litmt/deploy/static/``); ``POST /attention`` with
@@ -60,6 +63,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from litmt.decoding.config import DecodeConfig
+from litmt.decoding.languages import Languages
 from litmt.deploy import libretranslate as lt
 from litmt.deploy.access import AccessGuard, AccessSettings, install_cors
 from litmt.deploy.attention_view import attention_maps, attention_payload
@@ -69,6 +73,8 @@ from litmt.deploy.sentences import MODES, segmenter_for
 from litmt.errors import ConfigError, LitmtError
 
 log = logging.getLogger(__name__)
+
+Pair = tuple[str, str] | None  # a request's (source, target); None = a one-pair model
 
 STATIC_DIR = Path(__file__).parent / "static"
 LANGUAGE_NAMES = {
@@ -102,6 +108,7 @@ class ServeSettings:
     max_lines: int = 100  # lines per text, else 413
     max_source_tokens: int = 4096  # subword tokens per request (all lines), else 413
     split_sentences: str = "long"  # long | always | never (litmt.deploy.sentences)
+    allow_zero_shot: bool = False  # a multilingual model: serve never-trained directions too
     max_body_bytes: int = 1_000_000  # request body, else 413
     attention_max_tokens: int = 256  # /attention: source tokens (else 413) and target budget
     cors: bool | str | list[str] = False  # allowed origins; False = same origin (access.py)
@@ -266,19 +273,54 @@ def create_app(
     segmenter = segmenter_for(translator, settings.split_sentences, settings.max_source_tokens)
     upload_dir = Path(tempfile.mkdtemp(prefix="litmt-files-"))  # /translate_file's results
 
+    # a translator without directions (a one-pair stand-in) serves its src_lang -> tgt_lang
+    languages = getattr(translator, "languages", None) or Languages.from_meta(
+        {}, translator.src_lang, translator.tgt_lang
+    )
+    zero_shot = settings.allow_zero_shot
+    batchers: dict[Pair, RequestBatcher] = {}  # one per direction (None: a one-pair model)
+
+    def direction(pair: Pair) -> dict[str, Any]:
+        """`Translator.translate` keywords of a direction ({} for a one-pair model)."""
+        if pair is None:
+            return {}
+        return {"src_lang": pair[0], "tgt_lang": pair[1], "allow_zero_shot": zero_shot}
+
+    def batcher_for(pair: Pair) -> RequestBatcher:
+        """The running batcher of a direction, started on first use."""
+        if pair not in batchers:
+            keywords = {**options, **direction(pair)}
+            batcher = RequestBatcher(
+                lambda units: translator.translate(units, **keywords),
+                executor,
+                max_batch=settings.max_batch_texts,
+                max_wait_ms=settings.max_wait_ms,
+                max_queue=settings.max_queue,
+            )
+            batcher.start()
+            batchers[pair] = batcher
+        return batchers[pair]
+
+    def route(source: str, target: str) -> Pair:
+        """A request's direction (None: the one pair), or 400 for one the model lacks."""
+        if not languages.multilingual:
+            lt.check_pair(source, target, src, tgt)
+            return None
+        if source == "auto":
+            source = languages.sources()[0]
+        try:
+            found = translator.route(source, target, allow_zero_shot=zero_shot)
+        except ConfigError as exc:
+            raise ApiError(400, str(exc)) from None
+        return (found.src_lang, found.tgt_lang)
+
     @asynccontextmanager
     async def lifespan(app: Any) -> Any:
-        batcher = RequestBatcher(
-            lambda units: translator.translate(units, **options),
-            executor,
-            max_batch=settings.max_batch_texts,
-            max_wait_ms=settings.max_wait_ms,
-            max_queue=settings.max_queue,
-        )
-        batcher.start()
-        state["batcher"] = app.state.batcher = batcher
+        first = languages.pairs()[0] if languages.multilingual else None
+        state["batcher"] = app.state.batcher = batcher_for(first)
         yield
-        await batcher.stop()
+        for batcher in list(batchers.values()):
+            await batcher.stop()
         executor.shutdown(wait=False, cancel_futures=True)
         shutil.rmtree(upload_dir, ignore_errors=True)
 
@@ -317,10 +359,13 @@ def create_app(
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    async def translate_for(request: Request, texts: list[str]) -> list[str] | None:
-        """The batcher's translation of `texts`; None when the client went first (its
-        queued work is cancelled, so the batcher skips it)."""
-        work = asyncio.ensure_future(state["batcher"].submit(texts))
+    async def translate_for(
+        request: Request, texts: list[str], pair: Pair = None
+    ) -> list[str] | None:
+        """The batcher's translation of `texts` in direction `pair`; None when the client
+        went first (its queued work is cancelled, so the batcher skips it)."""
+        batcher = state["batcher"] if pair is None else batcher_for(pair)
+        work = asyncio.ensure_future(batcher.submit(texts))
         gone = asyncio.ensure_future(until_disconnect(request))
         try:
             done, _ = await asyncio.wait(
@@ -338,17 +383,20 @@ def create_app(
             504, f"Translation timed out (request_timeout_s={settings.request_timeout_s:g})"
         )
 
-    async def batched(request: Request, texts: list[str], n_best: int = 1) -> Any:
-        """The translations of `texts` (n-best lists when `n_best` > 1), or the error
-        response (503, 499) to answer."""
+    async def batched(
+        request: Request, texts: list[str], n_best: int = 1, pair: Pair = None
+    ) -> Any:
+        """The translations of `texts` in direction `pair` (n-best lists when `n_best` > 1),
+        or the error response (503, 499) to answer."""
         plan = segmenter.plan(texts)  # lines, or sentences of long lines; 413 over a limit
         try:
             if n_best == 1:
-                out = await translate_for(request, plan.units)
+                out = await translate_for(request, plan.units, pair)
             else:  # other options than the batch's: one job in the model's thread
+                keywords = {**options, **direction(pair)}
                 out = await asyncio.wait_for(
                     asyncio.get_running_loop().run_in_executor(
-                        executor, lt.nbest_units, translator, plan.units, options, n_best
+                        executor, lt.nbest_units, translator, plan.units, keywords, n_best
                     ),
                     settings.request_timeout_s,
                 )
@@ -369,7 +417,9 @@ def create_app(
             return JSONResponse({"error": "Client closed the request"}, status_code=499)
         return plan.join(out) if n_best == 1 else plan.join_nbest(out)
 
-    async def steered(request: Request, texts: list[str], prefixes: Any, constraints: Any) -> Any:
+    async def steered(
+        request: Request, texts: list[str], prefixes: Any, constraints: Any, pair: Pair = None
+    ) -> Any:
         """The translations of `texts` with their prefixes and constraints (one job in the
         model's thread), or the error response to answer."""
         plan = segmenter.plan(texts)  # the limits (413) as for any request
@@ -382,7 +432,11 @@ def create_app(
 
         def job() -> list[str]:
             return translator.translate(
-                plan.units, prefixes=prefixes, constraints=constraints, **options
+                plan.units,
+                prefixes=prefixes,
+                constraints=constraints,
+                **options,
+                **direction(pair),
             )
 
         try:
@@ -407,7 +461,8 @@ def create_app(
         ),
         texts=lambda params, is_json: _texts(params, settings, is_json),
         batched=batched,
-        nbest=batched,
+        nbest=lambda request, texts, n, pair=None: batched(request, texts, n, pair),
+        route=route,
         steered=steered,
         upload_dir=upload_dir,
         check=guard.check,
@@ -424,7 +479,19 @@ def create_app(
         return await lt.translate(request, params, service)
 
     @app.get("/languages")
-    async def languages() -> JSONResponse:
+    async def languages_route() -> JSONResponse:
+        if languages.multilingual:
+            codes = list(dict.fromkeys(c for pair in languages.pairs() for c in pair))
+            return JSONResponse(
+                [
+                    {
+                        "code": lt.model2iso(c),
+                        "name": language_name(c),
+                        "targets": [lt.model2iso(t) for t in languages.targets_of(c, zero_shot)],
+                    }
+                    for c in codes
+                ]
+            )
         return JSONResponse(
             [
                 {
@@ -446,6 +513,7 @@ def create_app(
                 "engine": engine,
                 "source": src,
                 "target": tgt,
+                "directions": [f"{s}-{t}" for s, t in languages.pairs()],
                 "attention": attention_model is not None,
                 "batches": batcher.batches if batcher else 0,
                 "largest_batch": batcher.largest_batch if batcher else 0,

@@ -12,7 +12,9 @@ Order, so that test never influences a choice:
 
 Data come from the training datamodule's corpus (`ParallelCorpus.load`); decoding is
 `Translator.translate`, BLEU and chrF `litmt.metrics.corpus_scores` (sacreBLEU), in
-`bleu_on_split`.
+`bleu_on_split`. A multilingual model (`data.directions`) is scored on every direction's
+split (``bleu_en-fr``, ...); its ``bleu``/``chrf`` are the means over the directions, which
+the valid choice maximises.
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ class Split:
     name: str
     sources: list[str]
     references: list[str]
+    src_lang: str | None = None  # a direction of a multilingual model (None: the one pair)
+    tgt_lang: str | None = None
+
+    def direction(self) -> dict[str, str]:
+        """`Translator.translate`'s direction keywords ({} for the one pair)."""
+        if self.src_lang is None or self.tgt_lang is None:
+            return {}
+        return {"src_lang": self.src_lang, "tgt_lang": self.tgt_lang}
 
 
 def check_finalize_config(cfg: DictConfig) -> None:
@@ -88,17 +98,28 @@ def best_checkpoints(best_k_models: Mapping[str, Any], n: int) -> list[str]:
 
 
 def bleu_on_split(
-    translator: Translator, split: Split, config: DecodeConfig, max_tokens: int
+    translator: Translator, split: Split | Sequence[Split], config: DecodeConfig, max_tokens: int
 ) -> dict[str, float]:
-    """Decode `split` with `config`: its sacreBLEU {"bleu": ..., "chrf": ...} (corpus metrics)."""
-    hyps = translator.translate(split.sources, config, max_tokens=max_tokens)
+    """Decode `split` with `config`: its sacreBLEU {"bleu": ..., "chrf": ...} (corpus metrics).
+
+    Several splits (one per direction of a multilingual model): each direction's
+    ``bleu_<src>-<tgt>`` and ``chrf_<src>-<tgt>``, and their means as ``bleu``/``chrf``.
+    """
+    if not isinstance(split, Split):
+        per = {f"{s.src_lang}-{s.tgt_lang}": bleu_on_split(translator, s, config, max_tokens)
+               for s in split}  # fmt: skip
+        out = {m: sum(p[m] for p in per.values()) / len(per) for m in ("bleu", "chrf")}
+        for name, p in per.items():
+            out.update({f"bleu_{name}": p["bleu"], f"chrf_{name}": p["chrf"]})
+        return out
+    hyps = translator.translate(split.sources, config, max_tokens=max_tokens, **split.direction())
     results = corpus_scores(hyps, split.references, metrics=("bleu", "chrf"))  # type: ignore[arg-type]
     return {key: r.score for key, r in results.items()}
 
 
 def choose_decoding(
     translator: Translator,
-    valid: Split,
+    valid: Split | Sequence[Split],
     beam_sizes: Sequence[int],
     length_penalties: Sequence[float],
     max_tokens: int,
@@ -137,7 +158,9 @@ def finalize(
         fin: the `finalize` config (average_best, beam_sizes, length_penalties, max_tokens).
         best_k_models: `ModelCheckpoint.best_k_models` of the run.
         best: the best checkpoint (the one `trainer.test` used).
-        corpus: the datamodule's `ParallelCorpus` (``load(split)`` gives src/tgt columns).
+        corpus: the datamodule's `ParallelCorpus` (``load(split)`` gives src/tgt columns), or
+            a list of them, one per direction of a multilingual model (each scored with its
+            `src_lang`/`tgt_lang`).
         output_dir: the run directory; the average goes next to `best`.
     """
     max_tokens = int(fin.get("max_tokens") or 4096)
@@ -168,9 +191,15 @@ def finalize(
         log.info("finalize: no averaging and an empty beam grid; nothing to do")
         return report
 
-    def split(name: str) -> Split:
-        ds = corpus.load(name)
-        return Split(name, list(ds["src"]), list(ds["tgt"]))
+    def one(c: Any, name: str, multi: bool) -> Split:
+        ds = c.load(name)
+        langs = (c.src_lang, c.tgt_lang) if multi else (None, None)
+        return Split(name, list(ds["src"]), list(ds["tgt"]), *langs)
+
+    def split(name: str) -> Split | list[Split]:
+        if isinstance(corpus, list | tuple):
+            return [one(c, name, True) for c in corpus]
+        return one(corpus, name, False)
 
     translators = {
         key: Translator.from_checkpoint(average if key == "average" else best) for key in models
@@ -210,6 +239,8 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
     for model, by_decoding in report.get("test", {}).items():
         for decoding, s in by_decoding.items():
             lines.append(f"test {model} {decoding}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}")
+            for key in sorted(k for k in s if k.startswith("bleu_")):  # per direction
+                lines.append(f"test {model} {decoding} {key[5:]}: BLEU {s[key]:.2f}")
     if report.get("scores_file"):
         lines.append(f"scores: {report['scores_file']}")
     return lines

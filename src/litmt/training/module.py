@@ -57,6 +57,8 @@ class TranslationModule(L.LightningModule):
         tokenizer: the sentencepiece `Tokenizer` (stored inside every checkpoint; the scoring
             callback decodes with it).
         src_lang, tgt_lang: language codes (stored inside every checkpoint).
+        languages: a multilingual model's directions and tag placement
+            (`TranslationDataModule.languages_meta`, stored inside every checkpoint).
         optimizer: an optimizer factory taking the parameters (`module.optimizer`, a Hydra
             partial); needed for training only.
         scheduler: an LR-scheduler factory taking (optimizer, trainer)
@@ -79,12 +81,14 @@ class TranslationModule(L.LightningModule):
         label_smoothing: float = 0.1,
         compile: bool = False,
         seed: int | None = None,
+        languages: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(model_config, TransformerConfig):
             model_config = TransformerConfig.from_dict(_plain(model_config))
         self.model = Seq2SeqTransformer(model_config)
         self.tokenizer, self.src_lang, self.tgt_lang = tokenizer, src_lang, tgt_lang
+        self.languages = dict(_plain(languages) or {})
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.label_smoothing = float(label_smoothing)
@@ -107,7 +111,11 @@ class TranslationModule(L.LightningModule):
 
     # -- inference --------------------------------------------------------------------------
     def forward(
-        self, src: Tensor, config: DecodeConfig | None = None, sync_steps: bool = False
+        self,
+        src: Tensor,
+        config: DecodeConfig | None = None,
+        sync_steps: bool = False,
+        prefixes: list[list[int]] | None = None,
     ) -> list[list[int]]:
         """Decode with `litmt.decoding.api.decode`: the best hypothesis' target ids per source row.
 
@@ -119,11 +127,13 @@ class TranslationModule(L.LightningModule):
             config: decoding settings (None = `DecodeConfig`'s defaults).
             sync_steps: every rank runs the same number of decoder steps (under FSDP; see
                 `litmt.decoding.search`).
+            prefixes: B lists of target ids each output starts with (a multilingual model's
+                language token with ``data.tag_placement=target``); None = none.
 
         Returns:
             B lists of target ids without bos/eos.
         """
-        hyps = decode(self.model, src, config, sync_steps=sync_steps)
+        hyps = decode(self.model, src, config, sync_steps=sync_steps, prefixes=prefixes)
         return [h[0].tokens if h else [] for h in hyps]
 
     # -- training ---------------------------------------------------------------------------
@@ -229,7 +239,7 @@ class TranslationModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Make the checkpoint self-contained: model config, tokenizer bytes, languages."""
         checkpoint[META_KEY] = make_meta(
-            self.model.config, self.tokenizer, self.src_lang, self.tgt_lang
+            self.model.config, self.tokenizer, self.src_lang, self.tgt_lang, self.languages
         )
         # the training precision, so that inference can pick the same compute dtype
         checkpoint[META_KEY]["precision"] = precision_name(self.trainer.precision_plugin)

@@ -1,5 +1,9 @@
 """`ValidationBleu`: validation and test decoding, sacreBLEU's BLEU and chrF on the hypotheses
 gathered from every rank, logged as `valid/bleu`, `valid/chrf` (and `test/...`).
+
+A multilingual model (`data.directions`) is scored per direction, ``valid/bleu_en-de``,
+``valid/chrf_en-de``, ...; ``valid/bleu`` and ``valid/chrf`` are then the means over the
+directions (what selects checkpoints), so each direction counts equally whatever its size.
 """
 
 from __future__ import annotations
@@ -78,9 +82,13 @@ class ValidationBleu(L.Callback):
         self.splits = tuple(splits)
         self.references: dict[str, list[str]] = {}
         self._pairs: dict[str, list[tuple[int, str]]] = {}
+        self.spans: dict[str, list[tuple[str, int, int]] | None] = {}  # per-direction indices
+        self._forced: dict[str, Any] = {}  # split -> (indices -> forced target ids) or absent
         self.signature_logged = False
 
-    def hypotheses(self, pl_module: L.LightningModule, batch: dict[str, Tensor]) -> list[str]:
+    def hypotheses(
+        self, pl_module: L.LightningModule, batch: dict[str, Tensor], split: str = "valid"
+    ) -> list[str]:
         """Detokenised hypotheses of one batch (B,) with this callback's decoding settings.
 
         Decodes through `trainer.model` (the DDP/FSDP wrapper when there is one; every rank
@@ -88,7 +96,11 @@ class ValidationBleu(L.Callback):
         when the strategy shards parameters.
         """
         trainer = pl_module.trainer
-        ids = trainer.model(batch["src"], self.decode_config, sync_steps=lockstep(trainer.strategy))
+        forced = self._forced.get(split)  # a multilingual model's forced language token
+        extra = {} if forced is None else {"prefixes": forced(batch["index"].tolist())}
+        ids = trainer.model(
+            batch["src"], self.decode_config, sync_steps=lockstep(trainer.strategy), **extra
+        )
         return pl_module.tokenizer.decode_tgt(ids)
 
     def _start(self, trainer: L.Trainer, split: str) -> None:
@@ -101,6 +113,11 @@ class ValidationBleu(L.Callback):
             return
         self.references[split] = dm.references(split)
         self._pairs[split] = []
+        spans = getattr(dm, "direction_spans", None)
+        self.spans[split] = spans(split) if spans is not None else None
+        forced = getattr(dm, "forced_prefixes", None)
+        if forced is not None and forced(split, []) is not None:
+            self._forced[split] = lambda indices, s=split: forced(s, indices)
 
     def _batch(
         self,
@@ -114,7 +131,7 @@ class ValidationBleu(L.Callback):
         plugin = trainer.precision_plugin
         context = plugin.val_step_context() if split == "valid" else plugin.test_step_context()
         with context, fp8_disabled():  # B x 1 decode rows break FP8 GEMMs' multiple-of-8 rule
-            hyps = self.hypotheses(pl_module, batch)
+            hyps = self.hypotheses(pl_module, batch, split)
         index = batch["index"].tolist()
         self._pairs[split].extend(zip(index, hyps, strict=True))
 
@@ -125,10 +142,25 @@ class ValidationBleu(L.Callback):
         if hyps is None:
             log.info("%s: only part of the split was decoded; no corpus BLEU", split)
             return
-        scores = corpus_scores(hyps, self.references[split], metrics=("bleu", "chrf"))
+        refs = self.references[split]
+        scores = corpus_scores(hyps, refs, metrics=("bleu", "chrf"))
+        bleu, chrf = scores["bleu"].score, scores["chrf"].score
+        spans = self.spans.get(split)
+        if spans:
+            per = {
+                name: corpus_scores(hyps[a:b], refs[a:b], metrics=("bleu", "chrf"))
+                for name, a, b in spans
+            }
+            # every rank has the same hypotheses, hence the same score: no sync needed
+            for name, s in per.items():
+                pl_module.log(f"{split}/bleu_{name}", s["bleu"].score, rank_zero_only=False)
+                pl_module.log(f"{split}/chrf_{name}", s["chrf"].score, rank_zero_only=False)
+                log.info("%s BLEU %s: %.2f", split, name, s["bleu"].score)
+            bleu = sum(s["bleu"].score for s in per.values()) / len(per)
+            chrf = sum(s["chrf"].score for s in per.values()) / len(per)
         # every rank has the same hypotheses, hence the same score: no sync needed
-        pl_module.log(f"{split}/bleu", scores["bleu"].score, prog_bar=True, rank_zero_only=False)
-        pl_module.log(f"{split}/chrf", scores["chrf"].score, rank_zero_only=False)
+        pl_module.log(f"{split}/bleu", bleu, prog_bar=True, rank_zero_only=False)
+        pl_module.log(f"{split}/chrf", chrf, rank_zero_only=False)
         if not self.signature_logged:
             self.signature_logged = True
             signatures = {

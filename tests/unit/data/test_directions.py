@@ -1,0 +1,130 @@
+"""Several directions in one model (`data.directions`): the language tag reaches the model on
+the side `data.tag_placement` says, temperature sampling gives the shares it promises on
+unequal corpora, and the valid split knows each example's direction."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_corpora import make_pairs
+
+from litmt.data import TranslationDataModule
+from litmt.data.directions import (
+    parse_directions,
+    sampled_positions,
+    sampling_weights,
+)
+from litmt.errors import ConfigError
+
+FR = {"ein": "un", "der": "le", "mann": "homme", "hund": "chien"}
+
+
+def write_multi(root: Path, sizes: dict[str, int]) -> Path:
+    """`{root}/{split}.{en,de,fr}`, line-aligned across the three languages."""
+    root.mkdir(parents=True, exist_ok=True)
+    for k, (split, n) in enumerate(sizes.items()):
+        en, de = make_pairs(n, seed=k, max_words=6)
+        fr = [" ".join(FR.get(w, w + "e") for w in s.split()) for s in de]
+        for lang, lines in (("en", en), ("de", de), ("fr", fr)):
+            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def multi_kwargs(tmp_path: Path, dm_kwargs: dict) -> dict:
+    corpus = write_multi(tmp_path / "multi", {"train": 120, "valid": 20, "test": 10})
+    return {
+        **dm_kwargs,
+        "dir": str(corpus),
+        "directions": ["en-de", "en-fr"],
+        "filter": {"max_ratio": None},
+        "max_tokens": 150,
+    }
+
+
+def test_parse_directions() -> None:
+    dirs = parse_directions(["en-de", "en_fr", {"pair": "de-cs", "dir": "x"}])
+    assert [d.name for d in dirs] == ["en-de", "en-fr", "de-cs"]
+    assert [d.tag for d in dirs] == ["<2de>", "<2fr>", "<2cs>"]
+    assert dirs[2].dir == "x"
+    with pytest.raises(ConfigError, match="two different language codes"):
+        parse_directions(["en-en"])
+    with pytest.raises(ConfigError, match="twice"):
+        parse_directions(["en-de", "en-de"])
+
+
+@pytest.mark.parametrize("placement", ["source", "target"])
+def test_the_tag_reaches_the_model_on_its_side(multi_kwargs: dict, placement: str) -> None:
+    dm = TranslationDataModule(**multi_kwargs, tag_placement=placement)
+    dm.prepare_data()
+    dm.setup("fit")
+    tok = dm.tokenizer
+    de, fr = tok.src_tags["<2de>"], tok.src_tags["<2fr>"]  # user-defined symbols: one id each
+    assert tok.src.id_to_piece(fr) == "<2fr>"
+    spans = dm.direction_spans("valid")
+    assert spans == [("en-de", 0, 20), ("en-fr", 20, 40)]
+    valid = dm.datasets["valid"]
+    for pos in range(len(valid)):
+        index, src, tgt = valid[pos]
+        tag = de if index < 20 else fr
+        side, other = (src, tgt) if placement == "source" else (tgt, src)
+        assert int(side[0]) == tag, (index, side)
+        assert tag not in other.tolist()
+    # references are the plain target text; decoding drops the language token
+    refs = dm.references("valid")
+    assert not any(r.startswith("<2") for r in refs)
+    assert tok.decode_tgt([[fr, *tok.encode_tgt(["un chien"])[0]]]) == ["un chien"]
+    forced = dm.forced_prefixes("valid", [0, 19, 20, 39])
+    assert forced == (None if placement == "source" else [[de], [de], [fr], [fr]])
+    assert dm.languages_meta() == {"directions": ["en-de", "en-fr"], "tag_placement": placement}
+
+
+def test_one_pair_is_unchanged(dm_kwargs: dict) -> None:
+    dm = TranslationDataModule(**dm_kwargs)
+    assert dm.direction_spans("valid") is None and dm.languages_meta() == {}
+    assert dm.forced_prefixes("valid", [0]) is None
+
+
+def test_sampling_weights() -> None:
+    assert sampling_weights([300, 100], 1.0) == pytest.approx([0.75, 0.25])
+    assert sampling_weights([300, 100], math.inf) == pytest.approx([0.5, 0.5])
+    t5 = sampling_weights([300, 100], 5.0)
+    assert t5[0] == pytest.approx(3**0.2 / (3**0.2 + 1))
+    with pytest.raises(ConfigError, match="sampling_temperature"):
+        sampling_weights([1], 0.0)
+
+
+def test_sampled_positions_repeat_the_small_direction() -> None:
+    groups = [np.arange(300), np.arange(300, 400)]
+    positions, counts = sampled_positions(groups, math.inf, seed=0)
+    assert counts == [200, 200] and len(positions) == 400
+    small = positions[positions >= 300]
+    assert Counter(Counter(small.tolist()).values()) == {2: 100}  # every pair twice
+    big = positions[positions < 300]
+    assert len(set(big.tolist())) == 200  # a subset, without repeats
+
+
+@pytest.mark.parametrize(("temperature", "share"), [(1.0, 0.75), (math.inf, 0.5)])
+def test_temperature_sampling_on_unequal_corpora(
+    tmp_path: Path, dm_kwargs: dict, temperature: float, share: float
+) -> None:
+    """en-de has 300 training pairs, en-fr 100 (its own folder): the epoch's en-de share
+    is 3/4 at T=1 and 1/2 at T=inf."""
+    big = write_multi(tmp_path / "big", {"train": 300, "valid": 10, "test": 10})
+    small = write_multi(tmp_path / "small", {"train": 100, "valid": 10, "test": 10})
+    dm = TranslationDataModule(
+        **{**dm_kwargs, "dir": str(big), "filter": {"max_ratio": None}},
+        directions=["en-de", {"pair": "en-fr", "dir": str(small)}],
+        sampling_temperature=temperature,
+    )
+    dm.prepare_data()
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    seen = [i for batch in loader for i in batch["index"].tolist()]
+    assert len(seen) == 400
+    de_share = sum(i < 300 for i in seen) / len(seen)
+    assert de_share == pytest.approx(share, abs=0.01)
