@@ -99,11 +99,13 @@ class ResampledPairs(TokenizedPairs):
         self.base, self.positions = base, np.asarray(positions, dtype=np.int64)
         self.indices = base.indices[self.positions]  # (M,)
 
-    def src_lengths(self) -> np.ndarray:
-        return self.base.src_lengths()[self.positions]
+    def src_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """(n,) source tensor lengths of positions start:stop (as `TokenizedPairs`)."""
+        return self.base.src_lengths()[self.positions[start:stop]]
 
-    def tgt_lengths(self) -> np.ndarray:
-        return self.base.tgt_lengths()[self.positions]
+    def tgt_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """(n,) target tensor lengths of positions start:stop (as `TokenizedPairs`)."""
+        return self.base.tgt_lengths()[self.positions[start:stop]]
 
     def __len__(self) -> int:
         return len(self.positions)
