@@ -56,6 +56,29 @@ def tiny_config(vocab_size: int, **overrides: object) -> TransformerConfig:
     return TransformerConfig(**{**base, **overrides})
 
 
+def fit(
+    model: Seq2SeqTransformer,
+    src_ids: list[list[int]],
+    tgt_ids: list[list[int]],
+    steps: int,
+    lr: float,
+) -> Seq2SeqTransformer:
+    """`steps` Adam steps on random batches of 32 pairs (seeded), then eval mode."""
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(steps):
+        idx = torch.randint(len(src_ids), (32,), generator=gen).tolist()
+        src = _batch([src_ids[i] for i in idx], bos_eos=False)
+        tgt = _batch([tgt_ids[i] for i in idx], bos_eos=True)
+        logits = model(src, tgt[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD_ID)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
 def build_tiny_checkpoint(
     directory: Path, steps: int = 60, lr: float = 3e-3, **overrides: object
 ) -> Path:
@@ -65,21 +88,7 @@ def build_tiny_checkpoint(
     en, de = corpus()
     tok = Tokenizer.train(en, de, TokenizerSettings(vocab_size=80, model_type="unigram"))
     config = tiny_config(tok.src_vocab_size, **overrides)
-    model = Seq2SeqTransformer(config)
-    src_ids, tgt_ids = tok.encode_src(en), tok.encode_tgt(de)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    gen = torch.Generator().manual_seed(0)
-    model.train()
-    for _ in range(steps):
-        idx = torch.randint(len(en), (32,), generator=gen).tolist()
-        src = _batch([src_ids[i] for i in idx], bos_eos=False)
-        tgt = _batch([tgt_ids[i] for i in idx], bos_eos=True)
-        logits = model(src, tgt[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD_ID)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
+    model = fit(Seq2SeqTransformer(config), tok.encode_src(en), tok.encode_tgt(de), steps, lr)
     return save_model_checkpoint(directory / "tiny.ckpt", model, tok, "en", "de")
 
 
@@ -163,21 +172,9 @@ def build_tiny_multilingual_checkpoint(
             src_text.append(f"{tag} {e}" if placement == "source" else e)
             tgt_text.append(f"{tag} {t}" if placement == "target" else t)
     config = tiny_config(tok.src_vocab_size)
-    model = Seq2SeqTransformer(config)
-    src_ids, tgt_ids = tok.encode_src(src_text), tok.encode_tgt(tgt_text)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    gen = torch.Generator().manual_seed(0)
-    model.train()
-    for _ in range(steps):
-        idx = torch.randint(len(src_ids), (32,), generator=gen).tolist()
-        src = _batch([src_ids[i] for i in idx], bos_eos=False)
-        tgt = _batch([tgt_ids[i] for i in idx], bos_eos=True)
-        logits = model(src, tgt[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD_ID)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
+    model = fit(
+        Seq2SeqTransformer(config), tok.encode_src(src_text), tok.encode_tgt(tgt_text), steps, lr
+    )
     languages = {"directions": ["en-de", "en-fr"], "tag_placement": placement}
     return save_model_checkpoint(
         directory / f"tiny_multi_{placement}.ckpt", model, tok, "en", "de", languages=languages
