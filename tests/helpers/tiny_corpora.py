@@ -5,42 +5,10 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-EN = [
-    "a",
-    "the",
-    "man",
-    "woman",
-    "dog",
-    "cat",
-    "runs",
-    "sits",
-    "red",
-    "blue",
-    "big",
-    "small",
-    "house",
-    "street",
-    "park",
-    "ball",
-]
-DE = [
-    "ein",
-    "der",
-    "mann",
-    "frau",
-    "hund",
-    "katze",
-    "läuft",
-    "sitzt",
-    "rot",
-    "blau",
-    "groß",
-    "klein",
-    "haus",
-    "straße",
-    "park",
-    "ball",
-]
+from benchmarks.hf_models import DE_WORDS, EN_WORDS
+
+# the first 16 words of the Marian test models' word lists (benchmarks/hf_models.py)
+EN, DE = EN_WORDS[:16], DE_WORDS[:16]
 
 
 def make_pairs(n: int, seed: int = 0, max_words: int = 12) -> tuple[list[str], list[str]]:
