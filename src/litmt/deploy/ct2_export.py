@@ -21,7 +21,8 @@ import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -97,22 +98,14 @@ def export_model(
     """
     q = _check_quantization(quantization)
     out = Path(out)
-    if out.exists() and not force:
-        raise ConfigError(f"export directory {out} already exists; pass force=true to replace it")
-    if out.exists() and not is_export_dir(out) and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(
-            f"{out} exists and is not a litmt export; force=true only replaces exports"
-        )
+    check_replaceable(out, force, is_export_dir)
     decoding_defaults = export_decoding(decoding)  # ConfigError before any work
     import_ctranslate2()  # ExportError with the install hint when the ct2 extra is missing
     from litmt.deploy.ct2_converter import CheckpointConverter  # imports ctranslate2
 
     converter = CheckpointConverter(ckpt_path)
     paths = [ckpt_path] if isinstance(ckpt_path, str | Path) else list(ckpt_path)
-    # Write next to `out`, then rename: a failed export leaves no half-written directory.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_directory(out) as tmp:
         # CTranslate2 validates, quantises and saves (force: it replaces the empty tmp)
         converter.convert(str(tmp), quantization=None if q == "none" else q, force=True)
         loaded = converter.loaded
@@ -135,14 +128,37 @@ def export_model(
         }
         loaded.tokenizer.save(tmp)
         (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    log.info("exported %s (%s) to %s", paths[0], q, out)
+    return out
+
+
+def check_replaceable(out: Path, force: bool, is_ours: Callable[[Path], bool]) -> None:
+    """Refuse (`ConfigError`) to write `out` when it exists, unless `force` and it is an
+    export of this kind (`is_ours`) or an empty directory: force never deletes other data."""
+    if not out.exists():
+        return
+    if not force:
+        raise ConfigError(f"export directory {out} already exists; pass force=true to replace it")
+    if not is_ours(out) and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(
+            f"{out} exists and is not a litmt export; force=true only replaces exports"
+        )
+
+
+@contextmanager
+def staged_directory(out: Path) -> Iterator[Path]:
+    """A fresh directory next to `out` to write an export into; when the block succeeds it
+    replaces `out` (rename), when it fails it is removed: never a half-written `out`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("exported %s (%s) to %s", paths[0], q, out)
-    return out
 
 
 def is_export_dir(path: str | Path) -> bool:

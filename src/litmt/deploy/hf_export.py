@@ -35,8 +35,6 @@ target vocabulary, a LayerNorm epsilon other than transformers' 1e-5.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,10 +50,9 @@ from litmt.checkpoint.hf_names import (
 )
 from litmt.checkpoint.load import LoadedModel, load_model
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from litmt.deploy.ct2_export import export_decoding
+from litmt.deploy.ct2_export import check_replaceable, export_decoding, staged_directory
 from litmt.deploy.ct2_spec import ExportError, check_exportable
 from litmt.deploy.hf_card import write_model_card
-from litmt.errors import ConfigError
 from litmt.models import TransformerConfig
 
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu"}  # litmt -> transformers
@@ -228,8 +225,7 @@ def export_hf(
         ExportError: no stock class computes the model. ConfigError: `out` exists.
     """
     out = Path(out)
-    if out.exists() and not force:
-        raise ConfigError(f"export directory {out} already exists; pass force=true to replace it")
+    check_replaceable(out, force, lambda p: (p / LITMT_DIR / "model.json").is_file())
     decoding_defaults = export_decoding(decoding)
     try:
         from transformers import MarianMTModel, PegasusForConditionalGeneration
@@ -247,9 +243,7 @@ def export_hf(
     if missing or unexpected:  # a bug in this mapping
         raise ExportError(f"cannot export format=hf: unmapped weight {(missing or unexpected)[0]}")
     model.generation_config = generation_config(cfg, decoding_defaults)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_directory(out) as tmp:
         model.save_pretrained(tmp)
         save_hf_tokenizer(loaded.tokenizer, tmp, loaded.src_lang, loaded.tgt_lang)
         loaded.tokenizer.save(tmp / LITMT_DIR)  # exact re-import (checkpoint.hf_import)
@@ -261,10 +255,4 @@ def export_hf(
         (tmp / LITMT_DIR / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
         paths = [ckpt_path] if isinstance(ckpt_path, str | Path) else list(ckpt_path)
         write_model_card(tmp, loaded, paths, type(model).__name__, decoding_defaults, card or {})
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

@@ -115,3 +115,20 @@ def test_export_script_writes_a_model_card(tmp_path):
     assert "BLEU|nrefs:1|" in card and "chrF2|nrefs:1|" in card
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "already exists" in res.stderr
+
+
+def test_force_replaces_an_hf_export_but_never_other_data(tmp_path):
+    from litmt.errors import ConfigError
+
+    ckpt = build_tiny_checkpoint(tmp_path, steps=1)
+    out = export_hf(ckpt, tmp_path / "hf")
+    with pytest.raises(ConfigError, match="already exists; pass force=true"):
+        export_hf(ckpt, out)
+    assert export_hf(ckpt, out, force=True) == out  # an export: replaced
+    precious = tmp_path / "home"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="is not a litmt export; force=true only replaces"):
+        export_hf(ckpt, precious, force=True)
+    assert (precious / "notes.txt").read_text() == "keep me"
+    assert not list(tmp_path.glob(".home.*")) and not list(tmp_path.glob(".hf.*"))  # no leftovers
