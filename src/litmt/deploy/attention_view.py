@@ -21,9 +21,14 @@ def attention_maps(
     # one line (the page sends one sentence), cleaned as every engine cleans its input
     cleaned = clean_line(sentence.replace("\n", " "), "attention request")
     languages = getattr(translator, "languages", None)
-    if languages is not None and languages.multilingual and languages.placement == "source":
-        # a multilingual model: the page shows its first direction (the source-side token;
-        # a target-side token is not forced here, see docs/usage.md)
+    if languages is not None and languages.multilingual:
+        if languages.placement != "source":  # refused, not decoded without its token
+            raise ApiError(
+                501,
+                "the attention page does not force a target-side language token; it serves "
+                "multilingual models with data.tag_placement=source only",
+            )
+        # the page shows the model's first direction (its source-side token)
         cleaned = f"{languages.directions[0].tag} {cleaned}"
     config = DecodeConfig.from_options(options)  # null/absent keys: DecodeConfig's defaults
     max_len_a, max_len_b = config.max_len_a, config.max_len_b

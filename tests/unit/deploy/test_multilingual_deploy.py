@@ -106,12 +106,17 @@ def test_an_argos_package_is_one_direction_with_its_target_prefix() -> None:
 
 def test_the_attention_page_shows_the_first_direction(multi) -> None:
     placement, path = multi
-    if placement != "source":
-        pytest.skip("the page forces no target-side token (docs/usage.md)")
     translator = Translator.from_checkpoint(path, device="cpu")
     settings = ServeSettings(decoding={"beam_size": 1})
     with TestClient(create_app(translator, settings, attention_model=translator)) as client:
         r = client.post("/attention", json={"q": EN[0]})
+    if placement != "source":  # refused with a reason, never decoded without its token
+        assert r.status_code == 501
+        assert r.json() == {
+            "error": "the attention page does not force a target-side language token; it "
+            "serves multilingual models with data.tag_placement=source only"
+        }
+        return
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["source_pieces"][0] == "<2de>"
