@@ -52,6 +52,8 @@ def finalize_run(cfg: DictConfig) -> dict[str, Any]:
         train_cfg.paths.output_dir = str(run)
         if cfg.get("data_dir"):
             train_cfg.data.dir = str(cfg.data_dir)
+        if cfg.get("extra_test") is not None:
+            train_cfg.data.extra_test = list(cfg.extra_test)
         train_cfg.finalize = OmegaConf.merge(train_cfg.get("finalize") or {}, given)
     check_finalize_config(train_cfg)
     kept = kept_checkpoints(last)
@@ -60,7 +62,12 @@ def finalize_run(cfg: DictConfig) -> dict[str, Any]:
     best = max(kept, key=kept.__getitem__)
     datamodule = instantiate(train_cfg.data)
     report = finalize(
-        train_cfg.finalize, best_k_models=kept, best=best, corpus=datamodule.corpus, output_dir=run
+        train_cfg.finalize,
+        best_k_models=kept,
+        best=best,
+        corpus=datamodule.scored_corpora(),  # one per direction of a multilingual run
+        output_dir=run,
+        extra_test=datamodule.extra_test,
     )
     for line in summary_lines(report):
         print(line)

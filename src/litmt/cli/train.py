@@ -230,11 +230,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 cfg.finalize,
                 best_k_models=kept,
                 best=best,
-                # a multilingual run: every direction's corpus, scored with its language token
-                corpus=datamodule.multi.corpora
-                if getattr(datamodule, "multi", None) is not None
-                else datamodule.corpus,
+                corpus=datamodule.scored_corpora(),  # one per direction of a multilingual run
                 output_dir=output_dir,
+                extra_test=datamodule.extra_test,
             )
             metrics.update(flat_metrics(report))
             for line in summary_lines(report):

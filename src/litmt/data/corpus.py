@@ -19,6 +19,7 @@ Several training sources (`data.extra_train`) are `litmt.data.sources`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Mapping
@@ -119,6 +120,14 @@ class ParallelCorpus:
                 )
 
     # -- naming -------------------------------------------------------------------------
+    def with_split(self, name: str) -> ParallelCorpus:
+        """A copy whose split `name` reads the file stem (local) or hub split `name`: how an
+        extra test set such as ``test2017`` (`data.extra_test`) is loaded."""
+        if self.is_local:
+            return dataclasses.replace(self, splits={**self.splits, name: name})
+        hub = dataclasses.replace(self.hub, splits={**self.hub.splits, name: name})
+        return dataclasses.replace(self, hub=hub)
+
     @property
     def is_local(self) -> bool:
         return self.dir is not None

@@ -97,6 +97,27 @@ def _resolve_path(path: str | os.PathLike[str]) -> Path:
     return Path(path)
 
 
+def parse_extra_test(value: Any) -> list[str]:
+    """`data.extra_test` as a list of split names.
+
+    Raises:
+        ConfigError: not a list of non-empty names, or a name given twice.
+    """
+    if value is None:
+        return []
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not all(
+        isinstance(n, str) and n.strip() for n in names
+    ):
+        raise ConfigError(
+            f"data.extra_test must be a list of split names such as [test2017, mscoco2017], "
+            f"got {value!r}"
+        )
+    if len(set(names)) != len(names):
+        raise ConfigError(f"data.extra_test lists a split twice: {list(names)}")
+    return [str(n) for n in names]
+
+
 class TranslationDataModule(L.LightningDataModule):
     """Loads a parallel corpus, tokenises it and serves padded batches.
 
@@ -117,6 +138,9 @@ class TranslationDataModule(L.LightningDataModule):
             (`litmt.data.directions`).
         sampling_temperature: T of the sampling across directions (1 = proportional,
             inf = uniform).
+        extra_test: more test sets scored at the end of training (`finalize`), each a split
+            name (local file stem or hub split), e.g. ["test2017", "mscoco2017"]; a set absent
+            from the data is skipped with a warning. Never used to choose anything.
         tokenizer: `TokenizerSettings` fields.
         cache_dir: root of the tokenizer and token-id caches.
         max_tokens: train token budget per batch, padding included (None = by sentences).
@@ -151,6 +175,7 @@ class TranslationDataModule(L.LightningDataModule):
         directions: Any = None,
         tag_placement: str = "source",
         sampling_temperature: float = 1.0,
+        extra_test: Any = None,
         tokenizer: Mapping[str, Any] | None = None,
         cache_dir: str = "data",
         max_tokens: int | None = 4096,
@@ -218,6 +243,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.tag_placement = check_placement(str(tag_placement))
         self.sampling_temperature = float(sampling_temperature)
         sampling_weights([1], self.sampling_temperature)  # refuses T <= 0 now
+        self.extra_test = parse_extra_test(_plain(extra_test))
         self.multi: MultiCorpus | None = None
         self._offsets: dict[str, list[int]] = {}  # split -> direction start offsets
         if self.directions:
@@ -443,6 +469,11 @@ class TranslationDataModule(L.LightningDataModule):
             "directions": [d.name for d in self.directions],
             "tag_placement": self.tag_placement,
         }
+
+    def scored_corpora(self) -> ParallelCorpus | list[ParallelCorpus]:
+        """What the end of training scores (`litmt.training.finalize`): the corpus, or one
+        corpus per direction of a multilingual model (each scored with its language token)."""
+        return list(self.multi.corpora) if self.multi is not None else self.corpus
 
     # -- LightningDataModule ------------------------------------------------------------
     def prepare_data(self) -> None:

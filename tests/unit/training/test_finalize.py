@@ -83,6 +83,7 @@ def test_run_averages_the_best_two_chooses_on_valid_and_scores_test(tmp_path, mo
                 "finalize.average_best=2",
                 "finalize.beam_sizes=[1,2]",
                 "finalize.length_penalties=[0.6,1.0]",
+                "data.extra_test=[test,nosuch]",
             ],
         ),
         tmp_path,
@@ -105,24 +106,40 @@ def test_run_averages_the_best_two_chooses_on_valid_and_scores_test(tmp_path, mo
     for key, value in avg.items():
         torch.testing.assert_close(value, (two[0][key] + two[1][key]) / 2)
 
-    # the grid is decoded on valid only, every point once, before test is touched
-    # (greedy once: the length penalty does not change its output)
-    grid = [(1, 0.6), (2, 0.6), (2, 1.0)]
+    # first the model is chosen on valid (greedy, both models), then the grid is decoded on
+    # valid with that model, every point once (greedy reused), before test is touched
     average, best = report["average_checkpoint"], report["best_checkpoint"]
-    assert [(s, b, a, m) for s, b, a, _, m in calls[:3]] == [
-        ("valid", b, a, average) for b, a in grid
-    ]  # with the average
-    assert [g["bleu"] for g in report["valid_grid"]] == [c[3] for c in calls[:3]]
-    best_point = max(calls[:3], key=lambda c: c[3])
+    assert [(s, b, m) for s, b, _, _, m in calls[:2]] == [("valid", 1, best), ("valid", 1, average)]
+    v_best, v_avg = calls[0][3], calls[1][3]
+    assert report["valid_models"]["best"]["bleu"] == v_best
+    assert report["valid_models"]["average"]["bleu"] == v_avg
+    model = report["chosen_model"]
+    assert model == ("average" if v_avg >= v_best else "best")
+    model_ckpt = average if model == "average" else best
+    grid = [(2, 0.6), (2, 1.0)]
+    assert [(s, b, a, m) for s, b, a, _, m in calls[2:4]] == [
+        ("valid", b, a, model_ckpt) for b, a in grid
+    ]
+    greedy_valid = v_avg if model == "average" else v_best
+    assert [g["bleu"] for g in report["valid_grid"]] == [greedy_valid, calls[2][3], calls[3][3]]
+    points = [(1, 0.6, greedy_valid), *((c[1], c[2], c[3]) for c in calls[2:4])]
+    best_point = (None, *max(points, key=lambda c: c[2]))
     chosen = report["chosen"]
     assert (chosen["beam_size"], chosen["length_penalty"]) == best_point[1:3]
     # then test: best and average, each greedy and with the choice, and nothing else; each
     # model's scores come from decoding that model's checkpoint
     decodings = [(1, 1.0), best_point[1:3]]
-    assert [(c[0], *c[1:3], c[4]) for c in calls[3:]] == [
+    assert [(c[0], *c[1:3], c[4]) for c in calls[4:8]] == [
         ("test", *d, ckpt) for ckpt in (best, average) for d in decodings
     ]
-    for (_, _, _, bleu, ckpt), decoding in zip(calls[3:], ["greedy", "chosen"] * 2, strict=True):
+    # then the extra test sets (data.extra_test=[test,nosuch]), with the chosen model only
+    assert [(c[0], *c[1:3], c[4]) for c in calls[8:]] == [
+        ("test", *d, model_ckpt) for d in decodings
+    ]
+    final = report["final"]
+    assert (final["model"], final["decoding"]) == (model, "chosen")
+    assert final["bleu"] == report["test"][model]["chosen"]["bleu"] == metrics["final/bleu"]
+    for (_, _, _, bleu, ckpt), decoding in zip(calls[4:8], ["greedy", "chosen"] * 2, strict=True):
         model = "best" if ckpt == best else "average"
         assert report["test"][model][decoding]["bleu"] == bleu
     assert set(report["test"]) == {"best", "average"}
@@ -135,8 +152,17 @@ def test_run_averages_the_best_two_chooses_on_valid_and_scores_test(tmp_path, mo
     assert report["decoding"]["greedy"]["beam_size"] == 1
     assert metrics["scores_file"] == str(tmp_path / "run" / "scores.json")
 
+    # extra test sets: "test" (the test split's own files) scores what test scored with the
+    # chosen model; "nosuch" has no files and is skipped, the run does not fail
+    assert report["extra_test"]["test"] == report["test"][model]
+    assert list(report["extra_test"]["nosuch"]) == ["skipped"]
+    assert metrics["final/extra/test/chosen/bleu"] == report["test"][model]["chosen"]["bleu"]
+
     # the final lines the user reads: the choice with its valid BLEU, then the four test scores
     printed = capsys.readouterr().out.splitlines()
+    assert "extra test nosuch en-de: skipped (not in the data)" in printed
+    f = report["final"]
+    assert f"final test ({model}, chosen): BLEU {f['bleu']:.2f} chrF {f['chrf']:.2f}" in printed
     b, a, v = best_point[1], best_point[2], best_point[3]
     assert f"chosen on valid: beam {b}, length penalty {a} (valid BLEU {v:.2f})" in printed
     for model in ("best", "average"):
@@ -153,9 +179,14 @@ class _Corpus:
         return {"src": [f"{split} source"], "tgt": [f"{split} reference"]}
 
 
-def _stub_decoding(monkeypatch: pytest.MonkeyPatch, gain: dict[tuple[int, float], float]):
+def _stub_decoding(
+    monkeypatch: pytest.MonkeyPatch,
+    gain: dict[tuple[int, float], float],
+    base: dict[str, float] | None = None,
+):
     """Replace averaging, loading and decode+score by stubs: every checkpoint scores its own
-    BLEU (avg_best2.ckpt 40, epoch=1 30, else 20), + 5 on test, + `gain` at (beam, penalty).
+    BLEU (`base`, by default avg_best2.ckpt 40, epoch=1 30, else 20), + 5 on test (+ 1 on
+    any other split), + `gain` at (beam, penalty).
     Returns the calls: (checkpoint name, split, beam size, length penalty, max_tokens)."""
     calls: list[tuple[str, str, int, float, int]] = []
 
@@ -168,8 +199,9 @@ def _stub_decoding(monkeypatch: pytest.MonkeyPatch, gain: dict[tuple[int, float]
             return cls(path)
 
     def bleu(name: str, split: str, beam: int, alpha: float) -> float:
-        base = {"avg_best2.ckpt": 40.0, "epoch=1.ckpt": 30.0}.get(name, 20.0)
-        return base + (5.0 if split == "test" else 0.0) + gain.get((beam, alpha), 0.0)
+        score = (base or {"avg_best2.ckpt": 40.0, "epoch=1.ckpt": 30.0}).get(name, 20.0)
+        score += {"test": 5.0, "valid": 0.0}.get(split, 1.0)
+        return score + gain.get((beam, alpha), 0.0)
 
     def score(translator, split, config, max_tokens):
         calls.append(
@@ -214,7 +246,12 @@ def test_each_test_line_scores_the_model_it_names(tmp_path, monkeypatch):
     assert average.read_text() == "epoch=1.ckpt + epoch=2.ckpt"  # the two best, best first
     assert report["averaged_from"] == [best, str(tmp_path / "checkpoints" / "epoch=2.ckpt")]
     grid = [(1, 0.6), (4, 0.6), (4, 1.0)]
-    assert calls[:3] == [("avg_best2.ckpt", "valid", b, a, 77) for b, a in grid]
+    assert calls[:2] == [
+        ("epoch=1.ckpt", "valid", 1, 1.0, 77),
+        ("avg_best2.ckpt", "valid", 1, 1.0, 77),
+    ]
+    assert report["chosen_model"] == "average"  # valid greedy 40 against 30
+    assert calls[2:4] == [("avg_best2.ckpt", "valid", b, a, 77) for b, a in grid[1:]]
     assert [g["bleu"] for g in report["valid_grid"]] == [40.0, 43.0, 41.0]
     assert report["chosen"]["beam_size"] == 4 and report["chosen"]["length_penalty"] == 0.6
     expected = {
@@ -229,11 +266,13 @@ def test_each_test_line_scores_the_model_it_names(tmp_path, monkeypatch):
     assert report["test"] == expected
     assert json.loads((tmp_path / "scores.json").read_text())["test"] == expected
     assert summary_lines(report) == [
+        "model chosen on valid: average (greedy BLEU average 40.00, best checkpoint 30.00)",
         "chosen on valid: beam 4, length penalty 0.6 (valid BLEU 43.00)",
         "test best greedy: BLEU 35.00 chrF 45.00",
         "test best chosen: BLEU 38.00 chrF 48.00",
         "test average greedy: BLEU 45.00 chrF 55.00",
         "test average chosen: BLEU 48.00 chrF 58.00",
+        "final test (average, chosen): BLEU 48.00 chrF 58.00",
         f"scores: {tmp_path / 'scores.json'}",
     ]
     metrics = flat_metrics(report)
@@ -261,6 +300,146 @@ def test_equal_valid_bleu_chooses_the_first_grid_point_and_no_average_uses_best(
     assert report["average_checkpoint"] is None and set(report["test"]) == {"best"}
     assert not list(tmp_path.rglob("avg_best*.ckpt"))
     assert {c[4] for c in calls} == {4096}  # the default max_tokens
+
+
+def test_an_average_worse_on_valid_is_not_the_reported_model(tmp_path, monkeypatch):
+    """The average scores 25 on valid greedy against the best checkpoint's 30 (averaged with
+    early checkpoints): the grid is decoded with the best checkpoint and the final score is
+    the best checkpoint's; both models are still scored on test."""
+    calls, _ = _stub_decoding(
+        monkeypatch, gain={(4, 1.0): 2.0}, base={"avg_best2.ckpt": 25.0, "epoch=1.ckpt": 30.0}
+    )
+    kept = _kept_files(tmp_path)
+    best = str(tmp_path / "checkpoints" / "epoch=1.ckpt")
+    fin = OmegaConf.create({"average_best": 2, "beam_sizes": [1, 4], "length_penalties": [1.0]})
+    report = finalize(fin, best_k_models=kept, best=best, corpus=_Corpus(), output_dir=tmp_path)
+
+    assert report["chosen_model"] == "best"
+    assert {k: v["bleu"] for k, v in report["valid_models"].items()} == {
+        "best": 30.0,
+        "average": 25.0,
+    }
+    assert [c[:3] for c in calls if c[1] == "valid"] == [
+        ("epoch=1.ckpt", "valid", 1),
+        ("avg_best2.ckpt", "valid", 1),
+        ("epoch=1.ckpt", "valid", 4),  # the grid, with the best checkpoint
+    ]
+    assert report["final"] == {"model": "best", "decoding": "chosen", "bleu": 37.0, "chrf": 47.0}
+    assert report["test"]["average"]["chosen"]["bleu"] == 32.0
+    lines = summary_lines(report)
+    assert (
+        lines[0] == "model chosen on valid: best (greedy BLEU average 25.00, best checkpoint 30.00)"
+    )
+    assert "final test (best, chosen): BLEU 37.00 chrF 47.00" in lines
+
+
+def _text_corpus(tmp_path: Path, src: str, tgt: str, stems: list[str]):
+    from litmt.data.corpus import ParallelCorpus
+
+    d = tmp_path / f"{src}-{tgt}"
+    d.mkdir()
+    for stem in stems:
+        (d / f"{stem}.{src}").write_text(f"{stem} source\n", encoding="utf-8")
+        (d / f"{stem}.{tgt}").write_text(f"{stem} reference\n", encoding="utf-8")
+    return ParallelCorpus(src_lang=src, tgt_lang=tgt, dir=d)
+
+
+def test_extra_test_sets_use_the_chosen_model_and_skip_absent_ones(tmp_path, monkeypatch, caplog):
+    """data.extra_test=[test2017, mscoco2017] on local files where only test2017 exists: it is
+    scored with the chosen model (the average) greedy and with the choice, read from its own
+    files; mscoco2017 is skipped with a warning naming the missing file."""
+    calls, _ = _stub_decoding(monkeypatch, gain={(4, 0.6): 3.0})
+    stems = ["train", "valid", "test", "test2017"]
+    corpus = _text_corpus(tmp_path, "en", "de", stems)
+    seen: list[tuple[str, list[str]]] = []
+    real_score = litmt.training.finalize.bleu_on_split
+
+    def spy(translator, split, config, max_tokens):
+        seen.append((split.name, split.sources))
+        return real_score(translator, split, config, max_tokens)
+
+    monkeypatch.setattr(litmt.training.finalize, "bleu_on_split", spy)
+    kept = _kept_files(tmp_path)
+    best = str(tmp_path / "checkpoints" / "epoch=1.ckpt")
+    fin = OmegaConf.create({"average_best": 2, "beam_sizes": [1, 4], "length_penalties": [0.6]})
+    with caplog.at_level("WARNING", logger="litmt.training.finalize"):
+        report = finalize(
+            fin, best_k_models=kept, best=best, corpus=corpus, output_dir=tmp_path,
+            extra_test=["test2017", "mscoco2017"],
+        )  # fmt: skip
+
+    extra = report["extra_test"]
+    assert extra["test2017"] == {
+        "greedy": {"bleu": 41.0, "chrf": 51.0},  # the average (40) on a third split (+1)
+        "chosen": {"bleu": 44.0, "chrf": 54.0},
+    }
+    assert [c for c in calls if c[1] == "test2017"] == [
+        ("avg_best2.ckpt", "test2017", 1, 1.0, 4096),
+        ("avg_best2.ckpt", "test2017", 4, 0.6, 4096),
+    ]
+    assert ("test2017", ["test2017 source"]) in seen
+    assert set(extra["mscoco2017"]) == {"skipped"}
+    assert "mscoco2017.en" in extra["mscoco2017"]["skipped"]["en-de"]
+    assert any("mscoco2017" in r.getMessage() for r in caplog.records)
+    lines = summary_lines(report)
+    assert "extra test test2017 chosen: BLEU 44.00 chrF 54.00" in lines
+    assert "extra test mscoco2017 en-de: skipped (not in the data)" in lines
+    assert flat_metrics(report)["final/extra/test2017/greedy/bleu"] == 41.0
+
+
+def test_extra_test_of_a_multilingual_model_scores_the_directions_that_have_it(
+    tmp_path, monkeypatch
+):
+    """en-de has test2017, en-cs does not: test2017 is scored on en-de with its direction
+    (per-direction key, the mean over what was found), en-cs is listed as skipped."""
+    _stub_decoding(monkeypatch, gain={})
+    directions: list[list[tuple[str | None, str | None]]] = []
+    real_score = litmt.training.finalize.bleu_on_split
+
+    def spy(translator, split, config, max_tokens):
+        if not isinstance(split, litmt.training.finalize.Split):
+            directions.append([(s.src_lang, s.tgt_lang) for s in split])
+            per = {f"{s.src_lang}-{s.tgt_lang}": real_score(translator, s, config, max_tokens)
+                   for s in split}  # fmt: skip
+            out = {m: sum(p[m] for p in per.values()) / len(per) for m in ("bleu", "chrf")}
+            out.update({f"bleu_{k}": p["bleu"] for k, p in per.items()})
+            return out
+        return real_score(translator, split, config, max_tokens)
+
+    monkeypatch.setattr(litmt.training.finalize, "bleu_on_split", spy)
+    de = _text_corpus(tmp_path, "en", "de", ["valid", "test", "test2017"])
+    cs = _text_corpus(tmp_path, "en", "cs", ["valid", "test"])
+    kept = _kept_files(tmp_path)
+    best = str(tmp_path / "checkpoints" / "epoch=1.ckpt")
+    fin = OmegaConf.create({"average_best": 0, "beam_sizes": [], "length_penalties": []})
+    report = finalize(
+        fin, best_k_models=kept, best=best, corpus=[de, cs], output_dir=tmp_path,
+        extra_test=["test2017"],
+    )  # fmt: skip
+
+    extra = report["extra_test"]["test2017"]
+    assert directions[-1] == [("en", "de")]
+    assert extra["greedy"]["bleu_en-de"] == 31.0 and set(extra["skipped"]) == {"en-cs"}
+    assert report["final"]["model"] == "best" and report["final"]["decoding"] == "greedy"
+    lines = summary_lines(report)
+    assert "extra test test2017 greedy en-de: BLEU 31.00" in lines
+    assert "extra test test2017 en-cs: skipped (not in the data)" in lines
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([1, 2], "data.extra_test must be a list of split names"),
+        (["test2017", " "], "data.extra_test must be a list of split names"),
+        (["test2017", "test2017"], "data.extra_test lists a split twice"),
+    ],
+)
+def test_bad_extra_test_is_a_config_error(tmp_path, value, message):
+    """The message the user sees (scripts/train.py prints a ConfigError as one line)."""
+    from litmt.data.datamodule import TranslationDataModule
+
+    with pytest.raises(ConfigError, match=message):
+        TranslationDataModule(dir=str(tmp_path), extra_test=value)
 
 
 def test_run_with_finalize_off_skips_it(tmp_path, monkeypatch):
@@ -330,6 +509,7 @@ RUN_FINALIZE = {
         (["finalize.beam_sizes=[1,5]"], {"beam_sizes": [1, 5]}),
         (["finalize.length_penalties=[1.0]"], {"length_penalties": [1.0]}),
         (["finalize.max_tokens=64", "data_dir=/moved/corpus"], {"max_tokens": 64}),
+        (["extra_test=[test2017,mscoco2017]"], {}),
     ],
 )
 def test_rerun_keeps_the_runs_finalize_keys_the_command_line_does_not_set(
@@ -358,9 +538,16 @@ def test_rerun_keeps_the_runs_finalize_keys_the_command_line_does_not_set(
         got.update(fin=OmegaConf.to_container(fin), **kwargs)
         return {"test": {}}
 
+    class FakeDataModule:
+        def __init__(self, data_cfg):
+            self.extra_test = list(data_cfg.get("extra_test") or [])
+
+        def scored_corpora(self):
+            return "the corpus"
+
     def fake_instantiate(data_cfg):
         got["data_dir"] = data_cfg.dir
-        return type("DataModule", (), {"corpus": "the corpus"})()
+        return FakeDataModule(data_cfg)
 
     monkeypatch.setattr(litmt.cli.finalize, "finalize", fake_finalize)
     monkeypatch.setattr(litmt.cli.finalize, "instantiate", fake_instantiate)
@@ -375,6 +562,8 @@ def test_rerun_keeps_the_runs_finalize_keys_the_command_line_does_not_set(
     assert got["corpus"] == "the corpus" and got["output_dir"] == run
     moved = "data_dir=/moved/corpus" in overrides
     assert got["data_dir"] == ("/moved/corpus" if moved else "/run/corpus")
+    extra = "extra_test=[test2017,mscoco2017]" in overrides
+    assert got["extra_test"] == (["test2017", "mscoco2017"] if extra else [])
 
 
 def _finalize_script(*args: str) -> subprocess.CompletedProcess:
