@@ -634,3 +634,15 @@ def test_kept_checkpoints_read_last_ckpt_through_the_safe_loader(tmp_path):
     torch.save({"callbacks": {}}, last)
     with pytest.raises(CheckpointError, match=r"last\.ckpt is not a litmt checkpoint"):
         litmt.cli.finalize.kept_checkpoints(last)
+
+
+def test_a_multilingual_run_is_scored_on_every_direction(tmp_path):
+    """`scored_corpora` (what train and scripts/finalize.py hand to finalize): one corpus per
+    direction, each with its languages; a one-pair datamodule gives its one corpus."""
+    from litmt.data.datamodule import TranslationDataModule
+
+    multi = TranslationDataModule(dir=str(tmp_path), directions=["en-de", "en-fr", "en-cs"])
+    corpora = multi.scored_corpora()
+    assert [(c.src_lang, c.tgt_lang) for c in corpora] == [("en", "de"), ("en", "fr"), ("en", "cs")]
+    one = TranslationDataModule(dir=str(tmp_path), src_lang="de", tgt_lang="en")
+    assert one.scored_corpora() is one.corpus
