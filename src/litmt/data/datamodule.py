@@ -11,12 +11,16 @@ Cache layout under `cache_dir` (default `data/`):
   the tokenizer bytes, `limit` and (train) the filter settings. Preparation streams the
   corpus in chunks (`litmt.data.streams`); training maps the arrays, so every rank of a node
   shares one copy through the page cache;
+- `cache/{name}-{src}-{tgt}-train-text-{hash}/` only with subword sampling
+  (`data.tokenizer.sampling_alpha`, `litmt.data.subword_sampling`): the training split's raw
+  text, memory-mapped (`litmt.data.memmap.TextPairs`), keyed by the split's files and `limit`;
 - `scratch/` the batch sampler's per-epoch arrays of large splits, memory-mapped files that
   each process creates and unlinks at once (`litmt.data.scratch`): never a file left behind.
 
 Batches: see `collate.collate` (keys `src`, `tgt_in`, `tgt_out`, masks, lengths, `index`,
 `ntokens` as a python int). Train batches come from `TokenBudgetBatchSampler` (shuffled,
-bucketed, deterministic per (seed, epoch), split across DDP ranks, resumable mid-epoch);
+bucketed, deterministic per (seed, epoch), split across DDP ranks, resumable mid-epoch); with
+subword sampling their items are encoded again every epoch (`SampledPairs`), on the same plan;
 valid/test batches are length-sorted, never filtered, and also split across ranks with
 equal batch counts (examples repeat only when a split has fewer examples than ranks, so
 gather hypotheses by `index` and drop duplicates).
@@ -57,7 +61,7 @@ from litmt.data.directions import (
     sampling_weights,
 )
 from litmt.data.loader import ResumableDataLoader, token_budget_loader
-from litmt.data.memmap import is_complete, open_cache
+from litmt.data.memmap import TextPairs, is_complete, open_cache, write_text_cache
 from litmt.data.mixing import MultiCorpus, resample
 from litmt.data.prepare_once import is_preparer, prepare_and_publish, wait_for_marker
 from litmt.data.preprocess import FilterSettings, tokenize_to_cache
@@ -65,6 +69,7 @@ from litmt.data.sampler import dist_rank_world
 from litmt.data.sources import load_split, parse_train_sources, source_tags, split_fingerprint
 from litmt.data.spm_sample import sample_sentences
 from litmt.data.streams import count_pairs, pair_chunks
+from litmt.data.subword_sampling import SampledPairs, check_sampling, describe
 from litmt.data.tokenizer import Tokenizer, TokenizerSettings
 from litmt.data.tokenizer_cache import cached_tokenizer
 from litmt.errors import ConfigError, DataError
@@ -434,10 +439,37 @@ class TranslationDataModule(L.LightningDataModule):
             a["src.ids"], a["src.off"], a["tgt.ids"], a["tgt.off"], a["index"],
             src_lens=a["src.len"], tgt_lens=a["tgt.len"],
         )  # fmt: skip
-        if self.multi is None:
+        if self.multi is not None:
+            offsets = self.multi.offsets("train", self.limit)
+            pairs = resample(pairs, offsets, self.directions, self.sampling_temperature, self.seed)
+        sampling = self.tokenizer_settings.sampling()
+        if sampling is None:
             return pairs
-        offsets = self.multi.offsets("train", self.limit)
-        return resample(pairs, offsets, self.directions, self.sampling_temperature, self.seed)
+        tok = self._get_tokenizer()
+        check_sampling(tok, sampling)
+        sampled = SampledPairs(
+            pairs, self._train_text(), tok, sampling, seed=self.seed, max_len=self.filter.max_len
+        )
+        log.info(
+            "%s; sampled items have x%.2f the stored tokens (%d examples), and batches, planned "
+            "on the stored lengths, exceed data.max_tokens by more than that: lower it to "
+            "compensate", describe(tok, sampling), *sampled.length_ratio(),
+        )  # fmt: skip
+        return sampled
+
+    def _text_cache_path(self) -> Path:
+        key = short_hash(_CACHE_VERSION, "text", self._fingerprint("train"), self.limit)
+        name = f"{self.name}-{self.src_lang}-{self.tgt_lang}-train-text-{key}"
+        return self.cache_dir / "cache" / name
+
+    def _train_text(self) -> TextPairs:
+        """The training split's raw text (subword sampling), written once from the stream
+        preparation tokenises (`_chunks`), so example index i is the same pair in both."""
+        path = self._text_cache_path()
+        if not is_complete(path):
+            log.info("subword sampling: writing the train split's raw text to %s", path)
+            write_text_cache(self._chunks("train"), path)
+        return TextPairs(path)
 
     # -- directions (`data.directions`) ----------------------------------------------------
     def direction_spans(self, split: str) -> list[tuple[str, int, int]] | None:
@@ -491,6 +523,8 @@ class TranslationDataModule(L.LightningDataModule):
                 log.warning("test split unavailable (%s)", exc)
                 continue
             self._prepared_paths.append(str(self._cache_path(split, tok)))
+        if self.tokenizer_settings.sampling() is not None:  # what the train split re-encodes
+            self._prepared_paths.append(str(self._train_text().path))
         self.timings["prepare_s"] = time.perf_counter() - t0
         del tok
 

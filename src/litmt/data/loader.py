@@ -43,6 +43,9 @@ class ResumableDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         sampler = self.token_sampler
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if callable(set_epoch):  # items that depend on the epoch (`SampledPairs`)
+            set_epoch(sampler.epoch)
         res = sampler._resume
         self._consumed = res["consumed"] if res is not None and res["epoch"] == sampler.epoch else 0
         for batch in super().__iter__():
@@ -97,7 +100,9 @@ def token_budget_loader(
         sampling: `TokenBudgetBatchSampler`'s max_tokens, batch_size, shuffle, bucket_pool
             and seed (it always sorts by length).
         pad_to_multiple: 1 = no rounding; else `collate`'s ``pad_to_multiple``.
-        num_workers, pin_memory: see `torch.utils.data.DataLoader`.
+        num_workers, pin_memory: see `torch.utils.data.DataLoader`. Workers persist across
+            epochs, unless `pairs` has `set_epoch` (its items depend on the epoch, which
+            reaches new workers only: `litmt.data.subword_sampling`).
         scratch_dir: where the sampler's per-example arrays go as memory-mapped files when
             the split is large (`litmt.data.scratch`); None = in memory.
     """
@@ -112,5 +117,5 @@ def token_budget_loader(
         collate_fn=functools.partial(collate, pad_to_multiple=m) if m > 1 else collate,
         num_workers=num_workers,
         pin_memory=pin_memory,
-        persistent_workers=num_workers > 0,
+        persistent_workers=num_workers > 0 and not hasattr(pairs, "set_epoch"),
     )

@@ -11,6 +11,14 @@ One directory per split (`cache/{name}-{src}-{tgt}-{split}-{key}/`):
 
 The directory is written under a temporary name and renamed when complete, so a half-written
 cache is never read; every rank of a node maps the same files (one copy in the page cache).
+
+The raw text of a split (`TextPairs`: the training split under subword sampling, which
+re-encodes it every epoch, `litmt.data.subword_sampling`) is kept the same way, in its own
+directory:
+
+    src.txt  tgt.txt          the UTF-8 bytes of every pair of the split, concatenated
+    src.txt.off  tgt.txt.off  (N+1,) int64 byte offsets: pair i is txt[off[i]:off[i + 1]]
+    meta.json                 the pair count; written last
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import errno
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +38,7 @@ from litmt.errors import DataError
 
 FORMAT_VERSION = 1
 _FILES = ("src.ids", "tgt.ids", "src.off", "tgt.off", "src.len", "tgt.len", "index")
+_TEXT_FILES = ("src.txt", "tgt.txt", "src.txt.off", "tgt.txt.off")
 
 
 def is_complete(path: Path) -> bool:
@@ -64,7 +73,43 @@ def _remove_stale(path: Path) -> None:
             pass
 
 
-class CacheWriter:
+class _DirWriter:
+    """Files written under a temporary directory, published by one rename."""
+
+    def __init__(self, path: Path, files: tuple[str, ...]) -> None:
+        self.path = path
+        self.tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        with _disk_errors(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _remove_stale(path)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp.mkdir()
+            self._f = {name: (self.tmp / name).open("wb") for name in files}
+
+    def _write(self, name: str, array: np.ndarray) -> None:
+        self._f[name].write(np.ascontiguousarray(array).tobytes())
+
+    def _publish(self, meta: dict[str, Any]) -> None:
+        """Close the files, write `meta.json` (the completion marker) and rename into place;
+        when another process published first, its copy is kept."""
+        with _disk_errors(self.path):
+            for f in self._f.values():
+                f.close()
+            (self.tmp / "meta.json").write_text(json.dumps(meta))
+            try:
+                self.tmp.rename(self.path)  # atomic publish
+            except OSError:  # another process published first: keep theirs
+                shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def abort(self) -> None:
+        """Close and delete the temporary directory (after a failure)."""
+        for f in self._f.values():
+            with contextlib.suppress(OSError):
+                f.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class CacheWriter(_DirWriter):
     """Append tokenised pairs chunk by chunk, then `publish` the directory atomically.
 
     Args:
@@ -73,22 +118,13 @@ class CacheWriter:
     """
 
     def __init__(self, path: Path, vocab_size: int) -> None:
-        self.path = path
-        self.tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        super().__init__(path, _FILES)
         self.id_dtype = np.dtype(np.uint16 if vocab_size <= 65536 else np.int32)
         self.pairs = 0
         self.tokens = {"src": 0, "tgt": 0}
         with _disk_errors(path):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _remove_stale(path)
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp.mkdir()
-            self._f = {name: (self.tmp / name).open("wb") for name in _FILES}
             for side in ("src", "tgt"):
                 self._write(f"{side}.off", np.zeros(1, dtype=np.int64))
-
-    def _write(self, name: str, array: np.ndarray) -> None:
-        self._f[name].write(np.ascontiguousarray(array).tobytes())
 
     def add(
         self,
@@ -109,23 +145,9 @@ class CacheWriter:
     def publish(self, extra: dict[str, Any]) -> None:
         """Close the files, write `meta.json` (the completion marker) and rename into place;
         when another process published first, its copy is kept."""
-        with _disk_errors(self.path):
-            for f in self._f.values():
-                f.close()
-            meta = {"version": FORMAT_VERSION, "pairs": self.pairs, "id_dtype": self.id_dtype.name,
-                    "tokens": self.tokens, **extra}  # fmt: skip
-            (self.tmp / "meta.json").write_text(json.dumps(meta))
-            try:
-                self.tmp.rename(self.path)  # atomic publish
-            except OSError:  # another process published first: keep theirs
-                shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def abort(self) -> None:
-        """Close and delete the temporary directory (after a failure)."""
-        for f in self._f.values():
-            with contextlib.suppress(OSError):
-                f.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        meta = {"version": FORMAT_VERSION, "pairs": self.pairs, "id_dtype": self.id_dtype.name,
+                "tokens": self.tokens, **extra}  # fmt: skip
+        self._publish(meta)
 
 
 def _map(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
@@ -164,3 +186,82 @@ def open_cache(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             )
         arrays[name] = _map(f, dtype, count)
     return arrays, meta
+
+
+def write_text_cache(chunks: Iterable[tuple[list[str], list[str]]], path: Path) -> int:
+    """Every pair of `chunks` (in order) as raw text at `path` (`TextPairs`), published
+    atomically; returns the number of pairs.
+
+    Raises:
+        DataError: the disk is full or not writable.
+    """
+    writer = _DirWriter(path, _TEXT_FILES)
+    ends = {"src": 0, "tgt": 0}
+    pairs = 0
+    try:
+        with _disk_errors(path):
+            for side in ("src", "tgt"):
+                writer._write(f"{side}.txt.off", np.zeros(1, dtype=np.int64))
+            for src, tgt in chunks:
+                for side, lines in (("src", src), ("tgt", tgt)):
+                    data = [line.encode("utf-8") for line in lines]
+                    writer._f[f"{side}.txt"].write(b"".join(data))
+                    sizes = np.fromiter(map(len, data), dtype=np.int64, count=len(data))
+                    writer._write(f"{side}.txt.off", ends[side] + np.cumsum(sizes))
+                    ends[side] += int(sizes.sum())
+                pairs += len(src)
+        writer._publish({"version": FORMAT_VERSION, "pairs": pairs, "bytes": ends})
+    except BaseException:
+        writer.abort()
+        raise
+    return pairs
+
+
+class TextPairs:
+    """The raw (source, target) text pairs of a published text cache, memory-mapped;
+    ``pairs[i]`` is pair i of the split. Pickles as its path (DataLoader workers map the
+    same files, no copy).
+
+    Raises:
+        DataError: the cache is corrupt (unreadable marker, missing or truncated files).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        fix = "delete that directory and run again to rebuild it"
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+            n, size = int(meta["pairs"]), meta["bytes"]
+            if meta.get("version") != FORMAT_VERSION:
+                raise ValueError(f"format version {meta.get('version')}")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"the text cache {path} is corrupt ({exc}); {fix}") from None
+        self._arrays: dict[str, np.ndarray] = {}
+        for side in ("src", "tgt"):
+            for name, dtype, count in ((f"{side}.txt", np.dtype(np.uint8), int(size[side])),
+                                       (f"{side}.txt.off", np.dtype(np.int64), n + 1)):  # fmt: skip
+                f = path / name
+                found = f.stat().st_size if f.is_file() else -1
+                if found != dtype.itemsize * count:
+                    raise DataError(
+                        f"the text cache {path} is corrupt ({name} has {found} bytes, expected "
+                        f"{dtype.itemsize * count}); {fix}"
+                    )
+                self._arrays[name] = np.asarray(_map(f, dtype, count))
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[str, str]:
+        out = []
+        for side in ("src", "tgt"):
+            off, data = self._arrays[f"{side}.txt.off"], self._arrays[f"{side}.txt"]
+            out.append(data[off[i] : off[i + 1]].tobytes().decode("utf-8"))
+        return out[0], out[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]

@@ -8,7 +8,8 @@ litmt's special tokens at litmt's ids: ``<pad>`` 0, ``<unk>`` 1, ``<s>`` 2, ``</
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import sentencepiece as spm
 
@@ -42,17 +43,32 @@ class PieceVocab:
     def __len__(self) -> int:
         return len(self.pieces)
 
-    def encode(self, proc: spm.SentencePieceProcessor, texts: Sequence[str]) -> list[list[int]]:
+    def encode(
+        self,
+        proc: spm.SentencePieceProcessor,
+        texts: Sequence[str],
+        options: Mapping[str, Any] | None = None,
+    ) -> list[list[int]]:
         """Ids of `texts` split by `proc` (unknown pieces: ``<unk>``); a leading language code
-        ``>>xx<<`` (multilingual OPUS-MT targets) is one piece, as MarianTokenizer reads it."""
-        out = []
+        ``>>xx<<`` (multilingual OPUS-MT targets) is one piece, as MarianTokenizer reads it.
+
+        Args:
+            options: more keyword arguments of `proc.encode`, e.g. a sampled segmentation
+                (`litmt.data.tokenizer.SubwordSampling.options`); None = the best one.
+        """
+        heads: list[list[str]] = []
+        rest: list[str] = []
         for text in texts:
             head: list[str] = []
             if text.startswith(">>") and (end := text.find("<<")) != -1:
                 head, text = [text[: end + 2]], text[end + 2 :]
-            pieces = head + proc.encode(text, out_type=str)
-            out.append([self.ids.get(p, 1) for p in pieces])
-        return out
+            heads.append(head)
+            rest.append(text)
+        split = proc.encode(rest, out_type=str, **(options or {}))
+        return [
+            [self.ids.get(p, 1) for p in head + pieces]
+            for head, pieces in zip(heads, split, strict=True)
+        ]
 
     def decode(self, proc: spm.SentencePieceProcessor, ids: Sequence[Sequence[int]]) -> list[str]:
         """Text of each id sequence, as MarianTokenizer's ``decode(skip_special_tokens=True)``:

@@ -15,6 +15,12 @@ A piece vocabulary (`litmt.data.piece_vocab`, the one of a model imported from
 transformers' Marian) gives the ids instead of the sentencepiece models, which then only
 split text into pieces; such a tokenizer also ends every source with eos (``src_eos``), as
 MarianTokenizer does. It has no tags.
+
+Subword regularisation (`SubwordSampling`, Kudo 2018): `encode_src` / `encode_tgt` can sample
+one segmentation among the possible ones instead of the best one (unigram: from the lattice
+smoothed by alpha; bpe: BPE-dropout, each merge dropped with probability alpha). Only the
+training split uses it (`litmt.data.subword_sampling`); it is an encode-time choice, not
+another tokenizer, so it is part of neither `TokenizerSettings.key` nor `Tokenizer.identity`.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import sentencepiece as spm
 
 from litmt.data.directions import tag_language
 from litmt.data.piece_vocab import PieceVocab
-from litmt.errors import DataError
+from litmt.errors import ConfigError, DataError
 from litmt.runtime.threads import TOKENIZER_TRAIN_THREADS
 
 # Special token ids of every litmt tokenizer; the model, the collator and the search use them.
@@ -53,6 +59,29 @@ class TokenizerSettings:
     seed: int = 0  # sampling seed
     user_defined_symbols: list[str] = field(default_factory=list)  # pieces never split, e.g. <BT>
     model: str | None = None  # an existing model (.model file or directory) instead of training
+    # subword regularisation of the training split only (`SubwordSampling`); not in `key()`
+    sampling_alpha: float | None = None  # in (0, 1]: unigram smoothing / bpe dropout; null, 0 = off
+    sampling_nbest: int = -1  # unigram: sample among the n best (-1 = all, 1 = the best); bpe: -1
+
+    def __post_init__(self) -> None:
+        a, n = self.sampling_alpha, self.sampling_nbest
+        number = isinstance(a, int | float) and not isinstance(a, bool)
+        if a is not None and not (number and (a == 0 or 0 < a <= 1)):
+            raise ConfigError(
+                f"data.tokenizer.sampling_alpha={a!r} is out of range; use a number in (0, 1] "
+                f"(unigram: smoothing, bpe: dropout probability), or null or 0 for no sampling"
+            )
+        if isinstance(n, bool) or not isinstance(n, int) or not (n == -1 or n >= 1):
+            raise ConfigError(
+                f"data.tokenizer.sampling_nbest={n!r} is out of range; use -1 (sample among "
+                f"all segmentations) or an integer >= 1 (among the n best; 1 = the best only)"
+            )
+
+    def sampling(self) -> SubwordSampling | None:
+        """The subword sampling of the training split, or None when it is off."""
+        if not self.sampling_alpha:
+            return None
+        return SubwordSampling(float(self.sampling_alpha), int(self.sampling_nbest))
 
     def key(self) -> str:
         """A short string identifying these settings, used in cache paths."""
@@ -63,6 +92,34 @@ class TokenizerSettings:
                 "-u" + hashlib.sha256("\n".join(self.user_defined_symbols).encode()).hexdigest()[:8]
             )
         return key
+
+
+@dataclass(frozen=True)
+class SubwordSampling:
+    """Sample a segmentation when encoding (sentencepiece's ``enable_sampling``).
+
+    Attributes:
+        alpha: unigram: the smoothing exponent of the segmentation probabilities (small =
+            closer to uniform); bpe: the probability of dropping each merge (BPE-dropout).
+        nbest: unigram: sample among the `nbest` best segmentations (-1 = all of them, from
+            the lattice; 1 = the best one: no sampling). BPE-dropout ignores it (keep -1).
+    """
+
+    alpha: float
+    nbest: int = -1
+
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments of `SentencePieceProcessor.encode` (a list of texts).
+
+        One thread (``num_threads=1``): the texts are encoded in order from the generator
+        `sentencepiece.set_random_generator_seed` seeds just before, so one seed gives one
+        result (sentencepiece 0.2.1 runs each such call in a new thread, whose generator
+        takes the seed then; 0.2.3 reseeds its generator).
+        """
+        if self.nbest == 1:  # the 1-best segmentation (sentencepiece refuses nbest_size=1)
+            return {}
+        return {"enable_sampling": True, "alpha": self.alpha, "nbest_size": self.nbest,
+                "num_threads": 1}  # fmt: skip
 
 
 def _train_model(sentences: Iterable[str], settings: TokenizerSettings) -> bytes:
@@ -110,30 +167,45 @@ def _load(model: bytes) -> spm.SentencePieceProcessor:
     return proc
 
 
-def user_defined_pieces(model: bytes) -> dict[str, int]:
-    """The user-defined symbols of a serialized sentencepiece model: piece -> id."""
+def _proto(model: bytes) -> Any:
+    """The `ModelProto` of a serialized sentencepiece model."""
     from sentencepiece import sentencepiece_model_pb2  # needs protobuf (pyproject dependency)
 
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(model)
-    user = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+    return proto
+
+
+def user_defined_pieces(model: bytes) -> dict[str, int]:
+    """The user-defined symbols of a serialized sentencepiece model: piece -> id."""
+    proto = _proto(model)
+    user = type(proto).SentencePiece.USER_DEFINED
     return {p.piece: i for i, p in enumerate(proto.pieces) if p.type == user}
 
 
+def model_type(model: bytes) -> str:
+    """The algorithm of a serialized sentencepiece model: unigram, bpe, word or char."""
+    spec = _proto(model).trainer_spec
+    return type(spec).ModelType.Name(spec.model_type).lower()
+
+
 def _encode_tagged(
-    proc: spm.SentencePieceProcessor, tags: dict[str, int], texts: Sequence[str]
+    proc: spm.SentencePieceProcessor,
+    tags: dict[str, int],
+    texts: Sequence[str],
+    options: dict[str, Any],
 ) -> list[list[int]]:
     """Ids of `texts`; a leading tag (a user-defined piece, then a space or the end) is its
-    one id, first."""
+    one id, first. `options`: `SubwordSampling.options` ({} = the best segmentation)."""
     texts = list(texts)
     if not tags:
-        return proc.encode(texts)
+        return proc.encode(texts, **options)
     found: list[int | None] = [None] * len(texts)
     for i, text in enumerate(texts):
         head, _, rest = text.partition(" ")
         if head in tags:
             found[i], texts[i] = tags[head], rest
-    ids = proc.encode(texts)
+    ids = proc.encode(texts, **options)
     return [s if t is None else [t, *s] for t, s in zip(found, ids, strict=True)]
 
 
@@ -293,6 +365,15 @@ class Tokenizer:
         return self.tgt_model_bytes is None or self.vocab is not None
 
     @property
+    def model_types(self) -> tuple[str, ...]:
+        """The algorithm (`model_type`) of the source model, then of the target model if
+        separate."""
+        models = [self.src_model_bytes]
+        if self.tgt_model_bytes is not None:
+            models.append(self.tgt_model_bytes)
+        return tuple(model_type(m) for m in models)
+
+    @property
     def src_vocab_size(self) -> int:
         return len(self.vocab) if self.vocab is not None else self.src.get_piece_size()
 
@@ -301,24 +382,31 @@ class Tokenizer:
         return len(self.vocab) if self.vocab is not None else self.tgt.get_piece_size()
 
     # -- encode / decode ----------------------------------------------------------------
-    def encode_src(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode_src(
+        self, texts: Sequence[str], sampling: SubwordSampling | None = None
+    ) -> list[list[int]]:
         """Source ids, no bos/eos (the encoder does not need them).
 
         A leading tag (a user-defined piece, then a space or the end) becomes its one id.
+        `sampling`: sample the segmentation (the training split only); None = the best one.
         """
         texts = list(texts)
+        options = {} if sampling is None else sampling.options()
         if self.vocab is not None:
-            ids = self.vocab.encode(self.src, texts)
+            ids = self.vocab.encode(self.src, texts, options)
         else:
-            ids = _encode_tagged(self.src, self.src_tags, texts)
+            ids = _encode_tagged(self.src, self.src_tags, texts, options)
         return [[*s, EOS_ID] for s in ids] if self.src_eos else ids
 
-    def encode_tgt(self, texts: Sequence[str]) -> list[list[int]]:
-        """Target ids without bos/eos (collate adds them); a leading tag is one id, as in
-        `encode_src`."""
+    def encode_tgt(
+        self, texts: Sequence[str], sampling: SubwordSampling | None = None
+    ) -> list[list[int]]:
+        """Target ids without bos/eos (collate adds them); a leading tag is one id and
+        `sampling` samples, as in `encode_src`."""
+        options = {} if sampling is None else sampling.options()
         if self.vocab is not None:
-            return self.vocab.encode(self.tgt, list(texts))
-        return _encode_tagged(self.tgt, self.tgt_tags, texts)
+            return self.vocab.encode(self.tgt, list(texts), options)
+        return _encode_tagged(self.tgt, self.tgt_tags, texts, options)
 
     def decode_tgt(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Detokenised target text; stops at the first eos and drops pad/bos."""

@@ -1,0 +1,192 @@
+"""Subword regularisation of the training split (`data.tokenizer.sampling_alpha`, Kudo 2018;
+BPE-dropout for bpe models): every epoch, each training example is encoded again from its raw
+text with a sampled segmentation.
+
+`SampledPairs` wraps the training pairs the sampler reads (the prepared cache, or its
+resampled view under `data.directions`): it keeps their order, `index` and stored lengths, and
+replaces each item's ids by `Tokenizer.encode_src` / `encode_tgt` of the pair's raw text with
+`SubwordSampling`. The raw text is the one preparation tokenised: the same stream
+(`TranslationDataModule._chunks`: tags of `extra_train` and of `directions`, on either side,
+and `limit` included) written once to a memory-mapped text cache (`litmt.data.memmap.TextPairs`)
+and looked up by the example's index. So with the best segmentation (``sampling_nbest=1``)
+every item equals the cached one, and a sampled item differs only in its segmentation.
+
+Lengths: batches are planned on the stored (best-segmentation) lengths, and a sampled
+segmentation is usually longer, so nearly every batch exceeds `data.max_tokens`: on Multi30k
+the worst batch was 1.4x the budget at unigram alpha 0.1 with nbest 64, and 2.5-3.6x at
+unigram alpha 0.1-0.2 (nbest -1) or bpe alpha 0.1 (docs/usage.md, "Subword regularisation");
+nothing caps it, lower `data.max_tokens` instead. A sampled side longer than
+`data.filter.max_len` (at most `max_positions - 1`) keeps its cached ids (logged once per
+worker and epoch).
+
+Reproducibility: example `pos` of the epoch's training dataset is sampled with sentencepiece's
+generator seeded by a hash of (data.seed, epoch, pos, side), just before it is encoded. So the
+segmentations depend only on the seed, the epoch and the dataset (corpus, filters, limit,
+directions and their temperature): not on `num_workers`, the batches, the world size or a
+mid-epoch resume. They may differ across sentencepiece versions or C++ standard libraries
+(the generator's distributions are implementation-defined). A repeated example (directions
+with T != 1) gets a new segmentation at each position.
+
+The epoch reaches the DataLoader workers when they start (`set_epoch`, called by
+`litmt.data.loader.ResumableDataLoader` before each iteration), so the train loader does not
+keep its workers between epochs when sampling is on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+
+import numpy as np
+import sentencepiece as spm
+
+from litmt.data.collate import Example, TokenizedPairs
+from litmt.data.memmap import TextPairs
+from litmt.data.tokenizer import SubwordSampling, Tokenizer
+from litmt.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_SAMPLED_TYPES = ("unigram", "bpe")  # sentencepiece samples only these
+
+
+def check_sampling(tok: Tokenizer, sampling: SubwordSampling) -> None:
+    """Refuse subword sampling the tokenizer's models cannot do.
+
+    Raises:
+        ConfigError: a word or char model, or ``sampling_nbest`` set for a bpe model.
+    """
+    for kind in tok.model_types:
+        if kind not in _SAMPLED_TYPES:
+            raise ConfigError(
+                f"data.tokenizer.sampling_alpha needs a unigram or bpe sentencepiece model, "
+                f"this tokenizer's is {kind}; set data.tokenizer.sampling_alpha=null"
+            )
+        if kind == "bpe" and sampling.nbest != -1:
+            raise ConfigError(
+                f"data.tokenizer.sampling_nbest={sampling.nbest} applies to unigram models "
+                f"only (BPE-dropout drops merges with probability sampling_alpha); leave "
+                f"sampling_nbest at -1 with a bpe model"
+            )
+
+
+def describe(tok: Tokenizer, sampling: SubwordSampling) -> str:
+    """One log line: what is sampled, and where."""
+    if set(tok.model_types) == {"bpe"}:
+        how = f"BPE-dropout, each merge dropped with probability alpha={sampling.alpha:g}"
+    else:
+        among = {-1: "all segmentations", 1: "the best one only: no sampling"}
+        how = (
+            f"unigram, smoothing alpha={sampling.alpha:g}, nbest={sampling.nbest} "
+            f"({among.get(sampling.nbest, f'the {sampling.nbest} best')})"
+        )
+    return (
+        f"subword sampling on the train split only ({how}); valid/test, decoding and exports "
+        f"keep the best segmentation"
+    )
+
+
+def item_seed(seed: int, epoch: int, pos: int, side: int) -> int:
+    """The seed of sentencepiece's generator for one side (0 = source, 1 = target) of
+    example `pos` in `epoch`: a hash, below 2**32 - 1 (which sentencepiece reads as
+    "seed from the clock")."""
+    digest = hashlib.blake2b(struct.pack("<4q", seed, epoch, pos, side), digest_size=4).digest()
+    return int.from_bytes(digest, "little") % 0xFFFFFFFF
+
+
+class SampledPairs(TokenizedPairs):
+    """`pairs` with each item encoded again from its raw text, a sampled segmentation.
+
+    Args:
+        pairs: the training pairs (their order, `indices` and stored lengths are kept).
+        texts: the raw pairs of the split, by example index (the text preparation read).
+        tokenizer: the tokenizer that prepared `pairs`.
+        sampling: alpha and nbest.
+        seed: `data.seed`.
+        max_len: longest sampled side kept (`data.filter.max_len`); a longer one keeps its
+            cached ids.
+    """
+
+    def __init__(
+        self,
+        pairs: TokenizedPairs,
+        texts: TextPairs,
+        tokenizer: Tokenizer,
+        sampling: SubwordSampling,
+        *,
+        seed: int,
+        max_len: int,
+    ) -> None:
+        self.pairs, self.texts, self.tokenizer, self.sampling = pairs, texts, tokenizer, sampling
+        self.indices = pairs.indices
+        self.max_src_len, self.max_tgt_len = pairs.max_src_len, pairs.max_tgt_len
+        self.seed, self.max_len, self.epoch = int(seed), int(max_len), 0
+        self._warned = False
+        self._check_reseeding()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sample the segmentations of `epoch` (before the DataLoader starts its workers)."""
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def src_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """(n,) stored source lengths (the best segmentation's), as `TokenizedPairs`."""
+        return self.pairs.src_lengths(start, stop)
+
+    def tgt_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """(n,) stored target lengths + 1, as `TokenizedPairs`."""
+        return self.pairs.tgt_lengths(start, stop)
+
+    def _encode(self, text: str, side: int, pos: int) -> list[int]:
+        spm.set_random_generator_seed(item_seed(self.seed, self.epoch, pos, side))
+        encode = self.tokenizer.encode_src if side == 0 else self.tokenizer.encode_tgt
+        return encode([text], self.sampling)[0]
+
+    def __getitem__(self, pos: int) -> Example:
+        index, src, tgt = self.pairs[pos]  # the cached ids: the fallback of a too-long side
+        texts = self.texts[index]
+        out = []
+        for side, cached, cap in ((0, src, self.max_src_len), (1, tgt, self.max_tgt_len)):
+            ids = self._encode(texts[side], side, pos)
+            if len(ids) > self.max_len:
+                if not self._warned:
+                    log.warning(
+                        "subword sampling: a sampled segmentation of example %d has %d "
+                        "tokens, more than data.filter.max_len=%d; such sides keep their best "
+                        "segmentation (logged once per worker and epoch)",
+                        index, len(ids), self.max_len,
+                    )  # fmt: skip
+                    self._warned = True
+                out.append(cached)
+                continue
+            arr = np.asarray(ids, dtype=cached.dtype)
+            out.append(arr if cap is None else arr[:cap])
+        return index, out[0], out[1]
+
+    def length_ratio(self, n: int = 256) -> tuple[float, int]:
+        """(sampled / stored tokens, both sides, over `n` evenly spaced examples of this
+        epoch; how many examples): how much longer sampled items are."""
+        count = min(n, len(self))
+        positions = np.unique(np.linspace(0, len(self) - 1, count).astype(np.int64)).tolist()
+        stored = sampled = 0
+        for pos in positions:
+            _, src, tgt = self.pairs[pos]
+            _, s, t = self[pos]
+            stored, sampled = stored + len(src) + len(tgt), sampled + len(s) + len(t)
+        return sampled / max(stored, 1), len(positions)
+
+    def _check_reseeding(self) -> None:
+        """Warn when seeding sentencepiece's generator does not repeat a segmentation (a
+        sentencepiece whose generator ignores later seeds): then nothing is reproducible."""
+        if not len(self.pairs):
+            return
+        text = self.texts[int(self.indices[0])][0] * 4
+        if self._encode(text, 0, 0) != self._encode(text, 0, 0):
+            log.warning(
+                "subword sampling: sentencepiece %s does not repeat a segmentation for the "
+                "same seed; the sampled segmentations are not reproducible",
+                spm.__version__,
+            )

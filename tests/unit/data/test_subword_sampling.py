@@ -1,0 +1,340 @@
+"""Subword regularisation (`data.tokenizer.sampling_alpha`): off, the training batches are the
+cached ones; on, only the training items get a sampled segmentation of the same text, with
+their tags and bos/eos in place, reproducible per (seed, epoch), and a model still learns."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import torch
+import torch.nn.functional as F
+from tiny_corpora import make_pairs
+
+from litmt.data import TranslationDataModule
+from litmt.data.collate import TokenizedPairs
+from litmt.data.memmap import TextPairs
+from litmt.data.piece_vocab import SPECIAL_PIECES
+from litmt.data.subword_sampling import SampledPairs
+from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
+from litmt.errors import ConfigError, DataError
+from litmt.models import Seq2SeqTransformer, TransformerConfig
+
+STEPS = 150  # optimizer steps of the learning test (about 2 s)
+FR = {"ein": "un", "der": "le", "mann": "homme", "hund": "chien"}
+
+
+def _module(dm_kwargs: dict, **tokenizer: object) -> TranslationDataModule:
+    """A prepared data module, `tokenizer` added to the fixture's tokenizer settings."""
+    dm = TranslationDataModule(
+        **{**dm_kwargs, "tokenizer": {**dm_kwargs["tokenizer"], **tokenizer}}
+    )
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+def _batches(dm: TranslationDataModule, epoch: int, split: str = "train") -> list[dict]:
+    loader = dm.train_dataloader() if split == "train" else dm.val_dataloader()
+    loader.set_epoch(epoch)
+    return list(loader)
+
+
+def _same_batches(a: list[dict], b: list[dict]) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x.keys() != y.keys() or x["ntokens"] != y["ntokens"]:
+            return False
+        if not all(torch.equal(x[k], y[k]) for k in x if k != "ntokens"):
+            return False
+    return True
+
+
+def _by_index(batches: list[dict]) -> dict[int, tuple[list[int], list[int]]]:
+    """Example index -> (source ids, target ids) of the batches (no repeats)."""
+    out = {}
+    for b in batches:
+        for row, index in enumerate(b["index"].tolist()):
+            m, n = int(b["src_lengths"][row]), int(b["tgt_lengths"][row])
+            out[index] = (b["src"][row, :m].tolist(), b["tgt_out"][row, : n - 1].tolist())
+    return out
+
+
+def _items(ds: TokenizedPairs) -> list[tuple[int, list[int], list[int]]]:
+    return [(i, s.tolist(), t.tolist()) for i, s, t in (ds[p] for p in range(len(ds)))]
+
+
+# -- off: today's batches -------------------------------------------------------------------
+@pytest.mark.parametrize("alpha", [None, 0.0])
+def test_off_the_training_batches_are_the_cached_ones(dm_kwargs: dict, alpha: float | None) -> None:
+    plain = _module(dm_kwargs)
+    off = _module(dm_kwargs, sampling_alpha=alpha, sampling_nbest=5)
+    assert type(off.datasets["train"]) is TokenizedPairs  # the cached ids, no re-encoding
+    for epoch in (0, 1):
+        assert _same_batches(_batches(plain, epoch), _batches(off, epoch))
+    # no raw-text cache: only train, valid and test token ids
+    assert len(list((Path(dm_kwargs["cache_dir"]) / "cache").iterdir())) == 3
+
+
+def test_sampling_changes_no_cache_key(dm_kwargs: dict) -> None:
+    plain = _module(dm_kwargs)
+    on = _module(dm_kwargs, sampling_alpha=0.3, sampling_nbest=8)
+    assert on.tokenizer_settings.key() == plain.tokenizer_settings.key()
+    assert on.tokenizer_dir() == plain.tokenizer_dir()
+    for split in ("train", "valid", "test"):
+        assert on._cache_path(split, on.tokenizer) == plain._cache_path(split, plain.tokenizer)
+
+
+def test_the_best_segmentation_re_encoded_equals_the_cache(dm_kwargs: dict) -> None:
+    """nbest=1 runs the on-the-fly path with the best segmentation: item for item and batch
+    for batch what preparation stored."""
+    plain = _module(dm_kwargs)
+    best = _module(dm_kwargs, sampling_alpha=0.5, sampling_nbest=1)
+    assert isinstance(best.datasets["train"], SampledPairs)
+    assert _items(best.datasets["train"]) == _items(plain.datasets["train"])
+    assert _same_batches(_batches(plain, 1), _batches(best, 1))
+
+
+# -- on: the training split only --------------------------------------------------------------
+@pytest.mark.parametrize(("model_type", "alpha"), [("unigram", 0.1), ("bpe", 0.2)])
+def test_sampled_items_keep_their_text_and_only_train_is_sampled(
+    dm_kwargs: dict, model_type: str, alpha: float
+) -> None:
+    plain = _module(dm_kwargs, model_type=model_type)
+    dm = _module(dm_kwargs, model_type=model_type, sampling_alpha=alpha)
+    tok = dm.tokenizer
+    assert tok.to_dict() == plain.tokenizer.to_dict()
+    sources, refs = dm.sources("train"), dm.references("train")
+    cached = {i: (s, t) for i, s, t in _items(plain.datasets["train"])}
+    changed = set()
+    for epoch in (0, 1):
+        seen = []
+        for batch in _batches(dm, epoch):
+            tgt_in, tgt_out = batch["tgt_in"], batch["tgt_out"]
+            assert (tgt_in[:, 0] == BOS_ID).all()
+            for row, index in enumerate(batch["index"].tolist()):
+                n, m = int(batch["tgt_lengths"][row]), int(batch["src_lengths"][row])
+                src, tgt = batch["src"][row, :m].tolist(), tgt_out[row, : n - 1].tolist()
+                assert tgt_out[row, n - 1] == EOS_ID and tgt_in[row, 1:n].tolist() == tgt
+                assert not {BOS_ID, EOS_ID, PAD_ID} & set(src + tgt)
+                assert tok.src.decode(src) == sources[index]
+                assert tok.decode_tgt([tgt]) == [refs[index]]
+                for side, ids in enumerate((src, tgt)):
+                    if ids != cached[index][side]:
+                        changed.add((epoch, side, index))
+                seen.append(index)
+        assert sorted(seen) == sorted(cached)  # every pair once per epoch
+    # both sides are sampled, every epoch, and differently in each
+    groups = [
+        {i for e, s, i in changed if (e, s) == key} for key in [(0, 0), (0, 1), (1, 0), (1, 1)]
+    ]
+    assert all(len(g) > len(cached) // 4 for g in groups), [len(g) for g in groups]
+    assert groups[0] != groups[2] and groups[1] != groups[3]
+    # valid and test: the cached best segmentation, batch for batch
+    for split in ("valid", "test"):
+        dm.setup("test" if split == "test" else "validate")
+        assert type(dm.datasets[split]) is TokenizedPairs
+        plain._dataset(split)
+        assert _items(dm.datasets[split]) == _items(plain.datasets[split])
+    assert _same_batches(_batches(plain, 0, "valid"), _batches(dm, 0, "valid"))
+
+
+def _write_multi(root: Path, sizes: dict[str, int]) -> Path:
+    """`{root}/{split}.{en,de,fr}`, line-aligned across the three languages."""
+    root.mkdir(parents=True, exist_ok=True)
+    for k, (split, n) in enumerate(sizes.items()):
+        en, de = make_pairs(n, seed=k, max_words=6)
+        fr = [" ".join(FR.get(w, w + "e") for w in s.split()) for s in de]
+        for lang, lines in (("en", en), ("de", de), ("fr", fr)):
+            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize("placement", ["source", "target"])
+def test_sampled_items_keep_the_language_tag_on_its_side(
+    tmp_path: Path, dm_kwargs: dict, placement: str
+) -> None:
+    """en-de has 120 training pairs, en-fr 40 (its own folder), resampled at T=inf: en-fr
+    examples repeat, so dataset positions are not example indices."""
+    big = _write_multi(tmp_path / "big", {"train": 120, "valid": 20, "test": 10})
+    small = _write_multi(tmp_path / "small", {"train": 40, "valid": 10, "test": 10})
+    kwargs = {
+        **dm_kwargs,
+        "dir": str(big),
+        "directions": ["en-de", {"pair": "en-fr", "dir": str(small)}],
+        "tag_placement": placement,
+        "sampling_temperature": math.inf,
+        "filter": {"max_ratio": None},
+    }
+    plain = _module(kwargs)
+    dm = _module(kwargs, sampling_alpha=0.1)
+    tok = dm.tokenizer
+    train = dm.datasets["train"]
+    assert isinstance(train, SampledPairs) and len(train) == len(plain.datasets["train"])
+    assert len(set(train.indices.tolist())) < len(train)  # repeats
+    tags = {tok.src_tags["<2de>"], tok.src_tags["<2fr>"]}
+    sources, refs = dm.sources("train"), dm.references("train")
+    differ = 0
+    for pos in range(len(train)):
+        index, src, tgt = train[pos]
+        _, src0, tgt0 = plain.datasets["train"][pos]
+        tag = tok.src_tags["<2de>" if index < 120 else "<2fr>"]
+        side, other = (src, tgt) if placement == "source" else (tgt, src)
+        assert int(side[0]) == tag and not tags & set(side[1:].tolist() + other.tolist())
+        text = sources[index].partition(" ")[2] if placement == "source" else sources[index]
+        assert tok.src.decode(src.tolist()[placement == "source" :]) == text
+        assert tok.decode_tgt([tgt.tolist()]) == [refs[index]]
+        differ += not (np.array_equal(src, src0) and np.array_equal(tgt, tgt0))
+    assert differ > len(train) // 4
+
+
+def test_sampled_items_keep_the_tag_of_an_extra_source(tmp_path: Path, dm_kwargs: dict) -> None:
+    bt = tmp_path / "bt"
+    bt.mkdir()
+    src, tgt = make_pairs(40, seed=6, max_words=8)
+    (bt / "train.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (bt / "train.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    kwargs = {**dm_kwargs, "extra_train": [{"name": "bt", "dir": str(bt), "tag": "<BT>"}]}
+    dm = _module(kwargs, sampling_alpha=0.1)
+    tok, train = dm.tokenizer, dm.datasets["train"]
+    main = len(dm.references("train")) - 40
+    tagged = [train[p] for p in range(len(train)) if train[p][0] >= main]
+    assert tagged and all(int(s[0]) == tok.src_tags["<BT>"] for _, s, _ in tagged)
+    assert all(int(s[0]) != tok.src_tags["<BT>"] for i, s, _ in map(train.__getitem__,
+               range(len(train))) if i < main)  # fmt: skip
+
+
+def test_a_piece_vocabulary_tokenizer_samples_too() -> None:
+    """An imported (Marian) tokenizer: ids from its piece list, the source eos and a leading
+    ``>>fr<<`` kept, the text unchanged."""
+    src, tgt = make_pairs(200, seed=3)
+    proc = Tokenizer.train(src, tgt, TokenizerSettings(vocab_size=60)).src_model_bytes
+    plain = Tokenizer(proc)
+    pieces = [*SPECIAL_PIECES, *(plain.src.id_to_piece(i) for i in range(4, plain.src_vocab_size))]
+    tok = Tokenizer(proc, vocab=[*pieces, ">>fr<<"], src_eos=True)
+    sampling = TokenizerSettings(sampling_alpha=0.1).sampling()
+    texts = [f">>fr<< {s}" for s in src[:50]]
+    best = tok.encode_src(texts)
+    spm.set_random_generator_seed(5)
+    sampled = tok.encode_src(texts, sampling)
+    spm.set_random_generator_seed(5)
+    assert tok.encode_src(texts, sampling) == sampled
+    assert sum(a != b for a, b in zip(best, sampled, strict=True)) > 10
+    fr = len(pieces)
+    assert all(ids[0] == fr and ids[-1] == EOS_ID for ids in sampled)
+    assert tok.decode_tgt([ids[1:] for ids in sampled]) == src[:50]
+
+
+def test_the_raw_text_cache_pickles_as_its_path_and_refuses_truncation(dm_kwargs: dict) -> None:
+    dm = _module(dm_kwargs, sampling_alpha=0.1)
+    texts = dm.datasets["train"].texts
+    assert len(texts) == 300 and texts[7] == (dm.sources("train")[7], dm.references("train")[7])
+    blob = pickle.dumps(texts)
+    assert len(blob) < 500 and pickle.loads(blob)[7] == texts[7]  # workers map the files
+    data = texts.path / "tgt.txt"
+    data.write_bytes(data.read_bytes()[:-1])
+    with pytest.raises(DataError, match=r"^the text cache .* is corrupt \(tgt\.txt has \d+ bytes, "
+                       r"expected \d+\); delete that directory and run again to rebuild it$"):  # fmt: skip
+        TextPairs(texts.path)
+
+
+# -- reproducible per (seed, epoch) -----------------------------------------------------------
+def test_same_seed_and_epoch_same_segmentations(dm_kwargs: dict) -> None:
+    a = _module(dm_kwargs, sampling_alpha=0.1)
+    b = _module(dm_kwargs, sampling_alpha=0.1)
+    assert _same_batches(_batches(a, 0), _batches(b, 0))
+    assert _same_batches(_batches(a, 3), _batches(b, 3))
+    # the loader's epoch reaches the items: another epoch, other segmentations
+    one, two = _by_index(_batches(a, 0)), _by_index(_batches(a, 1))
+    assert one.keys() == two.keys()
+    assert sum(one[i] != two[i] for i in one) > len(one) // 4
+    # an item depends on (seed, epoch, position), not on the batch it is in
+    train = a.datasets["train"]
+    train.set_epoch(1)
+    one = _items(train)
+    train.set_epoch(2)
+    assert _items(train) != one
+    train.set_epoch(1)
+    backwards = [train[p] for p in reversed(range(len(train)))]
+    assert [(i, s.tolist(), t.tolist()) for i, s, t in reversed(backwards)] == one
+    other = _module({**dm_kwargs, "seed": 7}, sampling_alpha=0.1).datasets["train"]
+    other.set_epoch(1)
+    assert _items(other) != one
+
+
+def test_workers_sample_what_the_main_process_samples(dm_kwargs: dict) -> None:
+    """The epoch reaches the DataLoader worker: the same batches as without workers."""
+    main = _module(dm_kwargs, sampling_alpha=0.1)
+    worker = _module({**dm_kwargs, "num_workers": 1}, sampling_alpha=0.1)
+    loader = worker.train_dataloader()
+    assert loader.num_workers == 1 and not loader.persistent_workers
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        assert _same_batches(_batches(main, epoch), list(loader))
+
+
+# -- configuration errors ---------------------------------------------------------------------
+@pytest.mark.parametrize("alpha", [-0.1, 1.5, math.nan, "0.1", True])
+def test_a_bad_alpha_is_a_config_error(alpha: object) -> None:
+    with pytest.raises(ConfigError) as err:
+        TokenizerSettings(sampling_alpha=alpha)  # type: ignore[arg-type]
+    assert str(err.value) == (
+        f"data.tokenizer.sampling_alpha={alpha!r} is out of range; use a number in (0, 1] "
+        f"(unigram: smoothing, bpe: dropout probability), or null or 0 for no sampling"
+    )
+
+
+@pytest.mark.parametrize("nbest", [0, -2, 2.5])
+def test_a_bad_nbest_is_a_config_error(nbest: object) -> None:
+    with pytest.raises(ConfigError) as err:
+        TokenizerSettings(sampling_alpha=0.1, sampling_nbest=nbest)  # type: ignore[arg-type]
+    assert str(err.value) == (
+        f"data.tokenizer.sampling_nbest={nbest!r} is out of range; use -1 (sample among all "
+        f"segmentations) or an integer >= 1 (among the n best; 1 = the best only)"
+    )
+
+
+def test_alpha_bounds_and_off() -> None:
+    assert TokenizerSettings(sampling_alpha=1).sampling() is not None
+    assert TokenizerSettings(sampling_alpha=0).sampling() is None
+    assert TokenizerSettings().sampling() is None
+
+
+def test_nbest_with_a_bpe_model_is_a_config_error(dm_kwargs: dict) -> None:
+    with pytest.raises(ConfigError, match=r"^data\.tokenizer\.sampling_nbest=4 applies to "
+                       r"unigram models only .* leave sampling_nbest at -1 with a bpe model$"):  # fmt: skip
+        _module(dm_kwargs, model_type="bpe", sampling_alpha=0.1, sampling_nbest=4)
+
+
+# -- learning ---------------------------------------------------------------------------------
+def test_a_tiny_model_learns_from_sampled_segmentations(dm_kwargs: dict) -> None:
+    dm = _module({**dm_kwargs, "max_tokens": 400}, sampling_alpha=0.2)
+    tok = dm.tokenizer
+    assert isinstance(dm.datasets["train"], SampledPairs)
+    torch.manual_seed(0)
+    cfg = TransformerConfig(
+        src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, d_model=32,
+        n_heads=4, d_ff=64, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0,
+        max_positions=400,
+    )  # fmt: skip
+    model = Seq2SeqTransformer(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    epochs = (batch for epoch in itertools.count() for batch in _batches(dm, epoch))
+    losses: list[float] = []
+    for batch in itertools.islice(epochs, STEPS):  # a new segmentation every epoch
+        logits = model(batch["src"], batch["tgt_in"])  # (B, T, V)
+        loss = F.cross_entropy(
+            logits.flatten(0, 1), batch["tgt_out"].flatten(), ignore_index=PAD_ID
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    start, end = np.mean(losses[:5]), np.mean(losses[-5:])
+    assert end < 0.5 * start, f"loss {start:.2f} -> {end:.2f}"
