@@ -86,19 +86,39 @@ class TokenizedPairs(Dataset):
         offsets = self.src_offsets if side == "src" else self.tgt_offsets
         return np.diff(offsets[start : None if stop is None else stop + 1])
 
-    def src_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """(N,) source tensor lengths (after truncation), of positions start:stop."""
-        lens = self._raw_lengths("src", start, stop)
+    def _raw_lengths_at(self, side: str, positions: np.ndarray) -> np.ndarray:
+        """(n,) token counts of `side` at `positions` (any order, repeats allowed)."""
+        stored = self._src_lens if side == "src" else self._tgt_lens
+        if stored is not None:
+            return stored[positions]
+        offsets = self.src_offsets if side == "src" else self.tgt_offsets
+        return offsets[positions + 1] - offsets[positions]
+
+    def _src_tensor(self, lens: np.ndarray) -> np.ndarray:
         return lens if self.max_src_len is None else np.minimum(lens, self.max_src_len)
 
-    def tgt_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """(N,) target tensor lengths: tokens (after truncation) + 1 for bos/eos, of
-        positions start:stop."""
-        lens = self._raw_lengths("tgt", start, stop)
+    def _tgt_tensor(self, lens: np.ndarray) -> np.ndarray:
         lens = lens if self.max_tgt_len is None else np.minimum(lens, self.max_tgt_len)
         if len(lens) and int(lens.max()) < 2**15 - 1:  # int16: half the memory of a copy
             return np.add(lens, 1, dtype=np.int16)
         return lens + 1
+
+    def src_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """(N,) source tensor lengths (after truncation), of positions start:stop."""
+        return self._src_tensor(self._raw_lengths("src", start, stop))
+
+    def tgt_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """(N,) target tensor lengths: tokens (after truncation) + 1 for bos/eos, of
+        positions start:stop."""
+        return self._tgt_tensor(self._raw_lengths("tgt", start, stop))
+
+    def src_lengths_at(self, positions: np.ndarray) -> np.ndarray:
+        """(n,) source tensor lengths at `positions` (reads only those)."""
+        return self._src_tensor(self._raw_lengths_at("src", np.asarray(positions)))
+
+    def tgt_lengths_at(self, positions: np.ndarray) -> np.ndarray:
+        """(n,) target tensor lengths (+ 1) at `positions` (reads only those)."""
+        return self._tgt_tensor(self._raw_lengths_at("tgt", np.asarray(positions)))
 
     def __getitem__(self, pos: int) -> Example:
         s = self.src_values[self.src_offsets[pos] : self.src_offsets[pos + 1]]

@@ -450,10 +450,11 @@ class TranslationDataModule(L.LightningDataModule):
         sampled = SampledPairs(
             pairs, self._train_text(), tok, sampling, seed=self.seed, max_len=self.filter.max_len
         )
+        ratio = sampled.plan_on_sampled_lengths()
         log.info(
-            "%s; sampled items have x%.2f the stored tokens (%d examples), and batches, planned "
-            "on the stored lengths, exceed data.max_tokens by more than that: lower it to "
-            "compensate", describe(tok, sampling), *sampled.length_ratio(),
+            "%s; sampled items have x%.2f the stored tokens, so batches are planned on the "
+            "stored lengths x%.2f to stay near data.max_tokens", describe(tok, sampling),
+            ratio, ratio,
         )  # fmt: skip
         return sampled
 

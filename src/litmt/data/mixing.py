@@ -101,11 +101,11 @@ class ResampledPairs(TokenizedPairs):
 
     def src_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """(n,) source tensor lengths of positions start:stop (as `TokenizedPairs`)."""
-        return self.base.src_lengths()[self.positions[start:stop]]
+        return self.base.src_lengths_at(self.positions[start:stop])  # not all of base's
 
     def tgt_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """(n,) target tensor lengths of positions start:stop (as `TokenizedPairs`)."""
-        return self.base.tgt_lengths()[self.positions[start:stop]]
+        return self.base.tgt_lengths_at(self.positions[start:stop])
 
     def __len__(self) -> int:
         return len(self.positions)

@@ -11,11 +11,14 @@ and `limit` included) written once to a memory-mapped text cache (`litmt.data.me
 and looked up by the example's index. So with the best segmentation (``sampling_nbest=1``)
 every item equals the cached one, and a sampled item differs only in its segmentation.
 
-Lengths: batches are planned on the stored (best-segmentation) lengths, and a sampled
-segmentation is usually longer, so nearly every batch exceeds `data.max_tokens`: on Multi30k
-the worst batch was 1.4x the budget at unigram alpha 0.1 with nbest 64, and 2.5-3.6x at
-unigram alpha 0.1-0.2 (nbest -1) or bpe alpha 0.1 (docs/usage.md, "Subword regularisation");
-nothing caps it, lower `data.max_tokens` instead. A sampled side longer than
+Lengths: a sampled segmentation is usually longer than the stored (best) one: on Multi30k
+x1.04-1.09 the tokens at unigram alpha 0.5 or nbest 64, x1.35-1.97 at unigram alpha 0.2-0.1
+(nbest -1), x1.4 at bpe alpha 0.1. Batches planned on the stored lengths then exceeded
+`data.max_tokens` by about that ratio (worst batch 1.4x to 3.6x), so the datamodule plans them
+on the stored lengths x the ratio measured at setup (`plan_on_sampled_lengths`): a batch's
+sampled tokens stay near the budget on average, with fewer sentences per batch (more steps
+per epoch). Single batches can still exceed the budget (a sentence's sampled length varies);
+nothing truncates them. A sampled side longer than
 `data.filter.max_len` (at most `max_positions - 1`) keeps its cached ids (logged once per
 worker and epoch).
 
@@ -122,8 +125,27 @@ class SampledPairs(TokenizedPairs):
         self.indices = pairs.indices
         self.max_src_len, self.max_tgt_len = pairs.max_src_len, pairs.max_tgt_len
         self.seed, self.max_len, self.epoch = int(seed), int(max_len), 0
+        self.plan_ratio = 1.0  # stored lengths x this = the lengths batches are planned on
         self._warned = False
         self._check_reseeding()
+
+    def plan_on_sampled_lengths(self, n: int = 256) -> float:
+        """Plan batches on the stored lengths scaled by the measured sampled/stored ratio
+        (`length_ratio`, rounded up, capped at `max_len`), so that a batch's sampled tokens
+        stay near `data.max_tokens` on average instead of exceeding it by that ratio.
+
+        Returns:
+            the ratio used (1.0: sampled items are not longer).
+        """
+        ratio, _ = self.length_ratio(n)
+        self.plan_ratio = max(1.0, ratio)
+        return self.plan_ratio
+
+    def _planned(self, lengths: np.ndarray, extra: int) -> np.ndarray:
+        if self.plan_ratio == 1.0:
+            return lengths
+        body = np.ceil((lengths.astype(np.float64) - extra) * self.plan_ratio)
+        return (np.minimum(body, self.max_len) + extra).astype(lengths.dtype)
 
     def set_epoch(self, epoch: int) -> None:
         """Sample the segmentations of `epoch` (before the DataLoader starts its workers)."""
@@ -133,12 +155,13 @@ class SampledPairs(TokenizedPairs):
         return len(self.pairs)
 
     def src_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """(n,) stored source lengths (the best segmentation's), as `TokenizedPairs`."""
-        return self.pairs.src_lengths(start, stop)
+        """(n,) source lengths batches are planned on: the stored ones (the best
+        segmentation's) x `plan_ratio`."""
+        return self._planned(self.pairs.src_lengths(start, stop), 0)
 
     def tgt_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """(n,) stored target lengths + 1, as `TokenizedPairs`."""
-        return self.pairs.tgt_lengths(start, stop)
+        """(n,) target lengths + 1 batches are planned on (stored x `plan_ratio`, + 1)."""
+        return self._planned(self.pairs.tgt_lengths(start, stop), 1)
 
     def _encode(self, text: str, side: int, pos: int) -> list[int]:
         spm.set_random_generator_seed(item_seed(self.seed, self.epoch, pos, side))

@@ -338,3 +338,31 @@ def test_a_tiny_model_learns_from_sampled_segmentations(dm_kwargs: dict) -> None
         losses.append(loss.item())
     start, end = np.mean(losses[:5]), np.mean(losses[-5:])
     assert end < 0.5 * start, f"loss {start:.2f} -> {end:.2f}"
+
+
+# -- batch planning ---------------------------------------------------------------------------
+def test_batches_are_planned_on_the_sampled_length_ratio(dm_kwargs: dict) -> None:
+    """Setup measures how much longer sampled items are and plans batches on the stored
+    lengths x that ratio (capped at filter.max_len): more, smaller batches, whose padded size
+    exceeds the budget by less than when planned on the stored lengths."""
+    budget = 300
+    dm = _module({**dm_kwargs, "max_tokens": budget}, sampling_alpha=0.1)
+    sampled = dm.datasets["train"]
+    ratio = sampled.plan_ratio
+    assert ratio == pytest.approx(sampled.length_ratio()[0]) and ratio > 1.05
+    stored = sampled.pairs.src_lengths()
+    expected = np.minimum(np.ceil(stored * ratio), sampled.max_len)
+    assert sampled.src_lengths().tolist() == expected.astype(int).tolist()
+    tgt = sampled.pairs.tgt_lengths() - 1
+    expected_tgt = np.minimum(np.ceil(tgt * ratio), sampled.max_len) + 1
+    assert sampled.tgt_lengths().tolist() == expected_tgt.astype(int).tolist()
+
+    def overshoot(plan_ratio: float) -> tuple[int, float]:
+        sampled.plan_ratio = plan_ratio
+        batches = [b for epoch in (0, 1) for b in _batches(dm, epoch)]
+        costs = [b["src"].shape[0] * max(b["src"].shape[1], b["tgt_in"].shape[1]) for b in batches]
+        return len(batches), float(np.mean(costs)) / budget
+
+    planned_n, planned = overshoot(ratio)
+    stored_n, unplanned = overshoot(1.0)
+    assert planned_n > stored_n and planned < unplanned
