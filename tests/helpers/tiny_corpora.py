@@ -37,3 +37,17 @@ def write_text_corpus(
 
 
 TINY_TOKENIZER = {"vocab_size": 60, "model_type": "unigram", "character_coverage": 1.0}
+
+
+FR = {"ein": "un", "der": "le", "mann": "homme", "hund": "chien"}
+
+
+def write_multi(root: Path, sizes: dict[str, int]) -> Path:
+    """`{root}/{split}.{en,de,fr}`, line-aligned across the three languages."""
+    root.mkdir(parents=True, exist_ok=True)
+    for k, (split, n) in enumerate(sizes.items()):
+        en, de = make_pairs(n, seed=k, max_words=6)
+        fr = [" ".join(FR.get(w, w + "e") for w in s.split()) for s in de]
+        for lang, lines in (("en", en), ("de", de), ("fr", fr)):
+            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root

@@ -175,17 +175,26 @@ def open_cache(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         shapes[f"{side}.ids"] = (id_dtype, int(tokens[side]))
         shapes[f"{side}.off"] = (np.dtype(np.int64), n + 1)
         shapes[f"{side}.len"] = (np.dtype(np.int32), n)
-    arrays = {}
-    for name, (dtype, count) in shapes.items():
-        f = path / name
-        size = f.stat().st_size if f.is_file() else -1
-        if size != dtype.itemsize * count:
-            raise DataError(
-                f"the prepared cache {path} is corrupt ({name} has {size} bytes, expected "
-                f"{dtype.itemsize * count}); {fix}"
-            )
-        arrays[name] = _map(f, dtype, count)
+    arrays = {
+        name: _checked_map(path, name, dtype, count, f"the prepared cache {path}", fix)
+        for name, (dtype, count) in shapes.items()
+    }
     return arrays, meta
+
+
+def _checked_map(path: Path, name: str, dtype: np.dtype, count: int, what: str, fix: str) -> Any:
+    """`_map` of ``path/name`` after checking its size is `count` items of `dtype`.
+
+    Raises:
+        DataError: the file is missing or has another size ("{what} is corrupt ...; {fix}").
+    """
+    f = path / name
+    size = f.stat().st_size if f.is_file() else -1
+    if size != dtype.itemsize * count:
+        raise DataError(
+            f"{what} is corrupt ({name} has {size} bytes, expected {dtype.itemsize * count}); {fix}"
+        )
+    return _map(f, dtype, count)
 
 
 def write_text_cache(chunks: Iterable[tuple[list[str], list[str]]], path: Path) -> int:
@@ -240,14 +249,8 @@ class TextPairs:
         for side in ("src", "tgt"):
             for name, dtype, count in ((f"{side}.txt", np.dtype(np.uint8), int(size[side])),
                                        (f"{side}.txt.off", np.dtype(np.int64), n + 1)):  # fmt: skip
-                f = path / name
-                found = f.stat().st_size if f.is_file() else -1
-                if found != dtype.itemsize * count:
-                    raise DataError(
-                        f"the text cache {path} is corrupt ({name} has {found} bytes, expected "
-                        f"{dtype.itemsize * count}); {fix}"
-                    )
-                self._arrays[name] = np.asarray(_map(f, dtype, count))
+                what = f"the text cache {path}"
+                self._arrays[name] = np.asarray(_checked_map(path, name, dtype, count, what, fix))
         self.n = n
 
     def __len__(self) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_corpora import make_pairs
+from tiny_corpora import write_multi
 
 from litmt.data import TranslationDataModule
 from litmt.data.directions import (
@@ -19,19 +19,6 @@ from litmt.data.directions import (
     sampling_weights,
 )
 from litmt.errors import ConfigError
-
-FR = {"ein": "un", "der": "le", "mann": "homme", "hund": "chien"}
-
-
-def write_multi(root: Path, sizes: dict[str, int]) -> Path:
-    """`{root}/{split}.{en,de,fr}`, line-aligned across the three languages."""
-    root.mkdir(parents=True, exist_ok=True)
-    for k, (split, n) in enumerate(sizes.items()):
-        en, de = make_pairs(n, seed=k, max_words=6)
-        fr = [" ".join(FR.get(w, w + "e") for w in s.split()) for s in de]
-        for lang, lines in (("en", en), ("de", de), ("fr", fr)):
-            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return root
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 import sentencepiece as spm
 import torch
 import torch.nn.functional as F
-from tiny_corpora import make_pairs
+from tiny_corpora import make_pairs, write_multi
 
 from litmt.data import TranslationDataModule
 from litmt.data.collate import TokenizedPairs
@@ -26,7 +26,6 @@ from litmt.errors import ConfigError, DataError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
 STEPS = 150  # optimizer steps of the learning test (about 2 s)
-FR = {"ein": "un", "der": "le", "mann": "homme", "hund": "chien"}
 
 
 def _module(dm_kwargs: dict, **tokenizer: object) -> TranslationDataModule:
@@ -145,25 +144,14 @@ def test_sampled_items_keep_their_text_and_only_train_is_sampled(
     assert _same_batches(_batches(plain, 0, "valid"), _batches(dm, 0, "valid"))
 
 
-def _write_multi(root: Path, sizes: dict[str, int]) -> Path:
-    """`{root}/{split}.{en,de,fr}`, line-aligned across the three languages."""
-    root.mkdir(parents=True, exist_ok=True)
-    for k, (split, n) in enumerate(sizes.items()):
-        en, de = make_pairs(n, seed=k, max_words=6)
-        fr = [" ".join(FR.get(w, w + "e") for w in s.split()) for s in de]
-        for lang, lines in (("en", en), ("de", de), ("fr", fr)):
-            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return root
-
-
 @pytest.mark.parametrize("placement", ["source", "target"])
 def test_sampled_items_keep_the_language_tag_on_its_side(
     tmp_path: Path, dm_kwargs: dict, placement: str
 ) -> None:
     """en-de has 120 training pairs, en-fr 40 (its own folder), resampled at T=inf: en-fr
     examples repeat, so dataset positions are not example indices."""
-    big = _write_multi(tmp_path / "big", {"train": 120, "valid": 20, "test": 10})
-    small = _write_multi(tmp_path / "small", {"train": 40, "valid": 10, "test": 10})
+    big = write_multi(tmp_path / "big", {"train": 120, "valid": 20, "test": 10})
+    small = write_multi(tmp_path / "small", {"train": 40, "valid": 10, "test": 10})
     kwargs = {
         **dm_kwargs,
         "dir": str(big),
