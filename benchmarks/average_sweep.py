@@ -6,8 +6,8 @@ Run a training with every epoch's checkpoint kept
     python -m benchmarks.average_sweep RUN_DIR [RUN_DIR ...] [--valid-src F --valid-ref F]
 
 For each run it averages (`litmt.checkpoint.average.average_checkpoints`) and decodes the
-valid split greedily (`litmt.decoding.translator.Translator`), scoring with sacreBLEU
-(`litmt.metrics.corpus_scores`):
+valid split greedily, scored with sacreBLEU as the end step scores it
+(`litmt.training.finalize.bleu_on_split`):
 
 - ``best``: the checkpoint with the highest validation BLEU (its file name), alone;
 - ``top-k``: the k checkpoints with the highest validation BLEU (what `finalize.average_best`
@@ -31,10 +31,9 @@ from pathlib import Path
 from benchmarks.common import MULTI30K
 from litmt.checkpoint.average import average_checkpoints
 from litmt.data.text import read_text_file
-from litmt.decoding.config import DecodeConfig
 from litmt.decoding.translator import Translator
 from litmt.errors import LitmtError
-from litmt.metrics import corpus_scores
+from litmt.training.finalize import GREEDY, Split, bleu_on_split
 
 NAME = re.compile(r"step(\d+).*?bleu(\d+(?:\.\d+)?)\.ckpt$")
 
@@ -56,11 +55,11 @@ def run_checkpoints(run_dir: Path) -> list[tuple[int, float, Path]]:
 
 def strategies(ckpts: list[tuple[int, float, Path]]) -> dict[str, list[tuple[int, float, Path]]]:
     """The averaging choices compared, each a list of checkpoints (see the module docstring)."""
-    by_bleu = sorted(ckpts, key=lambda c: c[1], reverse=True)
-    out: dict[str, list[tuple[int, float, Path]]] = {"best": by_bleu[:1]}
+    ranked = sorted(ckpts, key=lambda c: c[1], reverse=True)  # by valid BLEU, best first
+    out: dict[str, list[tuple[int, float, Path]]] = {"best": ranked[:1]}
     for k in (2, 3, 5, 8):
         if k <= len(ckpts):
-            out[f"top-{k}"] = by_bleu[:k]
+            out[f"top-{k}"] = ranked[:k]
     for k in (2, 3, 5, 8):
         if k <= len(ckpts):
             out[f"last-{k}"] = ckpts[-k:]
@@ -78,9 +77,11 @@ def main() -> None:
     p.add_argument("--valid-ref", type=Path, default=MULTI30K / "valid.de")
     p.add_argument("--max-tokens", type=int, default=4096)
     args = p.parse_args()
-    src = read_text_file(args.valid_src, "valid source")
-    ref = read_text_file(args.valid_ref, "valid reference")
-    greedy = DecodeConfig(beam_size=1)
+    valid = Split(
+        "valid",
+        read_text_file(args.valid_src, "valid source"),
+        read_text_file(args.valid_ref, "valid reference"),
+    )
     for run in args.runs:
         ckpts = run_checkpoints(run)
         steps = [c[0] for c in ckpts]
@@ -94,13 +95,11 @@ def main() -> None:
                 ckpt = paths[0]
                 if len(paths) > 1:
                     ckpt = average_checkpoints(paths, Path(tmp) / f"{name.replace('/', '_')}.ckpt")
-                hyps = Translator.from_checkpoint(str(ckpt)).translate(
-                    src, greedy, max_tokens=args.max_tokens
-                )
-                s = corpus_scores(hyps, ref, metrics=("bleu", "chrf"))
+                translator = Translator.from_checkpoint(str(ckpt))
+                s = bleu_on_split(translator, valid, GREEDY, args.max_tokens)
                 epochs = ",".join(str(steps.index(c[0]) + 1) for c in chosen)
                 print(
-                    f"| {name} | {epochs} | {s['bleu'].score:.2f} | {s['chrf'].score:.2f} "
+                    f"| {name} | {epochs} | {s['bleu']:.2f} | {s['chrf']:.2f} "
                     f"| {time.perf_counter() - t0:.0f} |",
                     flush=True,
                 )

@@ -9,15 +9,16 @@ from pathlib import Path
 from litmt.errors import ConfigError
 
 # -- which checkpoints, on which device -----------------------------------------------------
-_STEP = re.compile(r"step=(\d+)")
+_STEP = re.compile(r"step=?(\d+)")  # Lightning's step=N and litmt's best-stepNNNNNN
 
 
 def select_last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
     """The `n` most recent checkpoints under `run_dir` (searched recursively), oldest first.
 
     ``last*.ckpt`` (a copy of the newest) and ``avg*``/``average*`` files (earlier averages)
-    are skipped. "Recent" is the training step in a ``step=N`` file name (Lightning's
-    default ``epoch=E-step=N.ckpt``) when every file has one, else the modification time.
+    are skipped. "Recent" is the training step in the file name when every file has one
+    (Lightning's default ``epoch=E-step=N.ckpt``, litmt's ``best-stepNNNNNN-bleuB.ckpt``),
+    else the modification time.
     """
     root = Path(run_dir)
     if not root.is_dir():

@@ -193,6 +193,18 @@ def test_select_last_checkpoints_by_step_and_by_mtime(tmp_path):
         select_last_checkpoints(plain, 4)
 
 
+def test_select_last_checkpoints_reads_the_step_of_litmts_own_names(tmp_path):
+    """`callbacks.model_checkpoint.filename` writes best-step{step:06d}-bleu{B}: the order is
+    the step's, even when the modification times say otherwise (a copied run directory)."""
+    names = ["best-step004693-bleu36.68.ckpt", "best-step000247-bleu3.13.ckpt",
+             "best-step012000-bleu30.00.ckpt"]  # fmt: skip
+    for i, name in enumerate(names):
+        (tmp_path / name).write_bytes(b"x")
+        os.utime(tmp_path / name, (2000 - i, 2000 - i))  # newest file = lowest step
+    got = [p.name for p in select_last_checkpoints(tmp_path, 2)]
+    assert got == ["best-step004693-bleu36.68.ckpt", "best-step012000-bleu30.00.ckpt"]
+
+
 def test_average_last_reaches_the_run_directory(ckpt, test_files, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
