@@ -168,6 +168,33 @@ class RecordTestWeights(L.Callback):
         torch.save(pl_module.state_dict(), self.path)
 
 
+class RecordDropout(L.Callback):
+    """Writes `path` (JSON): the dropout probabilities the model trains with, per training
+    batch ({"step", "dropout": [p of every nn.Dropout with p > 0], "attention": [the
+    attention modules' p > 0]}), and once more after `fit` ({"after_fit": ...})."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.records: list[dict[str, Any]] = []
+
+    @staticmethod
+    def _probabilities(module: L.LightningModule) -> dict[str, list[float]]:
+        from litmt.models.mha import MultiHeadAttention
+
+        ps = [m.p for m in module.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
+        att = [m.dropout for m in module.modules() if isinstance(m, MultiHeadAttention)]
+        return {"dropout": ps, "attention": [p for p in att if p > 0]}
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any
+    ) -> None:
+        self.records.append({"step": trainer.global_step, **self._probabilities(pl_module)})
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.records.append({"after_fit": self._probabilities(pl_module)})
+        self.path.write_text(json.dumps(self.records))
+
+
 class RecordingLogger(Logger):
     """A Lightning logger that appends each `log_hyperparams` call to `path` as one JSON line
     (the values of `sacrebleu/*` keys, the other keys by name)."""
