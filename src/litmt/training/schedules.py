@@ -99,26 +99,36 @@ def warmup_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
-def clock_progress(trainer: Any) -> Callable[[], float]:
-    """The fraction of ``trainer.max_time`` used (0..1), as a function, read from Lightning's
-    `Timer` (which the trainer adds for ``max_time`` and which survives a resume).
-
-    Raises:
-        ConfigError: the trainer has no ``max_time``.
-    """
+def time_budget_progress(trainer: Any) -> tuple[Callable[[], float], float] | None:
+    """(the fraction of ``trainer.max_time`` used (0..1) as a function, the budget in seconds),
+    read from Lightning's `Timer` (which the trainer adds for ``max_time`` and which survives
+    a resume); None when the trainer has no time budget."""
     timer = next(
         (c for c in trainer.callbacks if isinstance(c, Timer) and c.time_remaining() is not None),
         None,
     )
     if timer is None:
+        return None
+    budget = float(timer.time_elapsed()) + float(timer.time_remaining())
+    return (lambda: float(timer.time_elapsed()) / budget), budget
+
+
+def clock_progress(trainer: Any) -> Callable[[], float]:
+    """`time_budget_progress` for the cosine LR decay.
+
+    Raises:
+        ConfigError: the trainer has no ``max_time``.
+    """
+    found = time_budget_progress(trainer)
+    if found is None:
         raise ConfigError(
             "module.scheduler.horizon=time decays the LR over trainer.max_time, which is not "
             "set; set trainer.max_time=DD:HH:MM:SS or use module.scheduler.horizon=steps"
         )
-    budget = float(timer.time_elapsed()) + float(timer.time_remaining())
+    progress, budget = found
     log.info(
         "cosine LR decay follows the time budget trainer.max_time (%.0f s): the LR "
         "reaches min_lr_ratio when the run stops",
         budget,
     )
-    return lambda: float(timer.time_elapsed()) / budget
+    return progress

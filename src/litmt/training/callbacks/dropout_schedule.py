@@ -21,14 +21,15 @@ config's values. ``start_scale=1`` (the default) leaves every dropout as configu
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Timer
 from torch import nn
 
 from litmt.errors import ConfigError
 from litmt.models.mha import MultiHeadAttention
+from litmt.training.schedules import time_budget_progress
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,8 @@ class DropoutSchedule(L.Callback):
                 f"got {ramp}"
             )
         self.start_scale, self.ramp = float(start_scale), float(ramp)
-        self.scale = 1.0  # the factor set before the latest training batch
-        self._base: dict[nn.Module, float] = {}
-        self._timer: Timer | None = None
+        self._base: dict[nn.Module, float] = {}  # each dropout's configured probability
+        self._clock: Callable[[], float] | None = None  # the time budget's progress, if any
 
     @property
     def active(self) -> bool:
@@ -85,11 +85,9 @@ class DropoutSchedule(L.Callback):
                     self._base[module] = float(module.p)
                 elif isinstance(module, MultiHeadAttention) and module.dropout > 0:
                     self._base[module] = float(module.dropout)
-        self._timer = next(
-            (c for c in trainer.callbacks if isinstance(c, Timer) and c.time_remaining() is not None),
-            None,
-        )  # fmt: skip
-        clock = "trainer.max_time" if self._timer is not None else "the optimizer steps"
+        found = time_budget_progress(trainer)
+        self._clock = found[0] if found is not None else None
+        clock = "trainer.max_time" if self._clock is not None else "the optimizer steps"
         log.info(
             "dropout schedule: %d dropout(s) start at %.2f x their configured probability and "
             "reach it at %.0f%% of %s",
@@ -99,9 +97,8 @@ class DropoutSchedule(L.Callback):
     def progress(self, trainer: L.Trainer) -> float:
         """The fraction of the run done (0..1): of ``trainer.max_time`` when it is set, else
         of the estimated optimizer steps."""
-        if self._timer is not None:
-            elapsed, left = float(self._timer.time_elapsed()), float(self._timer.time_remaining())
-            return elapsed / max(elapsed + left, 1e-9)
+        if self._clock is not None:
+            return self._clock()
         total = max(1, int(trainer.estimated_stepping_batches))
         return min(1.0, trainer.global_step / total)
 
@@ -110,22 +107,21 @@ class DropoutSchedule(L.Callback):
     ) -> None:
         if not self.active:
             return
-        self.scale = dropout_scale(self.progress(trainer), self.start_scale, self.ramp)
-        for module, p in self._base.items():
-            if isinstance(module, nn.Dropout):
-                module.p = p * self.scale
-            else:
-                module.dropout = p * self.scale
-        pl_module.log("train/dropout_scale", self.scale, batch_size=batch["src"].size(0))
+        scale = dropout_scale(self.progress(trainer), self.start_scale, self.ramp)
+        self._apply(scale)
+        pl_module.log("train/dropout_scale", scale, batch_size=batch["src"].size(0))
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Put back the configured probabilities (a stop before `ramp` leaves scaled ones)."""
+        self._apply(1.0)
+
+    def _apply(self, scale: float) -> None:
+        """Set every dropout to `scale` x its configured probability."""
         for module, p in self._base.items():
             if isinstance(module, nn.Dropout):
-                module.p = p
+                module.p = p * scale
             else:
-                module.dropout = p
-        self.scale = 1.0
+                module.dropout = p * scale
 
 
 __all__ = ["DropoutSchedule", "dropout_scale"]
