@@ -13,6 +13,7 @@ plugin (an entry point of hydra-core, absent where hydra-core is) is disabled to
 from __future__ import annotations
 
 import importlib.abc
+import os
 import runpy
 import sys
 from collections.abc import Sequence
@@ -43,6 +44,7 @@ def main(argv: list[str]) -> None:
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
         sys.argv = list(argv)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))  # as `python3 SCRIPT` does
         runpy.run_path(argv[0], run_name="__main__")
 
 

@@ -5,8 +5,11 @@ in an epoch."""
 from __future__ import annotations
 
 import json
+import math
 import os
+from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import hydra
 import lightning as L
@@ -14,6 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.strategies import DDPStrategy
 from train_utils import (
     TWO_CPU_RANKS,
     compose_train,
@@ -27,6 +32,7 @@ from train_utils import (
 from litmt.checkpoint.io import load_checkpoint
 from litmt.training.callbacks.validation_bleu import ValidationBleu, gather_hypotheses
 from litmt.training.module import TranslationModule
+from litmt.training.schedules import time_budget_progress, warmup_scheduler
 
 EPOCHS = 20
 REFS = [f"sentence {i}" for i in range(7)]
@@ -59,6 +65,44 @@ def test_gather_hypotheses_across_two_gloo_ranks(tmp_path: Path) -> None:
         got = json.loads((tmp_path / f"{rank}.json").read_text())
         assert got["full"] == [f"h{i}" for i in range(7)]
         assert got["partial"] is None
+
+
+def _clock_worker(rank: int, world: int, port: int, out: str) -> None:
+    """Rank r's own clock says 30 + r seconds of a 100 s budget."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        timer = Timer(duration=timedelta(seconds=100))
+        timer.time_elapsed = lambda *a: 30.0 + rank  # type: ignore[method-assign]
+        timer.time_remaining = lambda *a: 70.0 - rank  # type: ignore[method-assign]
+        trainer = SimpleNamespace(callbacks=[timer], world_size=world, strategy=DDPStrategy())
+        progress, _ = time_budget_progress(trainer)
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = warmup_scheduler(
+            opt, trainer, name="cosine", warmup_steps=1, min_lr_ratio=0.0, total_steps=None,
+            horizon="time",
+        )  # fmt: skip
+        opt.step()
+        sched.step()
+        got = {"progress": progress(), "lr": opt.param_groups[0]["lr"]}
+        Path(out, f"{rank}.json").write_text(json.dumps(got))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_time_budget_progress_is_rank_0s_clock_on_every_rank(tmp_path: Path) -> None:
+    """Fast: ranks whose clocks differ (30 s and 31 s) get rank 0's progress and the same LR
+    (Lightning's DDPStrategy.broadcast over gloo), so the replicas stay identical."""
+    mp.start_processes(
+        _clock_worker,
+        args=(2, free_port(), str(tmp_path)),
+        nprocs=2,
+        join=True,
+        start_method=start_method(),
+    )
+    got = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert got[0]["progress"] == got[1]["progress"] == pytest.approx(0.30)
+    assert got[0]["lr"] == got[1]["lr"] == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.30)))
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -237,14 +237,15 @@ class TranslationDataModule(L.LightningDataModule):
             translation_column=translation_column,
             hf_cache_dir=str(self.cache_dir / "hf"),
         )
+        self.directions = parse_directions(_plain(directions))
         self.extra_train = parse_train_sources(
             _plain(extra_train),
             src_lang=self.src_lang,
             tgt_lang=self.tgt_lang,
             resolve=_resolve_path,
             hf_cache_dir=str(self.cache_dir / "hf"),
+            directions=[d.name for d in self.directions] or None,
         )
-        self.directions = parse_directions(_plain(directions))
         self.tag_placement = check_placement(str(tag_placement))
         self.sampling_temperature = float(sampling_temperature)
         sampling_weights([1], self.sampling_temperature)  # refuses T <= 0 now
@@ -252,11 +253,6 @@ class TranslationDataModule(L.LightningDataModule):
         self.multi: MultiCorpus | None = None
         self._offsets: dict[str, list[int]] = {}  # split -> direction start offsets
         if self.directions:
-            if self.extra_train:
-                raise ConfigError(
-                    "data.extra_train cannot be combined with data.directions yet; list the "
-                    "extra corpora as directions, or train one pair"
-                )
             first = self.directions[0]
             self.src_lang, self.tgt_lang = first.src, first.tgt
             corpora = [
@@ -268,7 +264,9 @@ class TranslationDataModule(L.LightningDataModule):
                 for d in self.directions
             ]  # fmt: skip
             self.corpus = corpora[0]
-            self.multi = MultiCorpus(self.directions, corpora, self.tag_placement)
+            self.multi = MultiCorpus(
+                self.directions, corpora, self.tag_placement, extra=self.extra_train
+            )
         symbols = self.tokenizer_settings.user_defined_symbols
         symbols.extend(t for t in source_tags(self.extra_train) if t not in symbols)
         symbols.extend(
@@ -453,8 +451,9 @@ class TranslationDataModule(L.LightningDataModule):
         ratio = sampled.plan_on_sampled_lengths()
         log.info(
             "%s; sampled items have x%.2f the stored tokens, so batches are planned on the "
-            "stored lengths x%.2f to stay near data.max_tokens", describe(tok, sampling),
-            ratio, ratio,
+            "stored lengths x%.2f to stay within data.max_tokens; %.1f%% of sampled sides "
+            "fit no draw and keep their best segmentation", describe(tok, sampling),
+            ratio, ratio, 100 * sampled.fallback_rate(),
         )  # fmt: skip
         return sampled
 

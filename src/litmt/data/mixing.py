@@ -2,6 +2,10 @@
 direction over the same files, concatenated in config order and tagged with the target
 language (`litmt.data.directions`), and the temperature-sampled training examples.
 
+A direction's training split is its corpus's, followed by the `data.extra_train` sources
+whose `direction` names it (`litmt.data.sources`: their own tags first, then the language
+tag), so temperature sampling counts them in that direction's size.
+
 `MultiCorpus` streams, loads, counts and fingerprints a split like `litmt.data.streams` and
 `litmt.data.sources` do for one direction; `ResampledPairs` is a view of the prepared
 training pairs with each direction repeated or subsampled (`sampled_positions`), which the
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import datasets
 import numpy as np
@@ -20,6 +24,7 @@ import numpy as np
 from litmt.data.collate import Example, TokenizedPairs
 from litmt.data.corpus import ParallelCorpus, short_hash
 from litmt.data.directions import Direction, direction_of, sampled_positions
+from litmt.data.sources import TrainSource, load_split, split_fingerprint
 from litmt.data.streams import Chunk, count_pairs, pair_chunks
 
 log = logging.getLogger(__name__)
@@ -37,12 +42,18 @@ class MultiCorpus:
     directions: list[Direction]
     corpora: list[ParallelCorpus]  # one per direction, same order
     placement: str = "source"
+    extra: list[TrainSource] = field(default_factory=list)  # each with its direction index
+
+    def _extra(self, k: int) -> list[TrainSource]:
+        """The extra training sources of direction `k`, in config order."""
+        return [s for s in self.extra if s.direction == k]
 
     def fingerprint(self, split: str) -> str:
-        """A cache key of every direction's content and the tag placement."""
+        """A cache key of every direction's content (extra sources included) and the tag
+        placement."""
         parts = [
-            (d.name, c.fingerprint(split))
-            for d, c in zip(self.directions, self.corpora, strict=True)
+            (d.name, split_fingerprint(c, self._extra(k), split))
+            for k, (d, c) in enumerate(zip(self.directions, self.corpora, strict=True))
         ]
         return short_hash("multi", self.placement, *parts)
 
@@ -52,18 +63,19 @@ class MultiCorpus:
         return src, _tag(d.tag, tgt)
 
     def chunks(self, split: str, limit: int | None = None) -> Iterator[Chunk]:
-        """The tagged pairs of `split`, direction after direction (`limit`: per direction)."""
-        for d, c in zip(self.directions, self.corpora, strict=True):
-            for src, tgt in pair_chunks(c, [], split, limit=limit):
+        """The tagged pairs of `split`, direction after direction (`limit`: per direction,
+        extra sources included)."""
+        for k, (d, c) in enumerate(zip(self.directions, self.corpora, strict=True)):
+            for src, tgt in pair_chunks(c, self._extra(k), split, limit=limit):
                 yield self._tagged(d, src, tgt)
 
     def sizes(self, split: str, limit: int | None = None) -> list[int]:
         """Pairs per direction in `split` (before filtering; `limit` per direction)."""
         out = []
-        for c in self.corpora:
-            n = count_pairs(c, [], split)
+        for k, c in enumerate(self.corpora):
+            n = count_pairs(c, self._extra(k), split)
             if n is None:  # hub tables: count by loading (Arrow, memory-mapped)
-                n = len(c.load(split))
+                n = len(load_split(c, self._extra(k), split))
             out.append(n if limit is None else min(n, limit))
         return out
 
@@ -75,8 +87,8 @@ class MultiCorpus:
         """The split's text (`src`, `tgt`): references keep their plain target text; with
         ``source`` placement, sources carry their tag (what the model reads)."""
         parts = []
-        for d, c in zip(self.directions, self.corpora, strict=True):
-            ds = c.load(split)
+        for k, (d, c) in enumerate(zip(self.directions, self.corpora, strict=True)):
+            ds = load_split(c, self._extra(k), split)
             if limit is not None:
                 ds = ds.select(range(min(limit, len(ds))))
             src = [s or "" for s in ds["src"]]

@@ -32,6 +32,7 @@ EXTRA_KEYS = (
     "columns",
     "translation_column",
     "tag",
+    "direction",
 )
 
 
@@ -46,11 +47,14 @@ class TrainSource:
             text); it must be a user-defined symbol of the tokenizer (`Tokenizer.encode_src`
             then encodes it as one id). None = no tag.
         name: a label for logs.
+        direction: with `data.directions`, the index of the direction whose training
+            split it extends (its `direction` key); 0 for one pair.
     """
 
     corpus: ParallelCorpus
     tag: str | None = None
     name: str = ""
+    direction: int = 0
 
     def __post_init__(self) -> None:
         if self.tag is not None and (not self.tag or any(c.isspace() for c in self.tag)):
@@ -67,15 +71,20 @@ def parse_train_sources(
     tgt_lang: str,
     resolve: Any = Path,
     hf_cache_dir: str | None = None,
+    directions: list[str] | None = None,
 ) -> list[TrainSource]:
     """`TrainSource`s from the `data.extra_train` list of plain dicts.
 
     Each entry: `dir` (local folder, relative paths through `resolve`) or `hub: {path, name,
     revision}`; `format`, `layout`, `columns`, `translation_column` as for the main corpus;
-    `split` (default `train`): the local file stem or hub split name; `tag`; `name`.
+    `split` (default `train`): the local file stem or hub split name; `tag`; `name`;
+    `direction` (``SRC-TGT``): the direction it extends, required with `directions` (the
+    names of `data.directions`), whose languages its files then have; without directions it
+    may only name the pair `src_lang`-`tgt_lang`.
 
     Raises:
-        ConfigError: an entry is not a mapping, has unknown keys, or names no corpus.
+        ConfigError: an entry is not a mapping, has unknown keys, names no corpus, or names
+            no direction of the model.
     """
     sources = []
     for i, entry in enumerate(entries or []):
@@ -100,9 +109,10 @@ def parse_train_sources(
         directory = entry.get("dir")
         if directory is None and not hub.get("path"):
             raise ConfigError(f"data.extra_train[{i}] ({name}) needs dir=PATH or hub.path")
+        k, src, tgt = _direction_of(i, entry, src_lang, tgt_lang, directions)
         corpus = ParallelCorpus(
-            src_lang=src_lang,
-            tgt_lang=tgt_lang,
+            src_lang=src,
+            tgt_lang=tgt,
             dir=resolve(directory) if directory is not None else None,
             format=str(entry.get("format") or "text"),
             splits={"train": split},
@@ -113,8 +123,31 @@ def parse_train_sources(
             hf_cache_dir=hf_cache_dir,
         )
         tag = entry.get("tag")
-        sources.append(TrainSource(corpus, None if tag is None else str(tag), name))
+        sources.append(TrainSource(corpus, None if tag is None else str(tag), name, k))
     return sources
+
+
+def _direction_of(
+    i: int, entry: Mapping, src_lang: str, tgt_lang: str, directions: list[str] | None
+) -> tuple[int, str, str]:
+    """(direction index, source language, target language) of extra_train entry `i`."""
+    names = directions or [f"{src_lang}-{tgt_lang}"]
+    given = entry.get("direction")
+    if given is None and directions:
+        raise ConfigError(
+            f"data.extra_train[{i}] needs direction=SRC-TGT with data.directions, one of "
+            f"{', '.join(names)}"
+        )
+    if given is None:
+        return 0, src_lang, tgt_lang
+    name = str(given).replace("_", "-")
+    if name not in names:
+        what = "data.directions" if directions else "the pair this model trains"
+        raise ConfigError(
+            f"data.extra_train[{i}].direction={given} is not one of {what}: {', '.join(names)}"
+        )
+    src, tgt = name.split("-")
+    return names.index(name), src, tgt
 
 
 def source_tags(sources: list[TrainSource]) -> list[str]:

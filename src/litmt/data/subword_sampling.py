@@ -15,16 +15,17 @@ Lengths: a sampled segmentation is usually longer than the stored (best) one: on
 x1.04-1.09 the tokens at unigram alpha 0.5 or nbest 64, x1.35-1.97 at unigram alpha 0.2-0.1
 (nbest -1), x1.4 at bpe alpha 0.1. Batches planned on the stored lengths then exceeded
 `data.max_tokens` by about that ratio (worst batch 1.4x to 3.6x), so the datamodule plans them
-on the stored lengths x the ratio measured at setup (`plan_on_sampled_lengths`): a batch's
-sampled tokens stay near the budget on average, with fewer sentences per batch (more steps
-per epoch). Single batches can still exceed the budget (a sentence's sampled length varies);
-nothing truncates them. A sampled side longer than
-`data.filter.max_len` (at most `max_positions - 1`) keeps its cached ids (logged once per
-worker and epoch).
+on the stored lengths x the ratio measured at setup (`plan_on_sampled_lengths`), with fewer
+sentences per batch (more steps per epoch). A sampled side must also fit the length its batch
+was planned on (stored x ratio, rounded up, at most `data.filter.max_len`): a longer draw is
+drawn again (`DRAWS` in all, each with its own seed), and a side with no draw that fits keeps
+its cached (best) ids, counted in `fallbacks` (logged once per worker and epoch). So no batch
+exceeds `data.max_tokens`; the price is that segmentations much longer than the average are
+not sampled.
 
 Reproducibility: example `pos` of the epoch's training dataset is sampled with sentencepiece's
-generator seeded by a hash of (data.seed, epoch, pos, side), just before it is encoded. So the
-segmentations depend only on the seed, the epoch and the dataset (corpus, filters, limit,
+generator seeded by a hash of (data.seed, epoch, pos, side, draw), just before it is
+encoded. So the segmentations depend only on the seed, the epoch and the dataset (corpus, filters, limit,
 directions and their temperature): not on `num_workers`, the batches, the world size or a
 mid-epoch resume. They may differ across sentencepiece versions or C++ standard libraries
 (the generator's distributions are implementation-defined). A repeated example (directions
@@ -52,6 +53,7 @@ from litmt.errors import ConfigError
 log = logging.getLogger(__name__)
 
 _SAMPLED_TYPES = ("unigram", "bpe")  # sentencepiece samples only these
+DRAWS = 4  # sampled segmentations tried per side before a side keeps its best one
 
 
 def check_sampling(tok: Tokenizer, sampling: SubwordSampling) -> None:
@@ -90,11 +92,13 @@ def describe(tok: Tokenizer, sampling: SubwordSampling) -> str:
     )
 
 
-def item_seed(seed: int, epoch: int, pos: int, side: int) -> int:
+def item_seed(seed: int, epoch: int, pos: int, side: int, draw: int = 0) -> int:
     """The seed of sentencepiece's generator for one side (0 = source, 1 = target) of
-    example `pos` in `epoch`: a hash, below 2**32 - 1 (which sentencepiece reads as
-    "seed from the clock")."""
-    digest = hashlib.blake2b(struct.pack("<4q", seed, epoch, pos, side), digest_size=4).digest()
+    example `pos` in `epoch`, draw `draw` (0 first): a hash, below 2**32 - 1 (which
+    sentencepiece reads as "seed from the clock")."""
+    digest = hashlib.blake2b(
+        struct.pack("<4q", seed, epoch, pos, side + 2 * draw), digest_size=4
+    ).digest()
     return int.from_bytes(digest, "little") % 0xFFFFFFFF
 
 
@@ -107,8 +111,11 @@ class SampledPairs(TokenizedPairs):
         tokenizer: the tokenizer that prepared `pairs`.
         sampling: alpha and nbest.
         seed: `data.seed`.
-        max_len: longest sampled side kept (`data.filter.max_len`); a longer one keeps its
-            cached ids.
+        max_len: longest sampled side kept (`data.filter.max_len`).
+
+    A sampled side longer than the length batches were planned on (`planned_len`) is drawn
+    again, up to `DRAWS` times; then it keeps its cached ids (`fallbacks` counts those sides,
+    `sides` all sides encoded by this object).
     """
 
     def __init__(
@@ -126,6 +133,7 @@ class SampledPairs(TokenizedPairs):
         self.max_src_len, self.max_tgt_len = pairs.max_src_len, pairs.max_tgt_len
         self.seed, self.max_len, self.epoch = int(seed), int(max_len), 0
         self.plan_ratio = 1.0  # stored lengths x this = the lengths batches are planned on
+        self.fallbacks = self.sides = 0
         self._warned = False
         self._check_reseeding()
 
@@ -140,6 +148,24 @@ class SampledPairs(TokenizedPairs):
         ratio, _ = self.length_ratio(n)
         self.plan_ratio = max(1.0, ratio)
         return self.plan_ratio
+
+    def planned_len(self, stored: int) -> int:
+        """The length a side of `stored` tokens (bos/eos not counted) is planned on: the
+        longest sampled side it may take (`_planned` for one length)."""
+        if self.plan_ratio == 1.0:
+            return stored
+        return int(min(np.ceil(np.float64(stored) * self.plan_ratio), self.max_len))
+
+    def fallback_rate(self, n: int = 256) -> float:
+        """The fraction of sides of `n` evenly spaced examples that keep their best
+        segmentation (no draw fitted their planned length), at the current `plan_ratio`."""
+        fallbacks, sides = self.fallbacks, self.sides
+        self.fallbacks = self.sides = 0
+        for pos in self._positions(n):
+            self[pos]
+        rate = self.fallbacks / max(self.sides, 1)
+        self.fallbacks, self.sides = fallbacks, sides
+        return rate
 
     def _planned(self, lengths: np.ndarray, extra: int) -> np.ndarray:
         if self.plan_ratio == 1.0:
@@ -163,41 +189,58 @@ class SampledPairs(TokenizedPairs):
         """(n,) target lengths + 1 batches are planned on (stored x `plan_ratio`, + 1)."""
         return self._planned(self.pairs.tgt_lengths(start, stop), 1)
 
-    def _encode(self, text: str, side: int, pos: int) -> list[int]:
-        spm.set_random_generator_seed(item_seed(self.seed, self.epoch, pos, side))
+    def _encode(self, text: str, side: int, pos: int, draw: int = 0) -> list[int]:
+        spm.set_random_generator_seed(item_seed(self.seed, self.epoch, pos, side, draw))
         encode = self.tokenizer.encode_src if side == 0 else self.tokenizer.encode_tgt
         return encode([text], self.sampling)[0]
 
-    def __getitem__(self, pos: int) -> Example:
+    def _sample(self, pos: int, planned: bool) -> Example:
+        """Example `pos` with sampled sides; `planned`: each side fits its `planned_len`
+        (else only `max_len`), drawn up to `DRAWS` times, else its cached ids."""
         index, src, tgt = self.pairs[pos]  # the cached ids: the fallback of a too-long side
         texts = self.texts[index]
         out = []
         for side, cached, cap in ((0, src, self.max_src_len), (1, tgt, self.max_tgt_len)):
-            ids = self._encode(texts[side], side, pos)
-            if len(ids) > self.max_len:
-                if not self._warned:
-                    log.warning(
-                        "subword sampling: a sampled segmentation of example %d has %d "
-                        "tokens, more than data.filter.max_len=%d; such sides keep their best "
-                        "segmentation (logged once per worker and epoch)",
-                        index, len(ids), self.max_len,
+            limit = self.planned_len(len(cached)) if planned else self.max_len
+            for draw in range(DRAWS if planned else 1):
+                ids = self._encode(texts[side], side, pos, draw)
+                arr = np.asarray(ids, dtype=cached.dtype)
+                arr = arr if cap is None else arr[:cap]
+                if len(ids) <= self.max_len and len(arr) <= limit:
+                    break
+            else:
+                self.fallbacks += 1
+                if not self._warned:  # expected now and then: the setup log gives the rate
+                    log.info(
+                        "subword sampling: no sampled segmentation of example %d (side %d) "
+                        "fitted the %d tokens its batch was planned on in %d draws; such sides "
+                        "keep their best segmentation (logged once per worker and epoch)",
+                        index, side, limit, DRAWS if planned else 1,
                     )  # fmt: skip
                     self._warned = True
-                out.append(cached)
-                continue
-            arr = np.asarray(ids, dtype=cached.dtype)
-            out.append(arr if cap is None else arr[:cap])
+                arr = cached
+            self.sides += 1
+            out.append(arr)
         return index, out[0], out[1]
+
+    def __getitem__(self, pos: int) -> Example:
+        """Example `pos` of this epoch: each side a sampled segmentation that fits the
+        length its batch was planned on, or its cached ids."""
+        return self._sample(pos, planned=True)
+
+    def _positions(self, n: int) -> list[int]:
+        count = min(n, len(self))
+        return np.unique(np.linspace(0, len(self) - 1, count).astype(np.int64)).tolist()
 
     def length_ratio(self, n: int = 256) -> tuple[float, int]:
         """(sampled / stored tokens, both sides, over `n` evenly spaced examples of this
-        epoch; how many examples): how much longer sampled items are."""
-        count = min(n, len(self))
-        positions = np.unique(np.linspace(0, len(self) - 1, count).astype(np.int64)).tolist()
+        epoch, first draws up to `max_len`; how many examples): how much longer sampled items
+        are."""
+        positions = self._positions(n)
         stored = sampled = 0
         for pos in positions:
             _, src, tgt = self.pairs[pos]
-            _, s, t = self[pos]
+            _, s, t = self._sample(pos, planned=False)
             stored, sampled = stored + len(src) + len(tgt), sampled + len(s) + len(t)
         return sampled / max(stored, 1), len(positions)
 

@@ -195,18 +195,22 @@ def _encode_tagged(
     texts: Sequence[str],
     options: dict[str, Any],
 ) -> list[list[int]]:
-    """Ids of `texts`; a leading tag (a user-defined piece, then a space or the end) is its
-    one id, first. `options`: `SubwordSampling.options` ({} = the best segmentation)."""
+    """Ids of `texts`; each leading tag (a user-defined piece, then a space or the end; e.g.
+    a language token then an extra source's ``<BT>``) is its one id, first, in order.
+    `options`: `SubwordSampling.options` ({} = the best segmentation)."""
     texts = list(texts)
     if not tags:
         return proc.encode(texts, **options)
-    found: list[int | None] = [None] * len(texts)
+    found: list[list[int]] = [[] for _ in texts]
     for i, text in enumerate(texts):
         head, _, rest = text.partition(" ")
-        if head in tags:
-            found[i], texts[i] = tags[head], rest
+        while head in tags:
+            found[i].append(tags[head])
+            text = rest
+            head, _, rest = text.partition(" ")
+        texts[i] = text
     ids = proc.encode(texts, **options)
-    return [s if t is None else [t, *s] for t, s in zip(found, ids, strict=True)]
+    return [[*t, *s] for t, s in zip(found, ids, strict=True)]
 
 
 class Tokenizer:

@@ -77,6 +77,7 @@ def collect_attention(
     sentence: str,
     *,
     target: str | None = None,
+    prefix: Sequence[int] = (),
     max_len_a: float = _D.max_len_a,
     max_len_b: int = _D.max_len_b,
 ) -> AttentionMaps:
@@ -87,6 +88,11 @@ def collect_attention(
         tokenizer: its tokenizer.
         sentence: source text.
         target: target text to force-decode; None = the model's greedy translation.
+        prefix: target ids the output starts with (a multilingual model's target-side
+            language token, ``data.tag_placement=target``): greedy decoding is forced
+            through them, and a forced `target` follows them. They are target positions of
+            the maps (their pieces label them); the translation text is decoded as the
+            `Translator` decodes it.
         max_len_a, max_len_b: greedy output budget (default: `DecodeConfig`'s).
     """
     cfg = model.config
@@ -98,9 +104,12 @@ def collect_attention(
     was_training = model.training
     model.eval()
     if target is None:
-        tgt_ids = greedy_search(model, src, max_len_a=max_len_a, max_len_b=max_len_b)[0].tokens
+        prefixes = [list(prefix)] if prefix else None
+        tgt_ids = greedy_search(
+            model, src, max_len_a=max_len_a, max_len_b=max_len_b, prefixes=prefixes
+        )[0].tokens
     else:
-        tgt_ids = tokenizer.encode_tgt([target])[0][: cfg.max_positions - 1]
+        tgt_ids = [*prefix, *tokenizer.encode_tgt([target])[0]][: cfg.max_positions - 1]
     tgt_in = torch.tensor([[BOS_ID, *tgt_ids]], device=device)  # (1, T)
     modules = model.attention_modules()
     try:

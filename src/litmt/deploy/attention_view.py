@@ -21,15 +21,15 @@ def attention_maps(
     # one line (the page sends one sentence), cleaned as every engine cleans its input
     cleaned = clean_line(sentence.replace("\n", " "), "attention request")
     languages = getattr(translator, "languages", None)
+    prefix: list[int] = []
     if languages is not None and languages.multilingual:
-        if languages.placement != "source":  # refused, not decoded without its token
-            raise ApiError(
-                501,
-                "the attention page does not force a target-side language token; it serves "
-                "multilingual models with data.tag_placement=source only",
-            )
-        # the page shows the model's first direction (its source-side token)
-        cleaned = f"{languages.directions[0].tag} {cleaned}"
+        # the page shows the model's first direction: its token on the source side, or
+        # forced as the first target token (the route `Translator.translate` takes)
+        first = languages.directions[0]
+        if languages.placement == "source":
+            cleaned = f"{first.tag} {cleaned}"
+        else:
+            prefix = translator.route(first.src, first.tgt).prefix_ids(None) or []
     config = DecodeConfig.from_options(options)  # null/absent keys: DecodeConfig's defaults
     max_len_a, max_len_b = config.max_len_a, config.max_len_b
     if max_target is not None:  # the same budget rule, capped: floor(0 * S + min(budget, cap))
@@ -41,6 +41,7 @@ def attention_maps(
             translator.model,
             translator.tokenizer,
             cleaned,
+            prefix=prefix,
             max_len_a=max_len_a,
             max_len_b=max_len_b,
         )

@@ -102,7 +102,13 @@ def warmup_scheduler(
 def time_budget_progress(trainer: Any) -> tuple[Callable[[], float], float] | None:
     """(the fraction of ``trainer.max_time`` used (0..1) as a function, the budget in seconds),
     read from Lightning's `Timer` (which the trainer adds for ``max_time`` and which survives
-    a resume); None when the trainer has no time budget."""
+    a resume); None when the trainer has no time budget.
+
+    With several processes, every call broadcasts rank 0's elapsed time, so all ranks see the
+    same progress (the same LR and dropout; replicas stay identical). Lightning's `Timer` does
+    the same for its stop flag after every batch. Every rank must therefore call the function
+    at the same points (the LR scheduler's step and per-batch callbacks do).
+    """
     timer = next(
         (c for c in trainer.callbacks if isinstance(c, Timer) and c.time_remaining() is not None),
         None,
@@ -110,7 +116,14 @@ def time_budget_progress(trainer: Any) -> tuple[Callable[[], float], float] | No
     if timer is None:
         return None
     budget = float(timer.time_elapsed()) + float(timer.time_remaining())
-    return (lambda: float(timer.time_elapsed()) / budget), budget
+
+    def progress() -> float:
+        elapsed = float(timer.time_elapsed())
+        if trainer.world_size > 1:
+            elapsed = float(trainer.strategy.broadcast(elapsed, src=0))
+        return elapsed / budget
+
+    return progress, budget
 
 
 def clock_progress(trainer: Any) -> Callable[[], float]:

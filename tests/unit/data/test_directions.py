@@ -115,3 +115,62 @@ def test_temperature_sampling_on_unequal_corpora(
     assert len(seen) == 400
     de_share = sum(i < 300 for i in seen) / len(seen)
     assert de_share == pytest.approx(share, abs=0.01)
+
+
+@pytest.mark.parametrize("placement", ["source", "target"])
+def test_an_extra_source_extends_the_direction_it_names(
+    tmp_path: Path, multi_kwargs: dict, placement: str
+) -> None:
+    """A tagged back-translation corpus (en-fr files) with direction=en-fr: its pairs follow
+    en-fr's own in the training split, read from its .fr files, carry its <BT> on the source
+    side and en-fr's language token on the placement's side, and count in en-fr's share
+    under temperature sampling."""
+    bt = write_multi(tmp_path / "bt", {"train": 60})
+    dm = TranslationDataModule(
+        **multi_kwargs,
+        tag_placement=placement,
+        extra_train=[{"name": "bt", "dir": str(bt), "tag": "<BT>", "direction": "en_fr"}],
+        sampling_temperature=math.inf,  # equal shares: en-de 120, en-fr 120 + 60
+    )
+    dm.prepare_data()
+    dm.setup("fit")
+    assert [s.direction for s in dm.extra_train] == [1]
+    assert dm.multi is not None and dm.multi.offsets("train") == [0, 120, 300]
+    tok = dm.tokenizer
+    fr, bt_id = tok.src_tags["<2fr>"], tok.src_tags["<BT>"]
+    french = tok.encode_tgt(bt.joinpath("train.fr").read_text("utf-8").splitlines())
+    train = dm.datasets["train"]
+    extra = 0
+    for pos in range(len(train)):
+        index, src, tgt = (x.tolist() if hasattr(x, "tolist") else x for x in train[pos])
+        if index < 240:
+            assert bt_id not in src, index
+            continue
+        extra += 1
+        if placement == "source":
+            assert src[:2] == [fr, bt_id] and tgt == french[index - 240], index
+        else:
+            assert src[0] == bt_id and tgt == [fr, *french[index - 240]], index
+    assert extra >= 40  # of 60 (the filters drop a few)
+    seen = [i for batch in dm.train_dataloader() for i in batch["index"].tolist()]
+    assert sum(i >= 120 for i in seen) / len(seen) == pytest.approx(0.5, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("directions", "direction", "message"),
+    [
+        (["en-de", "en-fr"], None, r"^data\.extra_train\[0\] needs direction=SRC-TGT with "
+         r"data\.directions, one of en-de, en-fr$"),
+        (["en-de", "en-fr"], "en-cs", r"^data\.extra_train\[0\]\.direction=en-cs is not one of "
+         r"data\.directions: en-de, en-fr$"),
+        (None, "en-fr", r"^data\.extra_train\[0\]\.direction=en-fr is not one of the pair this "
+         r"model trains: en-de$"),
+    ],
+)  # fmt: skip
+def test_an_extra_source_without_a_known_direction_is_refused(
+    multi_kwargs: dict, directions: list[str] | None, direction: str | None, message: str
+) -> None:
+    entry = {"dir": multi_kwargs["dir"], **({} if direction is None else {"direction": direction})}
+    kwargs = {**multi_kwargs, "directions": directions, "extra_train": [entry]}
+    with pytest.raises(ConfigError, match=message):
+        TranslationDataModule(**kwargs)

@@ -105,19 +105,18 @@ def test_an_argos_package_is_one_direction_with_its_target_prefix() -> None:
 
 
 def test_the_attention_page_shows_the_first_direction(multi) -> None:
+    """The page decodes the first direction (en-de) the way /translate does: with its token
+    on the source side, or forced as the first target token (a target position of the map)."""
     placement, path = multi
     translator = Translator.from_checkpoint(path, device="cpu")
     settings = ServeSettings(decoding={"beam_size": 1})
     with TestClient(create_app(translator, settings, attention_model=translator)) as client:
         r = client.post("/attention", json={"q": EN[0]})
-    if placement != "source":  # refused with a reason, never decoded without its token
-        assert r.status_code == 501
-        assert r.json() == {
-            "error": "the attention page does not force a target-side language token; it "
-            "serves multilingual models with data.tag_placement=source only"
-        }
-        return
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["source_pieces"][0] == "<2de>"
+    tagged = body["source_pieces"] if placement == "source" else body["target_pieces"]
+    untagged = body["target_pieces"] if placement == "source" else body["source_pieces"]
+    assert tagged[0] == "<2de>" and "<2de>" not in untagged
     assert body["translation"] == translator.translate(EN[:1], tgt_lang="de", beam_size=1)[0]
+    assert len(body["weights"]) == len(body["target_pieces"])  # (T, S) rows: one per target
+    assert all(len(row) == len(body["source_pieces"]) for row in body["weights"])

@@ -47,7 +47,9 @@ def test_the_clock_is_the_time_budget_when_the_trainer_has_one(monkeypatch) -> N
     monkeypatch.setattr(timer, "time_elapsed", lambda *a: 25.0)
     monkeypatch.setattr(timer, "time_remaining", lambda *a: 75.0)
     steps = SimpleNamespace(callbacks=[], global_step=9, estimated_stepping_batches=10)
-    timed = SimpleNamespace(callbacks=[timer], global_step=9, estimated_stepping_batches=10)
+    timed = SimpleNamespace(
+        callbacks=[timer], global_step=9, estimated_stepping_batches=10, world_size=1
+    )
     module = SimpleNamespace(modules=lambda: [])
     schedule.on_fit_start(timed, module)
     assert schedule.progress(timed) == pytest.approx(0.25)  # 25 s of 100, not step 9 of 10
