@@ -2,7 +2,7 @@
 
 For each sampling setting, two epochs of the real train loader: the padded size of every
 batch, `B x max(S, T)`, over `data.max_tokens`, and the share of sampled sides that fit no draw
-and keep their best segmentation (`litmt.data.subword_sampling`). The "first draws" row is
+and keep their best segmentation (`litmt.data.subword_sampling`). The "before" row is
 what the loader gave before sampled sides had to fit their planned length: the first draw of
 every side, in the batches planned on the stored lengths.
 
@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             sampled: SampledPairs = dm.datasets["train"]
             ratio, kept = sampled.plan_ratio, sampled.fallback_rate(len(sampled))
             setting = f"alpha {alpha}" + (f", nbest {nbest}" if nbest > 0 else "")
-            for name, first in (("first draws, stored lengths (before)", True),
-                                ("planned lengths, sides fit (now)", False)):  # fmt: skip
+            for name, first in (("before", True),
+                                ("now", False)):  # fmt: skip
                 c = [x / budget for x in costs(dm, first)]
                 over = sum(x > 1 for x in c) / len(c)
                 kept_cell = "–" if first else f"{100 * kept:.1f} %"
