@@ -18,6 +18,7 @@ from typing import Any
 import datasets
 
 from litmt.data.corpus import HubSpec, ParallelCorpus, short_hash
+from litmt.data.directions import parse_direction
 from litmt.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -140,14 +141,13 @@ def _direction_of(
         )
     if given is None:
         return 0, src_lang, tgt_lang
-    name = str(given).replace("_", "-")
-    if name not in names:
+    d = parse_direction(given)  # en-de, en_de, [en, de]: as data.directions reads them
+    if d.name not in names:
         what = "data.directions" if directions else "the pair this model trains"
         raise ConfigError(
             f"data.extra_train[{i}].direction={given} is not one of {what}: {', '.join(names)}"
         )
-    src, tgt = name.split("-")
-    return names.index(name), src, tgt
+    return names.index(d.name), d.src, d.tgt
 
 
 def source_tags(sources: list[TrainSource]) -> list[str]:

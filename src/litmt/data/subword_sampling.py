@@ -152,9 +152,7 @@ class SampledPairs(TokenizedPairs):
     def planned_len(self, stored: int) -> int:
         """The length a side of `stored` tokens (bos/eos not counted) is planned on: the
         longest sampled side it may take (`_planned` for one length)."""
-        if self.plan_ratio == 1.0:
-            return stored
-        return int(min(np.ceil(np.float64(stored) * self.plan_ratio), self.max_len))
+        return int(self._planned(np.array([stored]), 0)[0])
 
     def fallback_rate(self, n: int = 256) -> float:
         """The fraction of sides of `n` evenly spaced examples that keep their best
