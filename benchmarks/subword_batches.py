@@ -48,7 +48,7 @@ def costs(dm: TranslationDataModule, first_draws: bool) -> list[int]:
                 out.append(b["src"].shape[0] * max(b["src"].shape[1], b["tgt_in"].shape[1]))
                 continue
             sampled.set_epoch(epoch)
-            rows = [sampled._sample(pos_of[int(i)], planned=False) for i in b["index"]]
+            rows = [sampled.first_draw(pos_of[int(i)]) for i in b["index"]]
             out.append(len(rows) * max(max(len(s), len(t) + 1) for _, s, t in rows))
     sampled.plan_ratio = ratio
     return out

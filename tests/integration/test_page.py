@@ -1,5 +1,6 @@
 """The attention explorer in headless Chromium: type a sentence, wait, find the translation
-and a rendered heatmap in the DOM, switch heads.
+and a rendered heatmap in the DOM, switch heads; with a multilingual model, choose the
+direction.
 
 Uses Debian's ``chromium`` (``.ci/run`` installs it) through Playwright's Python package
 with ``executable_path`` (no browser download). Set ``LITMT_PAGE_SCREENSHOT=PATH`` to also
@@ -19,7 +20,10 @@ sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright (Python package) is not installed"
 )
 
-from tiny_checkpoint import tiny_checkpoint_path  # noqa: E402
+from tiny_checkpoint import (  # noqa: E402
+    build_tiny_multilingual_checkpoint,
+    tiny_checkpoint_path,
+)
 
 from litmt.decoding.translator import Translator  # noqa: E402
 from litmt.deploy.server import ServerThread, ServeSettings, build_server_app  # noqa: E402
@@ -91,3 +95,37 @@ def test_type_a_sentence_and_see_translation_and_heatmap(browser, tmp_path_facto
             page.screenshot(path=os.environ["LITMT_PAGE_SCREENSHOT"], full_page=True)
         assert errors == []
         assert Path(tmp_path / "attention_explorer.png").stat().st_size > 10_000
+
+
+def test_a_multilingual_model_gets_a_direction_choice(browser, tmp_path_factory):
+    """en→de and en→fr in one model: the page lists both, starts on the first, and the
+    chosen direction's translation and language token come back (as /translate gives)."""
+    ckpt = build_tiny_multilingual_checkpoint(tmp_path_factory.mktemp("page_multi"), "target")
+    translator = Translator.from_checkpoint(ckpt, device="cpu")
+    want = {t: translator.translate([SENTENCE], tgt_lang=t, beam_size=1)[0] for t in ("de", "fr")}
+    assert want["de"] != want["fr"]
+    app = build_server_app(ckpt, device="cpu", settings=ServeSettings(decoding={"beam_size": 1}))
+    with ServerThread(app) as server:
+        page = browser.new_page(viewport={"width": 900, "height": 760})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(server.url + "/")
+        page.wait_for_selector("#direction:not([hidden])", timeout=30_000)
+        options = page.eval_on_selector_all(
+            "#direction option", "os => os.map(o => [o.value, o.textContent])"
+        )
+        assert options == [["en|de", "English \u2192 German"], ["en|fr", "English \u2192 French"]]
+        assert page.locator("#pair").inner_text() == "English \u2192 German"
+        page.locator("#source").fill(SENTENCE)
+        page.locator("#source").press("Enter")
+        page.wait_for_function(
+            "want => document.getElementById('translation').textContent === want", arg=want["de"]
+        )
+        assert page.locator("#heatmap tbody th").first.inner_text() == "<2de>"
+        page.select_option("#direction", "en|fr")  # re-translates in the new direction
+        page.wait_for_function(
+            "want => document.getElementById('translation').textContent === want", arg=want["fr"]
+        )
+        assert page.locator("#heatmap tbody th").first.inner_text() == "<2fr>"
+        assert page.locator("#pair").inner_text() == "English \u2192 French"
+        assert errors == []

@@ -226,6 +226,12 @@ class SampledPairs(TokenizedPairs):
         length its batch was planned on, or its cached ids."""
         return self._sample(pos, planned=True)
 
+    def first_draw(self, pos: int) -> Example:
+        """Example `pos` with each side's first sampled draw, cut only to `max_len` (never
+        fitted to its planned length): what `length_ratio` measures, and what batches held
+        before draws were fitted (`benchmarks/subword_batches.py` compares the two)."""
+        return self._sample(pos, planned=False)
+
     def _positions(self, n: int) -> list[int]:
         count = min(n, len(self))
         return np.unique(np.linspace(0, len(self) - 1, count).astype(np.int64)).tolist()
@@ -238,7 +244,7 @@ class SampledPairs(TokenizedPairs):
         stored = sampled = 0
         for pos in positions:
             _, src, tgt = self.pairs[pos]
-            _, s, t = self._sample(pos, planned=False)
+            _, s, t = self.first_draw(pos)
             stored, sampled = stored + len(src) + len(tgt), sampled + len(s) + len(t)
         return sampled / max(stored, 1), len(positions)
 

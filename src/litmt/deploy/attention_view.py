@@ -10,11 +10,20 @@ from litmt.deploy.http_errors import ApiError
 
 
 def attention_maps(
-    translator: Any, sentence: str, options: dict[str, Any], max_target: int | None = None
+    translator: Any,
+    sentence: str,
+    options: dict[str, Any],
+    max_target: int | None = None,
+    route: Any = None,
 ) -> Any:
-    """The greedy translation's attention maps; at most `max_target` target tokens."""
+    """The greedy translation's attention maps; at most `max_target` target tokens.
+
+    `route`: a multilingual model's direction (a `litmt.decoding.languages.Route`, from
+    `Translator.route`); None = its first direction. Ignored for a one-pair model.
+    """
     import math
 
+    from litmt.data.directions import lang_tag
     from litmt.decoding.attention_maps import collect_attention
     from litmt.runtime.precision import autocast_context
 
@@ -23,13 +32,15 @@ def attention_maps(
     languages = getattr(translator, "languages", None)
     prefix: list[int] = []
     if languages is not None and languages.multilingual:
-        # the page shows the model's first direction: its token on the source side, or
-        # forced as the first target token (the route `Translator.translate` takes)
-        first = languages.directions[0]
-        if languages.placement == "source":
-            cleaned = f"{first.tag} {cleaned}"
+        if route is None:  # the model's first direction
+            first = languages.directions[0]
+            route = translator.route(first.src, first.tgt)
+        # the target-language token on the source side, or forced as the first target
+        # token: the route `Translator.translate` takes
+        if route.placement == "source":
+            cleaned = f"{lang_tag(route.tgt_lang)} {cleaned}"
         else:
-            prefix = translator.route(first.src, first.tgt).prefix_ids(None) or []
+            prefix = route.prefix_ids(None) or []
     config = DecodeConfig.from_options(options)  # null/absent keys: DecodeConfig's defaults
     max_len_a, max_len_b = config.max_len_a, config.max_len_b
     if max_target is not None:  # the same budget rule, capped: floor(0 * S + min(budget, cap))

@@ -525,6 +525,19 @@ def create_app(
             status_code=200 if alive else 503,
         )
 
+    def attention_route(params: dict[str, Any]) -> Any:
+        """The `/attention` request's direction (``source``/``target``, LibreTranslate codes;
+        both absent = the model's first direction), or 400 for one the model lacks."""
+        source, target = params.get("source"), params.get("target")
+        if not source and not target:
+            return None
+        if not source or not target:
+            raise ApiError(400, "Invalid request: give both source and target, or neither")
+        pair = route(lt.iso2model(str(source)), lt.iso2model(str(target)))  # as /translate
+        if pair is None:  # a one-pair model: its pair
+            return None
+        return attention_model.route(*pair, allow_zero_shot=zero_shot)
+
     @app.post("/attention")
     async def attention(request: Request) -> JSONResponse:
         if attention_model is None:
@@ -550,9 +563,12 @@ def create_app(
                 f"{attention_model.max_source_tokens})",
             )
         layer, head = params.get("layer"), params.get("head")
+        pair = attention_route(params)
 
         def compute() -> bytes:  # maps, payload and JSON in the model's thread: the loop is free
-            maps = attention_maps(attention_model, q, options, settings.attention_max_tokens)
+            maps = attention_maps(
+                attention_model, q, options, settings.attention_max_tokens, route=pair
+            )
             payload = attention_payload(maps, layer, head)
             weights = _json_in_pieces(payload.pop("weights"))
             head_json = json.dumps(payload, ensure_ascii=False)[:-1]  # without its closing }

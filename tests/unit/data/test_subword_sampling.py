@@ -369,7 +369,7 @@ def test_batches_are_planned_on_the_sampled_length_ratio(dm_kwargs: dict) -> Non
     pos_of = {int(i): p for p, i in enumerate(sampled.indices.tolist())}
     first = [
         len(rows) * max(max(len(x[1]), len(x[2]) + 1) for x in rows)
-        for rows in ([sampled._sample(pos_of[i], planned=False) for i in b] for b in order)
+        for rows in ([sampled.first_draw(pos_of[i]) for i in b] for b in order)
     ]
     assert max(first) > budget
 

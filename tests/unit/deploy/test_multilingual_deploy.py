@@ -104,19 +104,38 @@ def test_an_argos_package_is_one_direction_with_its_target_prefix() -> None:
     assert "target_prefix" not in one_pair and one_pair["to_code"] == "de"
 
 
-def test_the_attention_page_shows_the_first_direction(multi) -> None:
-    """The page decodes the first direction (en-de) the way /translate does: with its token
-    on the source side, or forced as the first target token (a target position of the map)."""
+def test_the_attention_page_decodes_the_chosen_direction(multi) -> None:
+    """The page decodes a direction the way /translate does: with its token on the source
+    side, or forced as the first target token (a target position of the map). Without
+    ``source``/``target`` it is the first direction (en-de); a direction the model lacks is
+    /translate's one-line 400."""
     placement, path = multi
     translator = Translator.from_checkpoint(path, device="cpu")
     settings = ServeSettings(decoding={"beam_size": 1})
     with TestClient(create_app(translator, settings, attention_model=translator)) as client:
-        r = client.post("/attention", json={"q": EN[0]})
-    assert r.status_code == 200, r.text
-    body = r.json()
-    tagged = body["source_pieces"] if placement == "source" else body["target_pieces"]
-    untagged = body["target_pieces"] if placement == "source" else body["source_pieces"]
-    assert tagged[0] == "<2de>" and "<2de>" not in untagged
-    assert body["translation"] == translator.translate(EN[:1], tgt_lang="de", beam_size=1)[0]
-    assert len(body["weights"]) == len(body["target_pieces"])  # (T, S) rows: one per target
-    assert all(len(row) == len(body["source_pieces"]) for row in body["weights"])
+        for request, tag, lang in (
+            ({}, "<2de>", "de"),
+            ({"source": "en", "target": "de"}, "<2de>", "de"),
+            ({"source": "en", "target": "fr"}, "<2fr>", "fr"),
+            ({"source": "auto", "target": "fr"}, "<2fr>", "fr"),
+        ):
+            r = client.post("/attention", json={"q": EN[0], **request})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            tagged = body["source_pieces"] if placement == "source" else body["target_pieces"]
+            untagged = body["target_pieces"] if placement == "source" else body["source_pieces"]
+            assert tagged[0] == tag and not any(p.startswith("<2") for p in untagged)
+            want = translator.translate(EN[:1], tgt_lang=lang, beam_size=1)[0]
+            assert body["translation"] == want, request
+            assert len(body["weights"]) == len(body["target_pieces"])  # (T, S): one row a target
+            assert all(len(row) == len(body["source_pieces"]) for row in body["weights"])
+        r = client.post("/attention", json={"q": EN[0], "source": "en", "target": "cs"})
+        assert r.status_code == 400
+        assert r.json() == {"error": "this model translates en-de, en-fr, not en-cs"}
+        r = client.post("/attention", json={"q": EN[0], "target": "fr"})
+        assert r.status_code == 400
+        assert r.json() == {"error": "Invalid request: give both source and target, or neither"}
+    # the two directions decode differently, so the route is not a no-op
+    assert translator.translate(EN[:1], tgt_lang="de", beam_size=1) != translator.translate(
+        EN[:1], tgt_lang="fr", beam_size=1
+    )

@@ -1,4 +1,4 @@
-// Attention explorer: POST /attention {q} -> translation, pieces and cross-attention
+// Attention explorer: POST /attention {q, source, target} -> translation, pieces and cross-attention
 // weights [layer][head][target][source] (layer: "all"); the heatmap is an HTML table (one cell per pair).
 "use strict";
 const $ = (id) => document.getElementById(id);
@@ -70,7 +70,8 @@ async function explore() {
     const response = await fetch("/attention", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ q, layer: "all" }), // every layer and head: the page picks locally
+      // every layer and head: the page picks locally; the direction when the model has several
+      body: JSON.stringify({ q, layer: "all", ...direction() }),
     });
     const body = await response.json();
     if (ticket !== pending) return; // a newer request is on its way
@@ -102,7 +103,25 @@ $("source").addEventListener("input", () => {
 $("layer").addEventListener("change", () => { $("layer").dataset.touched = "1"; render(); });
 $("head").addEventListener("change", render);
 
+function direction() {
+  // {source, target} of the chosen direction ({} when the model has one)
+  const value = $("direction").value;
+  if ($("direction").hidden || !value) return {};
+  const [source, target] = value.split("|");
+  return { source, target };
+}
+
+$("direction").addEventListener("change", () => {
+  $("pair").textContent = $("direction").selectedOptions[0].textContent;
+  explore();
+});
+
 fetch("/languages").then((r) => r.json()).then((langs) => {
-  const src = langs.find((l) => l.targets.length > 0);
-  if (src) $("pair").textContent = `${src.name} \u2192 ${langs.find((l) => l.code === src.targets[0]).name}`;
+  // every (source, target) the model translates, in the order /languages lists them
+  const name = (code) => (langs.find((l) => l.code === code) || { name: code }).name;
+  const pairs = langs.flatMap((l) => l.targets.map((t) => [`${l.code}|${t}`, `${l.name} \u2192 ${name(t)}`]));
+  if (pairs.length === 0) { $("pair").textContent = ""; return; }
+  fillSelect($("direction"), pairs, false);
+  $("direction").hidden = pairs.length < 2;
+  $("pair").textContent = pairs[0][1];
 }).catch(() => { $("pair").textContent = ""; });
