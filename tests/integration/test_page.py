@@ -53,15 +53,21 @@ def browser():
         b.close()
 
 
+def open_page(browser, url: str) -> tuple[object, list[str]]:
+    """The explorer at `url` in a new page, and the list its JavaScript errors go to."""
+    page = browser.new_page(viewport={"width": 900, "height": 760})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(url + "/")
+    return page, errors
+
+
 def test_type_a_sentence_and_see_translation_and_heatmap(browser, tmp_path_factory, tmp_path):
     ckpt = tiny_checkpoint_path(tmp_path_factory)
     expected = Translator.from_checkpoint(ckpt, device="cpu").translate([SENTENCE], beam_size=1)[0]
     app = build_server_app(ckpt, device="cpu", settings=ServeSettings(decoding={"beam_size": 1}))
     with ServerThread(app) as server:
-        page = browser.new_page(viewport={"width": 900, "height": 760})
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(server.url + "/")
+        page, errors = open_page(browser, server.url)
         page.locator("#source").press_sequentially(SENTENCE, delay=5)  # typed; no Enter
         page.wait_for_selector("#heatmap td.cell", timeout=30_000)
         assert page.locator("#translation").inner_text() == expected
@@ -106,10 +112,7 @@ def test_a_multilingual_model_gets_a_direction_choice(browser, tmp_path_factory)
     assert want["de"] != want["fr"]
     app = build_server_app(ckpt, device="cpu", settings=ServeSettings(decoding={"beam_size": 1}))
     with ServerThread(app) as server:
-        page = browser.new_page(viewport={"width": 900, "height": 760})
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(server.url + "/")
+        page, errors = open_page(browser, server.url)
         page.wait_for_selector("#direction:not([hidden])", timeout=30_000)
         options = page.eval_on_selector_all(
             "#direction option", "os => os.map(o => [o.value, o.textContent])"
