@@ -20,6 +20,7 @@ from litmt.checkpoint.compat import check_compatible
 from litmt.checkpoint.io import atomic_save, load_checkpoint
 from litmt.cli.config_check import check_devices, check_run_dir
 from litmt.errors import ConfigError, LitmtError
+from litmt.runtime.distributed import release_process_group
 from litmt.runtime.precision import (
     configure_precision,
     fp8_precision_plugin,
@@ -139,7 +140,17 @@ def build_trainer(
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Train a translator as configured; returns the final metrics (and checkpoint paths)."""
+    """Train a translator as configured; returns the final metrics (and checkpoint paths).
+
+    A DDP rank leaves its process group on the way out, whether the run ended or failed
+    (`release_process_group`: Lightning does that at exit for NCCL only)."""
+    try:
+        return _train(cfg)
+    finally:
+        release_process_group()
+
+
+def _train(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

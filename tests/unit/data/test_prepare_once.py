@@ -72,6 +72,8 @@ RANK_SCRIPT = textwrap.dedent(
     while not all((out / f"ready.{r}").exists() for r in ("0", "1")):
         time.sleep(0.05)
     train(cfg)
+    import torch.distributed as dist
+    (out / f"group_left.{rank}").write_text(str(not dist.is_initialized()))
     """
 )
 
@@ -121,6 +123,10 @@ def test_two_gloo_ranks_started_together_train_the_tokenizer_once(tmp_path: Path
     vocab = [json.loads((tmp_path / f"vocab.{r}.json").read_text()) for r in (0, 1)]
     assert vocab[0] == vocab[1]
     assert "waiting for local rank 0 of this node" in outputs[1][1]
+    # each rank left its gloo group when `train` returned (an exit with the group alive can
+    # abort at interpreter shutdown: litmt.runtime.distributed)
+    left = [(tmp_path / f"group_left.{r}").read_text() for r in (0, 1)]
+    assert left == ["True", "True"]
 
 
 # -- the pieces, in one process --------------------------------------------------------------
