@@ -25,10 +25,11 @@ not sampled.
 
 Reproducibility: example `pos` of the epoch's training dataset is sampled with sentencepiece's
 generator seeded by a hash of (data.seed, epoch, pos, side, draw), just before it is
-encoded. So the segmentations depend only on the seed, the epoch and the dataset (corpus, filters, limit,
-directions and their temperature): not on `num_workers`, the batches, the world size or a
-mid-epoch resume. They may differ across sentencepiece versions or C++ standard libraries
-(the generator's distributions are implementation-defined). A repeated example (directions
+encoded. Within one process the segmentations then depend only on the seed, the epoch and the
+dataset. Across processes they do not with sentencepiece 0.2.3: the same seed and text gave a
+different sample in each new Python process (2026-12-02), so a rerun, a resume or another
+DDP rank samples other segmentations (an open defect: the seed does not fix sentencepiece's
+generator across processes). A repeated example (directions
 with T != 1) gets a new segmentation at each position.
 
 The epoch reaches the DataLoader workers when they start (`set_epoch`, called by
