@@ -8,11 +8,11 @@ litmt's special tokens at litmt's ids: ``<pad>`` 0, ``<unk>`` 1, ``<s>`` 2, ``</
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import sentencepiece as spm
 
+from litmt.data.segmentation import SubwordSampling, encode_texts
 from litmt.errors import DataError
 
 SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")  # at ids 0, 1, 2, 3
@@ -47,14 +47,14 @@ class PieceVocab:
         self,
         proc: spm.SentencePieceProcessor,
         texts: Sequence[str],
-        options: Mapping[str, Any] | None = None,
+        sampling: SubwordSampling | None = None,
     ) -> list[list[int]]:
         """Ids of `texts` split by `proc` (unknown pieces: ``<unk>``); a leading language code
         ``>>xx<<`` (multilingual OPUS-MT targets) is one piece, as MarianTokenizer reads it.
 
         Args:
-            options: more keyword arguments of `proc.encode`, e.g. a sampled segmentation
-                (`litmt.data.tokenizer.SubwordSampling.options`); None = the best one.
+            sampling: a sampled segmentation (`litmt.data.segmentation`); None = the best
+                one.
         """
         heads: list[list[str]] = []
         rest: list[str] = []
@@ -64,7 +64,7 @@ class PieceVocab:
                 head, text = [text[: end + 2]], text[end + 2 :]
             heads.append(head)
             rest.append(text)
-        split = proc.encode(rest, out_type=str, **(options or {}))
+        split = encode_texts(proc, rest, sampling, out_type=str)
         return [
             [self.ids.get(p, 1) for p in head + pieces]
             for head, pieces in zip(heads, split, strict=True)

@@ -23,14 +23,15 @@ its cached (best) ids, counted in `fallbacks` (logged once per worker and epoch)
 exceeds `data.max_tokens`; the price is that segmentations much longer than the average are
 not sampled.
 
-Reproducibility: example `pos` of the epoch's training dataset is sampled with sentencepiece's
-generator seeded by a hash of (data.seed, epoch, pos, side, draw), just before it is
-encoded. Within one process the segmentations then depend only on the seed, the epoch and the
-dataset. Across processes they do not with sentencepiece 0.2.3: the same seed and text gave a
-different sample in each new Python process (2026-12-02), so a rerun, a resume or another
-DDP rank samples other segmentations (an open defect: the seed does not fix sentencepiece's
-generator across processes). A repeated example (directions
-with T != 1) gets a new segmentation at each position.
+Reproducibility: example `pos` of the epoch's training dataset is sampled with a seed hashed
+from (data.seed, epoch, pos, side, draw) (`item_seed`). With ``sampling_nbest > 1`` (unigram)
+litmt draws among sentencepiece's n best segmentations itself, from a numpy generator with that
+seed, so the segmentations depend only on the seed, the epoch and the dataset: the same in a
+rerun, after a mid-epoch resume and on every DDP rank. With ``sampling_nbest=-1`` and with
+BPE-dropout, sentencepiece samples with its own generator, and in sentencepiece 0.2.3 a seed
+repeats a sample only within one process and its forked workers, not in another process
+(`litmt.data.segmentation` gives the cause); the setup log says which of the two a run has.
+A repeated example (directions with T != 1) gets a new segmentation at each position.
 
 The epoch reaches the DataLoader workers when they start (`set_epoch`, called by
 `litmt.data.loader.ResumableDataLoader` before each iteration), so the train loader does not
@@ -42,13 +43,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import struct
+from dataclasses import replace
 
 import numpy as np
 import sentencepiece as spm
 
 from litmt.data.collate import Example, TokenizedPairs
 from litmt.data.memmap import TextPairs
-from litmt.data.tokenizer import SubwordSampling, Tokenizer
+from litmt.data.segmentation import SubwordSampling
+from litmt.data.tokenizer import Tokenizer
 from litmt.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -87,16 +90,23 @@ def describe(tok: Tokenizer, sampling: SubwordSampling) -> str:
             f"unigram, smoothing alpha={sampling.alpha:g}, nbest={sampling.nbest} "
             f"({among.get(sampling.nbest, f'the {sampling.nbest} best')})"
         )
+    if sampling.reproducible:
+        seeded = "litmt's seeded sampler: the same segmentations in every process"
+    else:
+        seeded = (
+            "sentencepiece's generator: reproducible within one process only, not across "
+            "runs, resumes or DDP ranks; sampling_nbest=64 gives litmt's seeded sampler"
+        )
     return (
-        f"subword sampling on the train split only ({how}); valid/test, decoding and exports "
-        f"keep the best segmentation"
+        f"subword sampling on the train split only ({how}; {seeded}); valid/test, decoding "
+        f"and exports keep the best segmentation"
     )
 
 
 def item_seed(seed: int, epoch: int, pos: int, side: int, draw: int = 0) -> int:
-    """The seed of sentencepiece's generator for one side (0 = source, 1 = target) of
-    example `pos` in `epoch`, draw `draw` (0 first): a hash, below 2**32 - 1 (which
-    sentencepiece reads as "seed from the clock")."""
+    """The seed of the sampler for one side (0 = source, 1 = target) of example `pos` in
+    `epoch`, draw `draw` (0 first): a hash, below 2**32 - 1 (which sentencepiece reads as
+    "seed from the clock")."""
     digest = hashlib.blake2b(
         struct.pack("<4q", seed, epoch, pos, side + 2 * draw), digest_size=4
     ).digest()
@@ -189,9 +199,9 @@ class SampledPairs(TokenizedPairs):
         return self._planned(self.pairs.tgt_lengths(start, stop), 1)
 
     def _encode(self, text: str, side: int, pos: int, draw: int = 0) -> list[int]:
-        spm.set_random_generator_seed(item_seed(self.seed, self.epoch, pos, side, draw))
+        sampling = replace(self.sampling, seed=item_seed(self.seed, self.epoch, pos, side, draw))
         encode = self.tokenizer.encode_src if side == 0 else self.tokenizer.encode_tgt
-        return encode([text], self.sampling)[0]
+        return encode([text], sampling)[0]
 
     def _sample(self, pos: int, planned: bool) -> Example:
         """Example `pos` with sampled sides; `planned`: each side fits its `planned_len`
@@ -250,8 +260,9 @@ class SampledPairs(TokenizedPairs):
         return sampled / max(stored, 1), len(positions)
 
     def _check_reseeding(self) -> None:
-        """Warn when seeding sentencepiece's generator does not repeat a segmentation (a
-        sentencepiece whose generator ignores later seeds): then nothing is reproducible."""
+        """Warn when a seed does not repeat a segmentation within this process (with
+        sentencepiece's generator: a sentencepiece whose generator ignores later seeds):
+        then nothing is reproducible."""
         if not len(self.pairs):
             return
         text = self.texts[int(self.indices[0])][0] * 4

@@ -18,8 +18,8 @@ MarianTokenizer does. It has no tags.
 
 Subword regularisation (`SubwordSampling`, Kudo 2018): `encode_src` / `encode_tgt` can sample
 one segmentation among the possible ones instead of the best one (unigram: from the lattice
-smoothed by alpha; bpe: BPE-dropout, each merge dropped with probability alpha). Only the
-training split uses it (`litmt.data.subword_sampling`); it is an encode-time choice, not
+smoothed by alpha, or among its n best; bpe: BPE-dropout, each merge dropped with probability
+alpha; the samplers and their seeds: `litmt.data.segmentation`). Only the training split uses it (`litmt.data.subword_sampling`); it is an encode-time choice, not
 another tokenizer, so it is part of neither `TokenizerSettings.key` nor `Tokenizer.identity`.
 """
 
@@ -39,6 +39,7 @@ import sentencepiece as spm
 
 from litmt.data.directions import tag_language
 from litmt.data.piece_vocab import PieceVocab
+from litmt.data.segmentation import SubwordSampling, encode_texts
 from litmt.errors import ConfigError, DataError
 from litmt.runtime.threads import TOKENIZER_TRAIN_THREADS
 
@@ -92,34 +93,6 @@ class TokenizerSettings:
                 "-u" + hashlib.sha256("\n".join(self.user_defined_symbols).encode()).hexdigest()[:8]
             )
         return key
-
-
-@dataclass(frozen=True)
-class SubwordSampling:
-    """Sample a segmentation when encoding (sentencepiece's ``enable_sampling``).
-
-    Attributes:
-        alpha: unigram: the smoothing exponent of the segmentation probabilities (small =
-            closer to uniform); bpe: the probability of dropping each merge (BPE-dropout).
-        nbest: unigram: sample among the `nbest` best segmentations (-1 = all of them, from
-            the lattice; 1 = the best one: no sampling). BPE-dropout ignores it (keep -1).
-    """
-
-    alpha: float
-    nbest: int = -1
-
-    def options(self) -> dict[str, Any]:
-        """Keyword arguments of `SentencePieceProcessor.encode` (a list of texts).
-
-        One thread (``num_threads=1``): the texts are encoded in order from the generator
-        `sentencepiece.set_random_generator_seed` seeds just before, so one seed gives one
-        result (sentencepiece 0.2.1 runs each such call in a new thread, whose generator
-        takes the seed then; 0.2.3 reseeds its generator).
-        """
-        if self.nbest == 1:  # the 1-best segmentation (sentencepiece refuses nbest_size=1)
-            return {}
-        return {"enable_sampling": True, "alpha": self.alpha, "nbest_size": self.nbest,
-                "num_threads": 1}  # fmt: skip
 
 
 def _train_model(sentences: Iterable[str], settings: TokenizerSettings) -> bytes:
@@ -193,14 +166,15 @@ def _encode_tagged(
     proc: spm.SentencePieceProcessor,
     tags: dict[str, int],
     texts: Sequence[str],
-    options: dict[str, Any],
+    sampling: SubwordSampling | None,
 ) -> list[list[int]]:
     """Ids of `texts`; each leading tag (a user-defined piece, then a space or the end; e.g.
     a language token then an extra source's ``<BT>``) is its one id, first, in order.
-    `options`: `SubwordSampling.options` ({} = the best segmentation)."""
+    `sampling`: a sampled segmentation of the rest (`litmt.data.segmentation`); None = the
+    best one."""
     texts = list(texts)
     if not tags:
-        return proc.encode(texts, **options)
+        return encode_texts(proc, texts, sampling)
     found: list[list[int]] = [[] for _ in texts]
     for i, text in enumerate(texts):
         head, _, rest = text.partition(" ")
@@ -209,7 +183,7 @@ def _encode_tagged(
             text = rest
             head, _, rest = text.partition(" ")
         texts[i] = text
-    ids = proc.encode(texts, **options)
+    ids = encode_texts(proc, texts, sampling)
     return [[*t, *s] for t, s in zip(found, ids, strict=True)]
 
 
@@ -395,11 +369,10 @@ class Tokenizer:
         `sampling`: sample the segmentation (the training split only); None = the best one.
         """
         texts = list(texts)
-        options = {} if sampling is None else sampling.options()
         if self.vocab is not None:
-            ids = self.vocab.encode(self.src, texts, options)
+            ids = self.vocab.encode(self.src, texts, sampling)
         else:
-            ids = _encode_tagged(self.src, self.src_tags, texts, options)
+            ids = _encode_tagged(self.src, self.src_tags, texts, sampling)
         return [[*s, EOS_ID] for s in ids] if self.src_eos else ids
 
     def encode_tgt(
@@ -407,10 +380,9 @@ class Tokenizer:
     ) -> list[list[int]]:
         """Target ids without bos/eos (collate adds them); a leading tag is one id and
         `sampling` samples, as in `encode_src`."""
-        options = {} if sampling is None else sampling.options()
         if self.vocab is not None:
-            return self.vocab.encode(self.tgt, list(texts), options)
-        return _encode_tagged(self.tgt, self.tgt_tags, texts, options)
+            return self.vocab.encode(self.tgt, list(texts), sampling)
+        return _encode_tagged(self.tgt, self.tgt_tags, texts, sampling)
 
     def decode_tgt(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Detokenised target text; stops at the first eos and drops pad/bos."""

@@ -5,8 +5,11 @@ their tags and bos/eos in place, reproducible per (seed, epoch), and a model sti
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -181,8 +184,9 @@ def test_sampled_items_keep_the_language_tag_on_its_side(
         differ += not (np.array_equal(src, src0) and np.array_equal(tgt, tgt0))
     # toy sentences of 1-6 words: a sampled side often exceeds its planned length in every
     # draw and keeps its best segmentation, so fewer items differ than on real text (19 to
-    # 36 of 160 across processes: sentencepiece's samples differ between processes for the
-    # same seed, litmt.data.subword_sampling); without sampling none would
+    # 36 of 160 across processes: sampling_nbest=-1 draws with sentencepiece's generator, whose
+    # samples differ between processes for the same seed, litmt.data.segmentation); without
+    # sampling none would
     assert differ > len(train) // 20
 
 
@@ -258,6 +262,35 @@ def test_same_seed_and_epoch_same_segmentations(dm_kwargs: dict) -> None:
     other = _module({**dm_kwargs, "seed": 7}, sampling_alpha=0.1).datasets["train"]
     other.set_epoch(1)
     assert _items(other) != one
+
+
+_CHILD = """
+import json, sys
+from litmt.data import TranslationDataModule
+dm = TranslationDataModule(**json.loads(sys.argv[1]))
+dm.prepare_data()
+dm.setup("fit")
+train = dm.datasets["train"]
+train.set_epoch(int(sys.argv[2]))
+print(json.dumps([(int(i), s.tolist(), t.tolist()) for i, s, t in map(train.__getitem__, range(len(train)))]))
+"""
+
+
+def test_a_rerun_or_another_rank_samples_the_same_nbest_segmentations(dm_kwargs: dict) -> None:
+    """`sampling_nbest > 1`: a new process (a rerun, a resume, another DDP rank) builds the
+    data module again and gets this process's segmentations, item for item."""
+    dm = _module(dm_kwargs, sampling_alpha=0.1, sampling_nbest=8)
+    train = dm.datasets["train"]
+    train.set_epoch(2)
+    here = [[i, s, t] for i, s, t in _items(train)]
+    kwargs = {**dm_kwargs, "tokenizer": {**dm_kwargs["tokenizer"], "sampling_alpha": 0.1,
+                                         "sampling_nbest": 8}}  # fmt: skip
+    run = [sys.executable, "-c", _CHILD, json.dumps(kwargs), "2"]
+    children = [json.loads(subprocess.run(run, capture_output=True, text=True, check=True,
+                                          timeout=300).stdout) for _ in range(2)]  # fmt: skip
+    assert children[0] == here and children[1] == here
+    cached = _items(_module(dm_kwargs).datasets["train"])
+    assert sum(a != [i, s, t] for a, (i, s, t) in zip(here, cached, strict=True)) > len(here) // 20
 
 
 def test_workers_sample_what_the_main_process_samples(dm_kwargs: dict) -> None:
