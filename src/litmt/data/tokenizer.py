@@ -19,8 +19,9 @@ MarianTokenizer does. It has no tags.
 Subword regularisation (`SubwordSampling`, Kudo 2018): `encode_src` / `encode_tgt` can sample
 one segmentation among the possible ones instead of the best one (unigram: from the lattice
 smoothed by alpha, or among its n best; bpe: BPE-dropout, each merge dropped with probability
-alpha; the samplers and their seeds: `litmt.data.segmentation`). Only the training split uses it (`litmt.data.subword_sampling`); it is an encode-time choice, not
-another tokenizer, so it is part of neither `TokenizerSettings.key` nor `Tokenizer.identity`.
+alpha; the samplers and their seeds: `litmt.data.segmentation`). Only the training split uses
+it (`litmt.data.subword_sampling`); it is an encode-time choice, not another tokenizer, so it
+is part of neither `TokenizerSettings.key` nor `Tokenizer.identity`.
 """
 
 from __future__ import annotations
