@@ -99,23 +99,22 @@ class _Scores:
     which ids are normal pieces (whose lattice node score is their piece score)."""
 
     def __init__(self, proc: spm.SentencePieceProcessor) -> None:
-        from sentencepiece import sentencepiece_model_pb2  # protobuf: a litmt dependency
+        from litmt.data.tokenizer import _proto  # lazy: the tokenizer imports this module
 
-        proto = sentencepiece_model_pb2.ModelProto()
-        proto.ParseFromString(proc.serialized_model_proto())
+        proto = _proto(proc.serialized_model_proto())
         normal = proto.SentencePiece.NORMAL
         self.score = np.array([p.score for p in proto.pieces], dtype=np.float32)
         self.normal = np.array([p.type == normal for p in proto.pieces], dtype=bool)
 
     def of(self, segmentations: list[list[int]]) -> np.ndarray | None:
         """(n,) scores of the segmentations, or None when one holds a piece that is not
-        normal (then only sentencepiece's proto has its node scores)."""
+        normal or is empty (then sentencepiece's proto gives the scores)."""
         flat = np.fromiter((i for seg in segmentations for i in seg), dtype=np.int64)
         if flat.size and not self.normal[flat].all():
             return None
         lengths = np.fromiter(map(len, segmentations), dtype=np.int64, count=len(segmentations))
-        if not lengths.all():  # an empty segmentation (an empty text): score 0
-            return None if lengths.any() else np.zeros(len(segmentations))
+        if not lengths.all():  # an empty segmentation: left to the proto as well
+            return None
         starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
         return np.add.reduceat(self.score[flat].astype(np.float64), starts)
 
