@@ -99,9 +99,11 @@ class _Scores:
     which ids are normal pieces (whose lattice node score is their piece score)."""
 
     def __init__(self, proc: spm.SentencePieceProcessor) -> None:
-        from litmt.data.tokenizer import _proto  # lazy: the tokenizer imports this module
+        # not litmt.data.tokenizer._proto: the tokenizer imports this module (no cycles)
+        from sentencepiece import sentencepiece_model_pb2  # protobuf: a litmt dependency
 
-        proto = _proto(proc.serialized_model_proto())
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(proc.serialized_model_proto())
         normal = proto.SentencePiece.NORMAL
         self.score = np.array([p.score for p in proto.pieces], dtype=np.float32)
         self.normal = np.array([p.type == normal for p in proto.pieces], dtype=bool)
