@@ -94,16 +94,22 @@ def nbest_probs(scores: Sequence[float], alpha: float) -> np.ndarray:
     return probs / probs.sum()
 
 
+def model_proto(model: bytes) -> Any:
+    """The `ModelProto` of a serialized sentencepiece model (the one parser: the tokenizer,
+    which imports this module, reads its user-defined pieces and model type with it)."""
+    from sentencepiece import sentencepiece_model_pb2  # needs protobuf (pyproject dependency)
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    return proto
+
+
 class _Scores:
     """The piece scores of a unigram model by id (float32, as sentencepiece keeps them) and
     which ids are normal pieces (whose lattice node score is their piece score)."""
 
     def __init__(self, proc: spm.SentencePieceProcessor) -> None:
-        # not litmt.data.tokenizer._proto: the tokenizer imports this module (no cycles)
-        from sentencepiece import sentencepiece_model_pb2  # protobuf: a litmt dependency
-
-        proto = sentencepiece_model_pb2.ModelProto()
-        proto.ParseFromString(proc.serialized_model_proto())
+        proto = model_proto(proc.serialized_model_proto())
         normal = proto.SentencePiece.NORMAL
         self.score = np.array([p.score for p in proto.pieces], dtype=np.float32)
         self.normal = np.array([p.type == normal for p in proto.pieces], dtype=bool)

@@ -40,7 +40,7 @@ import sentencepiece as spm
 
 from litmt.data.directions import tag_language
 from litmt.data.piece_vocab import PieceVocab
-from litmt.data.segmentation import SubwordSampling, encode_texts
+from litmt.data.segmentation import SubwordSampling, encode_texts, model_proto
 from litmt.errors import ConfigError, DataError
 from litmt.runtime.threads import TOKENIZER_TRAIN_THREADS
 
@@ -141,25 +141,16 @@ def _load(model: bytes) -> spm.SentencePieceProcessor:
     return proc
 
 
-def _proto(model: bytes) -> Any:
-    """The `ModelProto` of a serialized sentencepiece model."""
-    from sentencepiece import sentencepiece_model_pb2  # needs protobuf (pyproject dependency)
-
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString(model)
-    return proto
-
-
 def user_defined_pieces(model: bytes) -> dict[str, int]:
     """The user-defined symbols of a serialized sentencepiece model: piece -> id."""
-    proto = _proto(model)
+    proto = model_proto(model)
     user = type(proto).SentencePiece.USER_DEFINED
     return {p.piece: i for i, p in enumerate(proto.pieces) if p.type == user}
 
 
 def model_type(model: bytes) -> str:
     """The algorithm of a serialized sentencepiece model: unigram, bpe, word or char."""
-    spec = _proto(model).trainer_spec
+    spec = model_proto(model).trainer_spec
     return type(spec).ModelType.Name(spec.model_type).lower()
 
 

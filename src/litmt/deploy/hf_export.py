@@ -49,6 +49,7 @@ from litmt.checkpoint.hf_names import (
     to_hf_layer_weights,
 )
 from litmt.checkpoint.load import LoadedModel, load_model
+from litmt.data.segmentation import model_proto
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from litmt.deploy.ct2_export import check_replaceable, export_decoding, staged_directory
 from litmt.deploy.ct2_spec import ExportError, check_exportable
@@ -175,12 +176,10 @@ def save_hf_tokenizer(tokenizer: Tokenizer, out: Path, src_lang: str, tgt_lang: 
         )  # fmt: skip
         tok.save_pretrained(out)
         return
-    from sentencepiece import sentencepiece_model_pb2
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import SpmConverter
 
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString(tokenizer.src_model_bytes)
+    proto = model_proto(tokenizer.src_model_bytes)
     if proto.trainer_spec.model_type != 1:  # 1 = unigram
         raise ExportError("cannot export format=hf: the sentencepiece model is not unigram")
     vocab = [(p.piece, p.score) for p in proto.pieces]
