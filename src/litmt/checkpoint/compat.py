@@ -14,7 +14,9 @@ from litmt.models import TransformerConfig
 # weights or what they mean. A run may resume or fine-tune with other values (the
 # attention-kernel contract makes backends interchangeable), and a checkpoint is compatible
 # whatever they were. (`compile` is not a model key: it is `module.compile`.)
-RUNTIME_KEYS = frozenset({"attention", "dropout", "attention_dropout", "activation_dropout"})
+RUNTIME_KEYS = frozenset(
+    {"attention", "dropout", "attention_dropout", "activation_dropout", "word_dropout"}
+)
 
 
 def _normalized(config: TransformerConfig | dict[str, Any], where: str) -> dict[str, Any]:

@@ -53,6 +53,9 @@ class TransformerConfig:
     dropout: float = 0.1  # residual and embedding dropout
     attention_dropout: float = 0.0  # dropout on attention weights
     activation_dropout: float = 0.0  # dropout after the FFN activation
+    # the probability of dropping a whole source token while training: its embedding is
+    # zeroed before the positions are added (Sennrich et al. 2016, "Edinburgh NMT systems")
+    word_dropout: float = 0.0
     activation: str = "relu"  # relu | gelu | silu (swish, Marian's) | swiglu
     norm_first: bool = True  # pre-norm (True, stable) or post-norm (False, the 2017 paper)
     # sinusoidal (sin/cos interleaved) | sinusoidal_split (sin in the first half of the
@@ -104,7 +107,7 @@ class TransformerConfig:
             raise ConfigError(
                 f"unknown activation '{self.activation}'; valid names: {', '.join(ACTIVATIONS)}"
             )
-        for name in ("dropout", "attention_dropout", "activation_dropout"):
+        for name in ("dropout", "attention_dropout", "activation_dropout", "word_dropout"):
             if not 0.0 <= float(getattr(self, name)) < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:

@@ -6,6 +6,7 @@ Shapes: B batch, S source length, T target length, C d_model, V target vocabular
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +99,14 @@ class Seq2SeqTransformer(nn.Module):
             rotary = RotaryEmbedding(cfg.head_dim, cfg.max_positions)
             self.rotary = rotary
         self.embed_dropout = nn.Dropout(cfg.dropout)
+        # applied to a (B, S, 1) mask of ones: drops whole source tokens, scales the rest
+        self.word_dropout = nn.Dropout(cfg.word_dropout)
+        # (V_src,) bool: source ids word dropout never drops (see `exempt_from_word_dropout`)
+        self.register_buffer(
+            "word_dropout_exempt",
+            torch.zeros(cfg.src_vocab_size, dtype=torch.bool),
+            persistent=False,
+        )
         self.encoder_layers = nn.ModuleList(
             EncoderLayer(cfg, rotary) for _ in range(cfg.n_encoder_layers)
         )
@@ -129,9 +138,26 @@ class Seq2SeqTransformer(nn.Module):
             with torch.no_grad():
                 emb.weight[self.pad_id].zero_()
 
+    def exempt_from_word_dropout(self, ids: Iterable[int]) -> None:
+        """Never drop these source ids (`model.word_dropout`): markers such as eos and the
+        language and corpus tags, whose loss would change what the model is asked to do."""
+        for i in ids:
+            self.word_dropout_exempt[i] = True
+
     # -- embeddings ---------------------------------------------------------------------
-    def _embed(self, tokens: Tensor, table: nn.Embedding, learned: str, offset: int = 0) -> Tensor:
+    def _embed(
+        self,
+        tokens: Tensor,
+        table: nn.Embedding,
+        learned: str,
+        offset: int = 0,
+        drop_words: bool = False,
+    ) -> Tensor:
         x = table(tokens) * self.embed_scale  # (B, T, C)
+        if drop_words and self.training and self.word_dropout.p > 0:
+            keep = self.word_dropout(x.new_ones(*tokens.shape, 1))  # (B, T, 1): 0 or 1/(1-p)
+            exempt = self.word_dropout_exempt[tokens].unsqueeze(-1)  # (B, T, 1)
+            x = x * torch.where(exempt, torch.ones_like(keep), keep)
         if self.pos_encoding is not None:
             x = x + self.pos_encoding(tokens.size(1), offset).to(x.dtype)
         elif hasattr(self, learned):
@@ -149,7 +175,7 @@ class Seq2SeqTransformer(nn.Module):
             memory (B, S, C) and src_padding_mask (B, S) bool (True = pad).
         """
         mask = src.eq(self.pad_id)  # (B, S)
-        x = self._embed(src, self.src_embed, "src_pos")
+        x = self._embed(src, self.src_embed, "src_pos", drop_words=True)
         for layer in self.encoder_layers:
             x = layer(x, mask)
         return self.encoder_norm(x), mask

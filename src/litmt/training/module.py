@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from litmt.checkpoint.io import META_KEY, make_meta
-from litmt.data.tokenizer import Tokenizer
+from litmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig
 from litmt.errors import ConfigError
@@ -88,6 +88,8 @@ class TranslationModule(L.LightningModule):
             model_config = TransformerConfig.from_dict(_plain(model_config))
         self.model = Seq2SeqTransformer(model_config)
         self.tokenizer, self.src_lang, self.tgt_lang = tokenizer, src_lang, tgt_lang
+        # model.word_dropout keeps bos/eos and every tag piece (<2de>, <BT>, ...) of the source
+        self.model.exempt_from_word_dropout([BOS_ID, EOS_ID, *tokenizer.src_tags.values()])
         self.languages = dict(_plain(languages) or {})
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler

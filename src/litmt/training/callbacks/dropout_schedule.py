@@ -1,7 +1,7 @@
 """`DropoutSchedule`: late dropout (`callbacks.dropout_schedule`).
 
-Every dropout of the model (residual and embedding `nn.Dropout`, the FFN's activation dropout
-and the attention-weight dropout of `MultiHeadAttention`) starts the run at ``start_scale`` x
+Every dropout of the model (residual, embedding and source-word `nn.Dropout`, the FFN's
+activation dropout and the attention-weight dropout of `MultiHeadAttention`) starts the run at ``start_scale`` x
 its configured probability and rises linearly to the configured probability at ``ramp`` of the
 run, then stays there. A model that overfits late in a short run learns faster early with
 little dropout and is regularised when it would overfit (Liu et al. 2023, "Dropout Reduces
