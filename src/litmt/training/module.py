@@ -88,8 +88,8 @@ class TranslationModule(L.LightningModule):
             model_config = TransformerConfig.from_dict(_plain(model_config))
         self.model = Seq2SeqTransformer(model_config)
         self.tokenizer, self.src_lang, self.tgt_lang = tokenizer, src_lang, tgt_lang
-        # model.word_dropout keeps bos/eos and every tag piece (<2de>, <BT>, ...) of the source
-        self.model.exempt_from_word_dropout([BOS_ID, EOS_ID, *tokenizer.src_tags.values()])
+        if model_config.word_dropout > 0:  # keep bos/eos and every source tag (<2de>, <BT>, ...)
+            self.model.exempt_from_word_dropout([BOS_ID, EOS_ID, *tokenizer.src_tags.values()])
         self.languages = dict(_plain(languages) or {})
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
