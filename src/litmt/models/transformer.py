@@ -156,8 +156,7 @@ class Seq2SeqTransformer(nn.Module):
         x = table(tokens) * self.embed_scale  # (B, T, C)
         if drop_words and self.training and self.word_dropout.p > 0:
             keep = self.word_dropout(x.new_ones(*tokens.shape, 1))  # (B, T, 1): 0 or 1/(1-p)
-            exempt = self.word_dropout_exempt[tokens].unsqueeze(-1)  # (B, T, 1)
-            x = x * torch.where(exempt, torch.ones_like(keep), keep)
+            x = x * keep.masked_fill(self.word_dropout_exempt[tokens].unsqueeze(-1), 1.0)
         if self.pos_encoding is not None:
             x = x + self.pos_encoding(tokens.size(1), offset).to(x.dtype)
         elif hasattr(self, learned):
