@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 from benchmarks.common import MULTI30K
 from litmt.data import TranslationDataModule
 from litmt.data.collate import collate
-from litmt.data.sampler import TokenBudgetBatchSampler
+from litmt.data.batch_sampler import TokenBudgetBatchSampler
 from litmt.errors import LitmtError
 
 

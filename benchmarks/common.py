@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from litmt.data.text import read_text_file
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
+from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerConfig
 from litmt.errors import LitmtError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def parallel_lines(src: str, ref: str, limit: int | None = None) -> tuple[list[s
 
 def load_tokenizer(vocab_size: int, lines: int | None, cache: Path) -> Tokenizer:
     """A joint sentencepiece model trained on Multi30k train (cached under `cache`)."""
-    settings = TokenizerSettings(vocab_size=vocab_size)
+    settings = TokenizerConfig(vocab_size=vocab_size)
     where = cache / f"tokenizer-{settings.key()}-lines{lines or 'all'}"
     if (where / "src.model").exists():
         return Tokenizer.load(where)

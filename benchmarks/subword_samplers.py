@@ -24,7 +24,7 @@ import sentencepiece as spm
 
 from benchmarks.common import MULTI30K
 from litmt.data.segmentation import SubwordSampling, encode_texts
-from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.data.tokenizer import Tokenizer, TokenizerConfig
 
 ALPHA = 0.1
 ROWS = [  # (label, nbest or None for the best segmentation)
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"no training text train.en in {args.dir}")
     src = (args.dir / "train.en").read_text(encoding="utf-8").splitlines()
     tgt = (args.dir / "train.de").read_text(encoding="utf-8").splitlines()
-    tok = Tokenizer.train(src, tgt, TokenizerSettings(vocab_size=args.vocab_size))
+    tok = Tokenizer.train(src, tgt, TokenizerConfig(vocab_size=args.vocab_size))
     src = src[: args.n]
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "joint.model"

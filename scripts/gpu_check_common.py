@@ -23,9 +23,9 @@ import yaml
 from torch.utils.data import DataLoader
 
 from litmt.data.collate import TokenizedPairs, collate
-from litmt.data.sampler import TokenBudgetBatchSampler
+from litmt.data.batch_sampler import TokenBudgetBatchSampler
 from litmt.data.text import read_text_file
-from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.data.tokenizer import Tokenizer, TokenizerConfig
 from litmt.runtime.precision import fp8_precision_plugin, pad_multiple_for
 from litmt.training.module import TranslationModule
 
@@ -143,7 +143,7 @@ class Corpus:
         if (tok_dir / "src.model").exists():
             self.tokenizer = Tokenizer.load(tok_dir)
         else:
-            settings = TokenizerSettings(vocab_size=vocab_size, input_sentence_size=200_000)
+            settings = TokenizerConfig(vocab_size=vocab_size, input_sentence_size=200_000)
             self.tokenizer = Tokenizer.train(src, tgt, settings)
             self.tokenizer.save(tok_dir)
         self.pairs = TokenizedPairs.from_lists(

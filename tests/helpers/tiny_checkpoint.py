@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from litmt.checkpoint.io import save_model_checkpoint
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
+from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerConfig
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
 ADJ = {"red": "roter", "big": "großer", "small": "kleiner", "old": "alter", "young": "junger"}
@@ -86,7 +86,7 @@ def build_tiny_checkpoint(
     save ``directory/tiny.ckpt`` (a few seconds on CPU)."""
     torch.manual_seed(0)
     en, de = corpus()
-    tok = Tokenizer.train(en, de, TokenizerSettings(vocab_size=80, model_type="unigram"))
+    tok = Tokenizer.train(en, de, TokenizerConfig(vocab_size=80, model_type="unigram"))
     config = tiny_config(tok.src_vocab_size, **overrides)
     model = fit(Seq2SeqTransformer(config), tok.encode_src(en), tok.encode_tgt(de), steps, lr)
     return save_model_checkpoint(directory / "tiny.ckpt", model, tok, "en", "de")
@@ -162,7 +162,7 @@ def build_tiny_multilingual_checkpoint(
     torch.manual_seed(0)
     en, de = corpus()
     fr = [" ".join(FR_WORDS.get(w.rstrip("."), w.rstrip(".")) for w in s.split()) + "." for s in de]
-    settings = TokenizerSettings(
+    settings = TokenizerConfig(
         vocab_size=100, model_type="unigram", user_defined_symbols=["<2de>", "<2fr>"]
     )
     tok = Tokenizer.train(en + en, de + fr, settings)

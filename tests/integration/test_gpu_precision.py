@@ -16,9 +16,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from litmt.checkpoint.io import META_KEY, load_checkpoint, save_model_checkpoint
+from litmt.data.batch_sampler import TokenBudgetBatchSampler
 from litmt.data.collate import TokenizedPairs, collate
-from litmt.data.sampler import TokenBudgetBatchSampler
-from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.data.tokenizer import Tokenizer, TokenizerConfig
 from litmt.decoding.search import greedy_search
 from litmt.decoding.translator import Translator
 from litmt.models import Seq2SeqTransformer, TransformerConfig
@@ -46,7 +46,7 @@ def toy() -> tuple[Tokenizer, TokenizedPairs]:
         ws = [rng.choice(list(WORDS)) for _ in range(rng.randint(3, 9))]
         src.append(" ".join(ws))
         tgt.append(" ".join(WORDS[w] for w in ws))
-    tok = Tokenizer.train(src, tgt, TokenizerSettings(vocab_size=64))
+    tok = Tokenizer.train(src, tgt, TokenizerConfig(vocab_size=64))
     return tok, TokenizedPairs.from_lists(tok.encode_src(src), tok.encode_tgt(tgt))
 
 

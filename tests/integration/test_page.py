@@ -26,7 +26,7 @@ from tiny_checkpoint import (  # noqa: E402
 )
 
 from litmt.decoding.translator import Translator  # noqa: E402
-from litmt.deploy.server import ServerThread, ServeSettings, build_server_app  # noqa: E402
+from litmt.deploy.server import ServeConfig, ServerThread, build_server_app  # noqa: E402
 
 SENTENCE = "A young bird sings outside."
 
@@ -65,7 +65,7 @@ def open_page(browser, url: str) -> tuple[object, list[str]]:
 def test_type_a_sentence_and_see_translation_and_heatmap(browser, tmp_path_factory, tmp_path):
     ckpt = tiny_checkpoint_path(tmp_path_factory)
     expected = Translator.from_checkpoint(ckpt, device="cpu").translate([SENTENCE], beam_size=1)[0]
-    app = build_server_app(ckpt, device="cpu", settings=ServeSettings(decoding={"beam_size": 1}))
+    app = build_server_app(ckpt, device="cpu", settings=ServeConfig(decoding={"beam_size": 1}))
     with ServerThread(app) as server:
         page, errors = open_page(browser, server.url)
         page.locator("#source").press_sequentially(SENTENCE, delay=5)  # typed; no Enter
@@ -110,7 +110,7 @@ def test_a_multilingual_model_gets_a_direction_choice(browser, tmp_path_factory)
     translator = Translator.from_checkpoint(ckpt, device="cpu")
     want = {t: translator.translate([SENTENCE], tgt_lang=t, beam_size=1)[0] for t in ("de", "fr")}
     assert want["de"] != want["fr"]
-    app = build_server_app(ckpt, device="cpu", settings=ServeSettings(decoding={"beam_size": 1}))
+    app = build_server_app(ckpt, device="cpu", settings=ServeConfig(decoding={"beam_size": 1}))
     with ServerThread(app) as server:
         page, errors = open_page(browser, server.url)
         page.wait_for_selector("#direction:not([hidden])", timeout=30_000)

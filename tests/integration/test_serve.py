@@ -22,8 +22,8 @@ from parity import assert_same_decisions  # noqa: E402
 
 from litmt.deploy.server import (  # noqa: E402
     POSITIVE,
+    ServeConfig,
     ServerThread,
-    ServeSettings,
     build_server_app,
     create_app,
 )
@@ -41,7 +41,7 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def server(ckpt):
-    settings = ServeSettings(
+    settings = ServeConfig(
         max_batch_texts=64,
         max_wait_ms=200,  # wide window: the concurrent requests below must meet in a batch
         max_texts=8,
@@ -327,7 +327,7 @@ def test_decoding_settings_reach_the_translator():
             return texts
 
     decoding = {"beam_size": 3, "max_tokens": 7, "n_best": 2}
-    app = create_app(Spy(), ServeSettings(max_wait_ms=0, decoding=decoding))
+    app = create_app(Spy(), ServeConfig(max_wait_ms=0, decoding=decoding))
     with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=30) as c:
         r = c.post("/translate", json={"q": "fine", "source": "en", "target": "de"})
     assert r.json() == {"translatedText": "fine"}
@@ -388,7 +388,7 @@ def test_ct2_export_is_served_without_attention(ckpt, tmp_path, reference):
     from litmt.deploy.ct2_export import export_model
 
     out = export_model(ckpt, tmp_path / "ct2")
-    app = build_server_app(out, settings=ServeSettings(decoding=DECODING), threads=1)
+    app = build_server_app(out, settings=ServeConfig(decoding=DECODING), threads=1)
     with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=60) as c:
         assert c.get("/health").json()["engine"] == "ct2"
         r = c.post("/translate", json={"q": SENTENCES, "source": "en", "target": "de"})
@@ -413,7 +413,7 @@ def test_checkpoint_on_ct2_engine_keeps_the_attention_route(ckpt, tmp_path, refe
         return contextlib.nullcontext()
 
     monkeypatch.setattr(litmt.runtime.precision, "autocast_context", spy)
-    settings = ServeSettings(decoding=DECODING)
+    settings = ServeConfig(decoding=DECODING)
     app = build_server_app(ckpt, engine="ct2", threads=1, settings=settings, cache_dir=tmp_path)
     assert threads == [1]
     assert len(list(tmp_path.iterdir())) == 1  # converted into the cache on first use
@@ -438,7 +438,7 @@ class _Flaky:
 
 
 def test_a_failing_batch_fails_its_request_not_the_server():
-    app = create_app(_Flaky(), ServeSettings(max_wait_ms=0))
+    app = create_app(_Flaky(), ServeConfig(max_wait_ms=0))
     with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=30) as c:
         r = c.post("/translate", json={"q": "boom", "source": "en", "target": "de"})
         assert r.status_code == 500 and r.json() == {
@@ -452,14 +452,14 @@ def test_a_failing_batch_fails_its_request_not_the_server():
 @pytest.mark.parametrize("name", POSITIVE)
 def test_settings_are_validated(name):
     with pytest.raises(ConfigError, match=f"{name} must be positive, got 0"):
-        ServeSettings(**{name: 0})
-    assert getattr(ServeSettings(**{name: 1}), name) == 1
+        ServeConfig(**{name: 0})
+    assert getattr(ServeConfig(**{name: 1}), name) == 1
 
 
 def test_max_wait_ms_may_be_zero_not_negative():
     with pytest.raises(ConfigError, match="max_wait_ms must be >= 0, got -1"):
-        ServeSettings(max_wait_ms=-1)
-    assert ServeSettings(max_wait_ms=0).max_wait_ms == 0
+        ServeConfig(max_wait_ms=-1)
+    assert ServeConfig(max_wait_ms=0).max_wait_ms == 0
 
 
 def test_serve_job_passes_every_limit_of_the_config(monkeypatch):
@@ -476,7 +476,7 @@ def test_serve_job_passes_every_limit_of_the_config(monkeypatch):
                  "limit_concurrency=16", "timeout_graceful_shutdown=17"]  # fmt: skip
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="serve", overrides=overrides)
-    built: list[ServeSettings] = []
+    built: list[ServeConfig] = []
     monkeypatch.setattr(
         litmt.cli.serve, "build_server_app", lambda *a, **k: built.append(k["settings"])
     )
@@ -704,7 +704,7 @@ def _until(check, timeout: float = 10) -> None:
 
 def test_a_full_queue_gives_503_with_retry_after_then_the_server_recovers():
     model = _Gated()
-    app = create_app(model, ServeSettings(max_batch_texts=1, max_wait_ms=0, max_queue=2))
+    app = create_app(model, ServeConfig(max_batch_texts=1, max_wait_ms=0, max_queue=2))
     with ServerThread(app) as running, ThreadPoolExecutor(8) as pool:
         health = lambda: httpx.get(running.url + "/health").json()  # noqa: E731
         first = pool.submit(_ask, running.url, "one")
@@ -725,7 +725,7 @@ def test_a_full_queue_gives_503_with_retry_after_then_the_server_recovers():
 
 def test_twenty_clients_that_disconnect_have_their_queued_work_skipped():
     model = _Gated()
-    app = create_app(model, ServeSettings(max_wait_ms=0))
+    app = create_app(model, ServeConfig(max_wait_ms=0))
     with ServerThread(app) as running, ThreadPoolExecutor(1) as pool:
         health = lambda: httpx.get(running.url + "/health").json()  # noqa: E731
         busy = pool.submit(_ask, running.url, "busy")
@@ -751,7 +751,7 @@ def test_twenty_clients_that_disconnect_have_their_queued_work_skipped():
 
 def test_a_request_over_its_timeout_gets_504_and_the_server_lives_on():
     model = _Gated()
-    app = create_app(model, ServeSettings(max_wait_ms=0, request_timeout_s=0.3))
+    app = create_app(model, ServeConfig(max_wait_ms=0, request_timeout_s=0.3))
     with ServerThread(app) as running:
         r = _ask(running.url, "slow")
         assert r.status_code == 504
@@ -761,7 +761,7 @@ def test_a_request_over_its_timeout_gets_504_and_the_server_lives_on():
 
 
 def test_health_is_503_when_the_batcher_task_has_died():
-    app = create_app(_Flaky(), ServeSettings(max_wait_ms=0))
+    app = create_app(_Flaky(), ServeConfig(max_wait_ms=0))
     with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=30) as c:
         assert c.get("/health").status_code == 200
         task = app.state.batcher._task
@@ -806,7 +806,7 @@ def test_shutdown_drains_a_request_in_flight():
     """uvicorn's SIGTERM handler sets should_exit; the request being decoded still gets its
     answer within timeout_graceful_shutdown."""
     model = _Gated()
-    app = create_app(model, ServeSettings(max_wait_ms=0))
+    app = create_app(model, ServeConfig(max_wait_ms=0))
     server = ServerThread(app, timeout_graceful_shutdown=10)
     with server, ThreadPoolExecutor(1) as pool:
         answer = pool.submit(_ask, server.url, "last")
@@ -819,7 +819,7 @@ def test_shutdown_drains_a_request_in_flight():
 
 
 def test_a_2500_line_text_and_deeply_nested_json_get_json_4xx():
-    app = create_app(_Flaky(), ServeSettings(max_wait_ms=0))  # the defaults of serve.yaml
+    app = create_app(_Flaky(), ServeConfig(max_wait_ms=0))  # the defaults of serve.yaml
     with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=30) as c:
         text = "\n".join(["a"] * 2500)  # 4,999 characters: within max_chars=5000
         r = c.post("/translate", json={"q": text, "source": "en", "target": "de"})
@@ -839,7 +839,7 @@ def test_a_2500_line_text_and_deeply_nested_json_get_json_4xx():
 
 
 def test_max_source_tokens_counts_every_line_of_the_request(reference):
-    app = create_app(reference, ServeSettings(max_wait_ms=0, max_source_tokens=20))
+    app = create_app(reference, ServeConfig(max_wait_ms=0, max_source_tokens=20))
     with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=60) as c:
         n = len(reference.tokenizer.encode_src([SENTENCES[1]])[0])
         fits = [SENTENCES[1]] * (20 // n)
@@ -879,7 +879,7 @@ def test_a_line_over_the_model_limit_is_translated_sentence_by_sentence(client, 
     ("mode", "status"), [("never", 413), ("always", 200)], ids=["never", "always"]
 )
 def test_split_sentences_never_refuses_and_always_splits_every_line(reference, mode, status):
-    settings = ServeSettings(max_wait_ms=0, split_sentences=mode, decoding=DECODING)
+    settings = ServeConfig(max_wait_ms=0, split_sentences=mode, decoding=DECODING)
     app = create_app(reference, settings)
     with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=60) as c:
         r = c.post("/translate", json={"q": LONG_LINE, "source": "en", "target": "de"})
@@ -901,9 +901,9 @@ def test_split_sentences_never_refuses_and_always_splits_every_line(reference, m
 
 def test_bad_decoding_option_is_refused_when_the_app_is_built():
     with pytest.raises(ConfigError, match=r"^decoding: beam_size must be at least 1, got 0$"):
-        ServeSettings(decoding={"beam_size": 0})
+        ServeConfig(decoding={"beam_size": 0})
     with pytest.raises(ConfigError, match="decoding: decoding option top_p must be of type"):
-        create_app(_Flaky(), ServeSettings(decoding={"top_p": "high"}))
+        create_app(_Flaky(), ServeConfig(decoding={"top_p": "high"}))
 
 
 def test_serve_script_with_a_bad_decoding_option_is_one_line_exit_2(ckpt):
@@ -929,7 +929,7 @@ def long_ckpt(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_health_answers_fast_while_a_1000_character_attention_request_is_served(long_ckpt):
     text = ("A big man sleeps here and a small cat eats today. " * 20)[:1000]
-    settings = ServeSettings(max_wait_ms=0, max_chars=1000, attention_max_tokens=600)
+    settings = ServeConfig(max_wait_ms=0, max_chars=1000, attention_max_tokens=600)
     app = build_server_app(long_ckpt, device="cpu", settings=settings)
     with (
         ServerThread(app) as running,
@@ -961,7 +961,7 @@ def test_health_answers_fast_while_a_1000_character_attention_request_is_served(
 
 def test_attention_caps_its_source_and_its_target(long_ckpt):
     text = ("A big man sleeps here and a small cat eats today. " * 20)[:1000]
-    app = build_server_app(long_ckpt, device="cpu", settings=ServeSettings(max_wait_ms=0))
+    app = build_server_app(long_ckpt, device="cpu", settings=ServeConfig(max_wait_ms=0))
     with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=60) as c:
         r = c.post("/attention", json={"q": text})
         assert r.status_code == 413
@@ -976,7 +976,7 @@ def test_attention_caps_its_source_and_its_target(long_ckpt):
 
 SLOW_SERVER = """
 import sys, time, uvicorn
-from litmt.deploy.server import ServeSettings, create_app
+from litmt.deploy.server import ServeConfig, create_app
 
 class Slow:
     src_lang, tgt_lang = "en", "de"
@@ -985,7 +985,7 @@ class Slow:
         time.sleep(float(sys.argv[2]))
         return [t.upper() for t in texts]
 
-app = create_app(Slow(), ServeSettings(max_wait_ms=0))
+app = create_app(Slow(), ServeConfig(max_wait_ms=0))
 uvicorn.run(app, port=int(sys.argv[1]), log_level="warning", timeout_graceful_shutdown=10)
 print("stopped", flush=True)  # not reached: uvicorn re-raises SIGTERM after the drain
 """

@@ -15,12 +15,12 @@ httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 
 from litmt.deploy.access import (  # noqa: E402
+    AccessConfig,
     AccessGuard,
-    AccessSettings,
     exposure_warning,
     load_keys,
 )
-from litmt.deploy.server import ServerThread, ServeSettings, create_app  # noqa: E402
+from litmt.deploy.server import ServeConfig, ServerThread, create_app  # noqa: E402
 from litmt.errors import ConfigError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,20 +42,20 @@ class _Clock:
         return self.now
 
 
-def _serve(access: AccessSettings | None = None, cors=False, clock=None):
+def _serve(access: AccessConfig | None = None, cors=False, clock=None):
     """A running toy server; `clock` replaces the guard's time."""
-    settings = ServeSettings(max_wait_ms=0, cors=cors, access=access or AccessSettings())
+    settings = ServeConfig(max_wait_ms=0, cors=cors, access=access or AccessConfig())
     app = create_app(_Upper(), settings)
     if clock is not None:
         app.state.access_guard.clock = clock
     return ServerThread(app)
 
 
-def _keys(tmp_path, text: str, **access) -> AccessSettings:
+def _keys(tmp_path, text: str, **access) -> AccessConfig:
     """Access settings with an API key file holding `text`."""
     path = tmp_path / "keys.txt"
     path.write_text(text)
-    return AccessSettings(api_keys_file=str(path), api_keys_env=None, **access)
+    return AccessConfig(api_keys_file=str(path), api_keys_env=None, **access)
 
 
 def _client(running):
@@ -119,7 +119,7 @@ def test_rate_limit_is_429_per_ip_and_per_key_and_the_window_moves(tmp_path):
 
 
 def test_no_limit_by_default():
-    guard = AccessGuard(AccessSettings(api_keys_env=None))
+    guard = AccessGuard(AccessConfig(api_keys_env=None))
     assert not guard.keys_on and guard.settings.req_limit == -1
     with _serve(clock=_Clock()) as running, _client(running) as c:
         assert all(c.post("/translate", json=Q).status_code == 200 for _ in range(5))
@@ -129,17 +129,17 @@ def test_keys_from_a_file_and_the_environment(tmp_path, monkeypatch):
     path = tmp_path / "keys.txt"
     path.write_text("# operators\nalpha\nbeta 30  # beta's own limit\n\n")
     monkeypatch.setenv("LITMT_TEST_KEYS", "gamma, delta 5")
-    keys = load_keys(AccessSettings(api_keys_file=str(path), api_keys_env="LITMT_TEST_KEYS"))
+    keys = load_keys(AccessConfig(api_keys_file=str(path), api_keys_env="LITMT_TEST_KEYS"))
     assert keys == {"alpha": None, "beta": 30, "gamma": None, "delta": 5}
     path.write_text("alpha beta gamma\n")
     with pytest.raises(ConfigError, match=r"keys\.txt:1"):
-        load_keys(AccessSettings(api_keys_file=str(path), api_keys_env=None))
+        load_keys(AccessConfig(api_keys_file=str(path), api_keys_env=None))
     with pytest.raises(ConfigError, match="does not exist"):
-        load_keys(AccessSettings(api_keys_file=str(tmp_path / "none"), api_keys_env=None))
+        load_keys(AccessConfig(api_keys_file=str(tmp_path / "none"), api_keys_env=None))
     with pytest.raises(ConfigError, match="needs API keys"):
-        load_keys(AccessSettings(require_api_key=True, api_keys_env=None))
+        load_keys(AccessConfig(require_api_key=True, api_keys_env=None))
     with pytest.raises(ConfigError, match="req_limit"):
-        AccessSettings(req_limit=0)
+        AccessConfig(req_limit=0)
 
 
 def test_cors_is_same_origin_by_default():
@@ -180,7 +180,7 @@ def test_open_bind_without_keys_is_warned(monkeypatch, caplog):
     import litmt.cli.serve
 
     monkeypatch.delenv("LITMT_API_KEYS", raising=False)
-    built: list[ServeSettings] = []
+    built: list[ServeConfig] = []
     monkeypatch.setattr(
         litmt.cli.serve, "build_server_app", lambda *a, **k: built.append(k["settings"])
     )

@@ -15,7 +15,7 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 
 from litmt.deploy.libretranslate import HtmlText, filter_unique, iso2model, model2iso  # noqa: E402
-from litmt.deploy.server import ServerThread, ServeSettings, build_server_app  # noqa: E402
+from litmt.deploy.server import ServeConfig, ServerThread, build_server_app  # noqa: E402
 
 DECODING = {"beam_size": 3, "max_len_a": 1.2, "max_len_b": 10}
 SENTENCES = ["A red dog runs.", "A big man sleeps here.", "A small cat eats today."]
@@ -24,7 +24,7 @@ SURE = {"confidence": 100.0, "language": "en"}
 
 @pytest.fixture(scope="module")
 def client(ckpt):
-    settings = ServeSettings(max_texts=8, max_chars=300, max_text_chars=200, decoding=DECODING)
+    settings = ServeConfig(max_texts=8, max_chars=300, max_text_chars=200, decoding=DECODING)
     app = build_server_app(ckpt, device="cpu", settings=settings, attention=False)
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60) as c:
         yield c

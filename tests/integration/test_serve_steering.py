@@ -8,7 +8,7 @@ httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
-from litmt.deploy.server import ServerThread, ServeSettings, build_server_app  # noqa: E402
+from litmt.deploy.server import ServeConfig, ServerThread, build_server_app  # noqa: E402
 
 DECODING = {"beam_size": 3}
 PAIR = {"source": "en", "target": "de"}
@@ -16,7 +16,7 @@ PAIR = {"source": "en", "target": "de"}
 
 @pytest.fixture(scope="module")
 def client(ckpt):
-    app = build_server_app(ckpt, device="cpu", settings=ServeSettings(decoding=DECODING))
+    app = build_server_app(ckpt, device="cpu", settings=ServeConfig(decoding=DECODING))
     with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=60) as c:
         yield c
 

@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "data": 0,  # text, tokenizer, corpora, DataModule
     "runtime": -1,  # precision, FP8, devices, the Lightning internals litmt relies on
     "metrics": -1,  # sacrebleu wrappers
+    "config": -1,  # the rules of every settings dataclass: key checks, renames, field docs
     "errors": -2,  # project exceptions
 }
 # Modules that must not import these third-party packages (pure torch).

@@ -27,15 +27,15 @@ from litmt.attention.cache import DecodeCache, KVCache
 from litmt.errors import BackendError
 
 _REGISTRY: dict[str, str] = {
-    "math": "litmt.attention.math_attention:MathAttention",
+    "math": "litmt.attention.math:MathAttention",
     "sdpa": "litmt.attention.sdpa:SDPAAttention",
     "flash": "litmt.attention.flash:FlashAttention",
-    "xformers": "litmt.attention.xformers_backend:XFormersAttention",
+    "xformers": "litmt.attention.xformers:XFormersAttention",
     "te": "litmt.attention.te:TEAttention",
     "flex": "litmt.attention.flex:FlexAttention",
     "local": "litmt.attention.local:LocalAttention",
     "sparse": "litmt.attention.sparse:SparseAttention",
-    "linear": "litmt.attention.linear_attention:LinearAttention",
+    "linear": "litmt.attention.linear:LinearAttention",
     "auto": "litmt.attention.auto:AutoAttention",
 }
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from litmt.deploy.access import AccessSettings, exposure_warning, load_keys
-from litmt.deploy.server import ServeSettings, build_server_app
+from litmt.deploy.access import AccessConfig, exposure_warning, load_keys
+from litmt.deploy.server import ServeConfig, build_server_app
 from litmt.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ def serve(cfg: Any) -> None:
             "no model given: pass model_path=<a .ckpt file or a CTranslate2 export directory>"
         )
     # first: a bad limit or decoding option is one line and exit 2, before the model loads
-    settings = ServeSettings(
+    settings = ServeConfig(
         max_batch_texts=int(cfg.max_batch_texts),
         max_wait_ms=float(cfg.max_wait_ms),
         max_queue=int(cfg.max_queue),
@@ -42,7 +42,7 @@ def serve(cfg: Any) -> None:
         max_body_bytes=int(cfg.max_body_bytes),
         attention_max_tokens=int(cfg.attention_max_tokens),
         cors=OmegaConf.to_object(cfg.cors) if OmegaConf.is_config(cfg.cors) else cfg.cors,
-        access=AccessSettings(
+        access=AccessConfig(
             api_keys_file=cfg.api_keys_file,
             api_keys_env=cfg.api_keys_env,
             require_api_key=bool(cfg.require_api_key),

@@ -17,9 +17,9 @@ _EXPORTS = {
     "ParallelCorpus": "litmt.data.corpus",
     "TranslationDataModule": "litmt.data.datamodule",
     "ResumableDataLoader": "litmt.data.loader",
-    "TokenBudgetBatchSampler": "litmt.data.sampler",
+    "TokenBudgetBatchSampler": "litmt.data.batch_sampler",
     "Tokenizer": "litmt.data.tokenizer",
-    "TokenizerSettings": "litmt.data.tokenizer",
+    "TokenizerConfig": "litmt.data.tokenizer",
 }
 
 

@@ -51,6 +51,8 @@ import lightning as L
 import numpy as np
 import torch
 
+from litmt.config import check_keys, plain
+from litmt.data.batch_sampler import dist_rank_world
 from litmt.data.collate import TokenizedPairs
 from litmt.data.corpus import SPLITS, HubSpec, ParallelCorpus, short_hash
 from litmt.data.directions import (
@@ -64,29 +66,19 @@ from litmt.data.loader import ResumableDataLoader, token_budget_loader
 from litmt.data.memmap import TextPairs, is_complete, open_cache, write_text_cache
 from litmt.data.mixing import MultiCorpus, resample
 from litmt.data.prepare_once import is_preparer, prepare_and_publish, wait_for_marker
-from litmt.data.preprocess import FilterSettings, tokenize_to_cache
-from litmt.data.sampler import dist_rank_world
+from litmt.data.preprocess import FilterConfig, tokenize_to_cache
 from litmt.data.sources import load_split, parse_train_sources, source_tags, split_fingerprint
-from litmt.data.spm_sample import sample_sentences
 from litmt.data.streams import count_pairs, pair_chunks
 from litmt.data.subword_sampling import SampledPairs, check_sampling, describe
-from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.data.tokenizer import Tokenizer, TokenizerConfig
 from litmt.data.tokenizer_cache import cached_tokenizer
+from litmt.data.tokenizer_sample import sample_sentences
 from litmt.errors import ConfigError, DataError
 from litmt.runtime.lightning_compat import uses_distributed_sampler
 
 log = logging.getLogger(__name__)
 
 _CACHE_VERSION = 3  # bump when the cache layout changes (3: memory-mapped arrays)
-
-
-def _plain(value: Any) -> Any:
-    """DictConfig/ListConfig (or any mapping/list) → plain dict/list, without importing omegaconf."""
-    if isinstance(value, Mapping) or (hasattr(value, "items") and hasattr(value, "keys")):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
-        return [_plain(v) for v in value]
-    return value
 
 
 def _resolve_path(path: str | os.PathLike[str]) -> Path:
@@ -146,12 +138,12 @@ class TranslationDataModule(L.LightningDataModule):
         extra_test: more test sets scored at the end of training (`finalize`), each a split
             name (local file stem or hub split), e.g. ["test2017", "mscoco2017"]; a set absent
             from the data is skipped with a warning. Never used to choose anything.
-        tokenizer: `TokenizerSettings` fields.
+        tokenizer: `TokenizerConfig` fields.
         cache_dir: root of the tokenizer and token-id caches.
         max_tokens: train token budget per batch, padding included (None = by sentences).
         batch_size: sentences per train batch when `max_tokens` is None (else a cap).
         eval_max_tokens, eval_batch_size: the same for valid/test (None = train values).
-        filter: `FilterSettings` fields for the train split.
+        filter: `FilterConfig` fields for the train split.
         bucket_pool: sort within pools of this many batches' worth (None = whole split).
         max_positions: valid/test sources and targets are truncated to this many tokens
             (targets to max_positions - 1, leaving room for bos/eos).
@@ -207,24 +199,18 @@ class TranslationDataModule(L.LightningDataModule):
         self.prepare_data_per_node = bool(prepare_data_per_node)  # Lightning's DataHooks flag
         self.prepare_timeout = float(prepare_timeout)
         self.name, self.src_lang, self.tgt_lang = str(name), str(src_lang), str(tgt_lang)
-        tok = _plain(tokenizer) or {}
-        known = {f.name for f in fields(TokenizerSettings)}
-        if unknown := set(tok) - known:
-            raise ConfigError(
-                f"unknown data.tokenizer keys {sorted(unknown)}; known: {sorted(known)}"
-            )
+        tok = plain(tokenizer) or {}
+        check_keys(tok, (f.name for f in fields(TokenizerConfig)), "data.tokenizer")
         tok.setdefault("seed", seed)
-        self.tokenizer_settings = TokenizerSettings(**tok)
-        flt = _plain(filter) or {}
-        known = {f.name for f in fields(FilterSettings)}
-        if unknown := set(flt) - known:
-            raise ConfigError(f"unknown data.filter keys {sorted(unknown)}; known: {sorted(known)}")
-        self.filter = FilterSettings(**flt)
+        self.tokenizer_settings = TokenizerConfig(**tok)
+        flt = plain(filter) or {}
+        check_keys(flt, (f.name for f in fields(FilterConfig)), "data.filter")
+        self.filter = FilterConfig(**flt)
         self.cache_dir = _resolve_path(cache_dir)
         local_dir = _resolve_path(dir) if dir is not None else None
         split_map = {"train": "train", "valid": "valid", "test": "test"}
-        split_map.update(_plain(splits) or {})
-        hub_spec = HubSpec(**(_plain(hub) or {}))
+        split_map.update(plain(splits) or {})
+        hub_spec = HubSpec(**(plain(hub) or {}))
         self.corpus = ParallelCorpus(
             src_lang=self.src_lang,
             tgt_lang=self.tgt_lang,
@@ -233,13 +219,13 @@ class TranslationDataModule(L.LightningDataModule):
             splits=split_map,
             hub=hub_spec,
             layout=layout,
-            columns=_plain(columns),
+            columns=plain(columns),
             translation_column=translation_column,
             hf_cache_dir=str(self.cache_dir / "hf"),
         )
-        self.directions = parse_directions(_plain(directions))
+        self.directions = parse_directions(plain(directions))
         self.extra_train = parse_train_sources(
-            _plain(extra_train),
+            plain(extra_train),
             src_lang=self.src_lang,
             tgt_lang=self.tgt_lang,
             resolve=_resolve_path,
@@ -249,7 +235,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.tag_placement = check_placement(str(tag_placement))
         self.sampling_temperature = float(sampling_temperature)
         sampling_weights([1], self.sampling_temperature)  # refuses T <= 0 now
-        self.extra_test = parse_extra_test(_plain(extra_test))
+        self.extra_test = parse_extra_test(plain(extra_test))
         self.multi: MultiCorpus | None = None
         self._offsets: dict[str, list[int]] = {}  # split -> direction start offsets
         if self.directions:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from litmt.config import check_keys
 from litmt.errors import ConfigError
 
 PLACEMENTS = ("source", "target")
@@ -78,10 +79,7 @@ def parse_direction(value: Any) -> Direction:
         ConfigError: not two distinct language codes, or unknown mapping keys.
     """
     if isinstance(value, Mapping):
-        if unknown := sorted(set(value) - set(DIRECTION_KEYS)):
-            raise ConfigError(
-                f"unknown keys {unknown} in a data.directions entry; known: {list(DIRECTION_KEYS)}"
-            )
+        check_keys(value, DIRECTION_KEYS, "data.directions entry")
         base = parse_direction(value.get("pair"))
         directory = value.get("dir")
         splits = tuple(sorted((str(k), v) for k, v in dict(value.get("splits") or {}).items()))

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader
 
+from litmt.data.batch_sampler import TokenBudgetBatchSampler
 from litmt.data.collate import TokenizedPairs, collate
-from litmt.data.sampler import TokenBudgetBatchSampler
 from litmt.data.scratch import Scratch
 
 _LENGTH_CHUNK = 1 << 20  # examples per chunk when gathering the lengths

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from litmt.config import renamed_attribute
 from litmt.data.memmap import CacheWriter
 from litmt.data.tokenizer import Tokenizer
 from litmt.errors import DataError
@@ -34,7 +35,7 @@ PROGRESS_BAR_MIN_PAIRS = 100_000
 
 
 @dataclass
-class FilterSettings:
+class FilterConfig:
     """Training-split filters (`data.filter`); valid/test are never filtered."""
 
     min_len: int = 1  # drop pairs with a side shorter than this many tokens
@@ -44,7 +45,7 @@ class FilterSettings:
 
 
 def filter_mask(
-    src_lengths: np.ndarray, tgt_lengths: np.ndarray, settings: FilterSettings
+    src_lengths: np.ndarray, tgt_lengths: np.ndarray, settings: FilterConfig
 ) -> tuple[np.ndarray, dict[str, int]]:
     """Which pairs pass the length rules, and how many each rule removed (not logged).
 
@@ -75,7 +76,7 @@ def filter_mask(
     return keep, counts
 
 
-def report_filter(counts: dict[str, int], settings: FilterSettings) -> None:
+def report_filter(counts: dict[str, int], settings: FilterConfig) -> None:
     """Log the filter counts.
 
     Raises:
@@ -96,7 +97,7 @@ def report_filter(counts: dict[str, int], settings: FilterSettings) -> None:
 
 
 def filter_pairs(
-    src_lengths: np.ndarray, tgt_lengths: np.ndarray, settings: FilterSettings
+    src_lengths: np.ndarray, tgt_lengths: np.ndarray, settings: FilterConfig
 ) -> tuple[np.ndarray, dict[str, int]]:
     """`filter_mask`, with its counts logged (`report_filter`)."""
     keep, counts = filter_mask(src_lengths, tgt_lengths, settings)
@@ -180,7 +181,7 @@ def tokenize_to_cache(
     *,
     num_proc: int | None,
     total: int | None,
-    filters: FilterSettings | None = None,
+    filters: FilterConfig | None = None,
     desc: str = "tokenising",
 ) -> dict[str, int] | None:
     """Tokenise `chunks` (in order) into the cache at `path`, published atomically.
@@ -273,3 +274,8 @@ def _encoded(
             yield pending.popleft().get()
     while pending:
         yield pending.popleft().get()
+
+
+def __getattr__(name: str) -> Any:
+    """Old names of this module's classes, kept one release (`litmt.config.renamed_attribute`)."""
+    return renamed_attribute(__name__, name, {"FilterSettings": "FilterConfig"}, globals())

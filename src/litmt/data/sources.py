@@ -17,6 +17,7 @@ from typing import Any
 
 import datasets
 
+from litmt.config import check_keys
 from litmt.data.corpus import HubSpec, ParallelCorpus, short_hash
 from litmt.data.directions import parse_direction
 from litmt.errors import ConfigError
@@ -94,18 +95,11 @@ def parse_train_sources(
                 f"data.extra_train[{i}] must be a mapping like {{dir: PATH, tag: <BT>}}, "
                 f"got {entry!r}"
             )
-        if unknown := sorted(set(entry) - set(EXTRA_KEYS)):
-            raise ConfigError(
-                f"unknown keys {unknown} in data.extra_train[{i}]; known: {list(EXTRA_KEYS)}"
-            )
+        check_keys(entry, EXTRA_KEYS, f"data.extra_train[{i}]")
         name = str(entry.get("name") or f"extra{i}")
         split = str(entry.get("split") or "train")
         hub = dict(entry.get("hub") or {})
-        if unknown_hub := sorted(set(hub) - {"path", "name", "revision"}):
-            raise ConfigError(
-                f"unknown keys {unknown_hub} in data.extra_train[{i}].hub; known: path, name, "
-                f"revision (the split is the entry's `split`)"
-            )
+        check_keys(hub, ("path", "name", "revision"), f"data.extra_train[{i}].hub")
         hub["splits"] = {"train": split}
         directory = entry.get("dir")
         if directory is None and not hub.get("path"):

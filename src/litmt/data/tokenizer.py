@@ -21,7 +21,7 @@ one segmentation among the possible ones instead of the best one (unigram: from 
 smoothed by alpha, or among its n best; bpe: BPE-dropout, each merge dropped with probability
 alpha; the samplers and their seeds: `litmt.data.segmentation`). Only the training split uses
 it (`litmt.data.subword_sampling`); it is an encode-time choice, not another tokenizer, so it
-is part of neither `TokenizerSettings.key` nor `Tokenizer.identity`.
+is part of neither `TokenizerConfig.key` nor `Tokenizer.identity`.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import Any
 
 import sentencepiece as spm
 
+from litmt.config import renamed_attribute
 from litmt.data.directions import tag_language
 from litmt.data.piece_vocab import PieceVocab
 from litmt.data.segmentation import SubwordSampling, encode_texts, model_proto
@@ -50,7 +51,7 @@ PIECES_FILE = "pieces.json"  # `Tokenizer.save`: the piece vocabulary and src_eo
 
 
 @dataclass
-class TokenizerSettings:
+class TokenizerConfig:
     """How to train sentencepiece (see `conf/data/*.yaml`, key `data.tokenizer`)."""
 
     vocab_size: int = 8000  # pieces per model (joint: shared by both languages)
@@ -96,16 +97,16 @@ class TokenizerSettings:
         return key
 
 
-def _train_model(sentences: Iterable[str], settings: TokenizerSettings) -> bytes:
+def _train_model(sentences: Iterable[str], settings: TokenizerConfig) -> bytes:
     sentences = [s for s in sentences if s.strip()]
     if len(sentences) > settings.input_sentence_size:
         sentences = random.Random(settings.seed).sample(sentences, settings.input_sentence_size)
     return train_spm(sentences, settings)
 
 
-def train_spm(sentences: Iterable[str], settings: TokenizerSettings) -> bytes:
+def train_spm(sentences: Iterable[str], settings: TokenizerConfig) -> bytes:
     """A serialized sentencepiece model trained on `sentences` (already non-empty, sampled;
-    `litmt.data.spm_sample` streams them from disk)."""
+    `litmt.data.tokenizer_sample` streams them from disk)."""
     it = iter(sentences)
     first = next(it, None)
     if first is None:
@@ -227,7 +228,7 @@ class Tokenizer:
         cls,
         src_sentences: Iterable[str],
         tgt_sentences: Iterable[str],
-        settings: TokenizerSettings,
+        settings: TokenizerConfig,
         *,
         sampled: bool = False,
     ) -> Tokenizer:
@@ -235,7 +236,7 @@ class Tokenizer:
 
         Args:
             sampled: the sentences are already the non-empty, bounded sample
-                (`litmt.data.spm_sample`); joint: `src_sentences` is the pooled sample and
+                (`litmt.data.tokenizer_sample`); joint: `src_sentences` is the pooled sample and
                 `tgt_sentences` is ignored. Else they are sampled here, in memory.
         """
         if sampled:
@@ -400,3 +401,8 @@ class Tokenizer:
         if self.vocab is not None:
             return [self.vocab.pieces[int(i)] for i in ids]
         return [self.tgt.id_to_piece(int(i)) for i in ids]
+
+
+def __getattr__(name: str) -> Any:
+    """Old names of this module's classes, kept one release (`litmt.config.renamed_attribute`)."""
+    return renamed_attribute(__name__, name, {"TokenizerSettings": "TokenizerConfig"}, globals())

@@ -1,6 +1,6 @@
 """`DecodeConfig`: every decoding setting, validated, with the project's one set of defaults.
 
-`litmt.decoding.api.decode` runs it; the searches (`litmt.decoding.search`) take their keyword defaults
+`litmt.decoding.dispatch.decode` runs it; the searches (`litmt.decoding.search`) take their keyword defaults
 from it; job configs override it (`DecodeConfig.from_options`: absent or null keys keep the
 default).
 """
@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from litmt.config import check_keys
 from litmt.errors import ConfigError
 
 METHODS = ("beam", "greedy", "sample")
@@ -120,12 +121,7 @@ def decoding_options(config: DecodeConfig | None, options: Mapping[str, Any]) ->
     Raises:
         ConfigError: a key that is not a decoding option.
     """
-    names = {f.name for f in dataclasses.fields(DecodeConfig)}
-    unknown = sorted(set(options) - names)
-    if unknown:
-        raise ConfigError(
-            f"unknown decoding option(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
-        )
+    check_keys(options, (f.name for f in dataclasses.fields(DecodeConfig)), "decoding option")
     return DecodeConfig.from_options(options, base=config)
 
 

@@ -1,4 +1,4 @@
-"""Greedy and batched beam search over `decode_step` (KV-cache decoding); `litmt.decoding.api.decode`
+"""Greedy and batched beam search over `decode_step` (KV-cache decoding); `litmt.decoding.dispatch.decode`
 is the one entry point that picks a search (and samples) from a `DecodeConfig`.
 
 Shapes: B sentences, K beam size, R rows decoded token by token (B*n), S source length,

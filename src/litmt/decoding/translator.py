@@ -40,10 +40,10 @@ from litmt.checkpoint.load import load_model, resolve_device
 from litmt.data.text import clean_line, strip_line_end
 from litmt.data.tokenizer import Tokenizer
 from litmt.decoding.alignment import AlignConfig, align_ids, pharaoh
-from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig, decoding_options
+from litmt.decoding.dispatch import decode
 from litmt.decoding.languages import Languages, Route
-from litmt.decoding.sampling import make_generator
+from litmt.decoding.sampling_search import make_generator
 from litmt.decoding.search import Hypothesis
 from litmt.decoding.steering import budget_floor, check_constraints, check_prefixes
 from litmt.errors import ConfigError

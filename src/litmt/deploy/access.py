@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from litmt.config import renamed_attribute
 from litmt.errors import ConfigError
 
 INVALID_KEY = "Invalid API key"  # LibreTranslate's message
@@ -41,7 +42,7 @@ ANY_HOST = ("0.0.0.0", "::", "")
 
 
 @dataclass
-class AccessSettings:
+class AccessConfig:
     """API keys and the rate limit (``conf/serve.yaml``, where each is explained)."""
 
     api_keys_file: str | None = None  # one key per line, optionally "KEY LIMIT"
@@ -75,7 +76,7 @@ def parse_keys(text: str, source: str) -> dict[str, int | None]:
     return keys
 
 
-def load_keys(settings: AccessSettings, environ: Mapping[str, str] | None = None) -> dict:
+def load_keys(settings: AccessConfig, environ: Mapping[str, str] | None = None) -> dict:
     """The API keys of `settings` (file and environment variable); empty when keys are off."""
     environ = os.environ if environ is None else environ
     keys: dict[str, int | None] = {}
@@ -114,12 +115,12 @@ class AccessGuard:
 
     def __init__(
         self,
-        settings: AccessSettings | None = None,
+        settings: AccessConfig | None = None,
         *,
         keys: dict[str, int | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.settings = settings or AccessSettings()
+        self.settings = settings or AccessConfig()
         self.keys = load_keys(self.settings) if keys is None else dict(keys)
         self.clock = clock
         self._origin = (
@@ -220,3 +221,8 @@ def install_cors(app: Any, cors: Any) -> None:
         allow_headers=["Authorization", "Content-Type"],
         max_age=60 * 60 * 24 * 20,
     )
+
+
+def __getattr__(name: str) -> Any:
+    """Old names of this module's classes, kept one release (`litmt.config.renamed_attribute`)."""
+    return renamed_attribute(__name__, name, {"AccessSettings": "AccessConfig"}, globals())

@@ -62,10 +62,11 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from litmt.config import renamed_attribute
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.languages import Languages
 from litmt.deploy import libretranslate as lt
-from litmt.deploy.access import AccessGuard, AccessSettings, install_cors
+from litmt.deploy.access import AccessConfig, AccessGuard, install_cors
 from litmt.deploy.attention_view import attention_maps, attention_payload
 from litmt.deploy.http_errors import ApiError
 from litmt.deploy.request_batcher import BatcherDead, QueueFull, RequestBatcher
@@ -90,7 +91,7 @@ POSITIVE = ("max_batch_texts", "max_texts", "max_chars", "max_text_chars", "max_
 
 
 @dataclass
-class ServeSettings:
+class ServeConfig:
     """Server and decoding settings (``conf/serve.yaml``, where each is explained).
 
     The decoding options are validated here (`DecodeConfig.from_options`), so a bad one
@@ -112,7 +113,7 @@ class ServeSettings:
     max_body_bytes: int = 1_000_000  # request body, else 413
     attention_max_tokens: int = 256  # /attention: source tokens (else 413) and target budget
     cors: bool | str | list[str] = False  # allowed origins; False = same origin (access.py)
-    access: AccessSettings = field(default_factory=AccessSettings)  # API keys, rate limit
+    access: AccessConfig = field(default_factory=AccessConfig)  # API keys, rate limit
     decoding: dict[str, Any] = field(default_factory=dict)  # Translator.translate options
 
     def __post_init__(self) -> None:
@@ -201,9 +202,7 @@ async def read_params(
     return params
 
 
-def _texts(
-    params: dict[str, Any], settings: ServeSettings, is_json: bool
-) -> tuple[list[str], bool]:
+def _texts(params: dict[str, Any], settings: ServeConfig, is_json: bool) -> tuple[list[str], bool]:
     """(sentences, was a list) from ``q``, checked against the limits."""
     q = params.get("q")
     if not q:
@@ -252,7 +251,7 @@ def _json_in_pieces(value: list[Any]) -> str:
 
 def create_app(
     translator: Any,
-    settings: ServeSettings | None = None,
+    settings: ServeConfig | None = None,
     *,
     attention_model: Any | None = None,
     engine: str = "torch",
@@ -265,7 +264,7 @@ def create_app(
         attention_model: a torch `Translator` for ``/attention`` (None: the route answers 501).
         engine: the engine's name, reported by ``/health``.
     """
-    settings = settings or ServeSettings()
+    settings = settings or ServeConfig()
     options = dict(settings.decoding)
     options.pop("n_best", None)  # one translation per text
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="litmt-model")
@@ -636,7 +635,7 @@ def build_server_app(
     device: str | None = None,
     threads: int = 0,
     attention: bool = True,
-    settings: ServeSettings | None = None,
+    settings: ServeConfig | None = None,
     cache_dir: str | Path | None = None,
     quantization: str = "none",
     compute_type: str = "default",
@@ -673,4 +672,9 @@ def build_server_app(
     return create_app(translator, settings, attention_model=attention_model, engine=engine)
 
 
-__all__ = ["ApiError", "ServeSettings", "ServerThread", "build_server_app", "create_app"]
+def __getattr__(name: str) -> Any:
+    """Old names of this module's classes, kept one release (`litmt.config.renamed_attribute`)."""
+    return renamed_attribute(__name__, name, {"ServeSettings": "ServeConfig"}, globals())
+
+
+__all__ = ["ApiError", "ServeConfig", "ServerThread", "build_server_app", "create_app"]

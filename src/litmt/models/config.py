@@ -10,6 +10,7 @@ import logging
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from litmt.config import check_keys
 from litmt.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -143,12 +144,7 @@ class TransformerConfig:
         checkpoints still load.
         """
         data = _drop_legacy(dict(data))
-        unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ConfigError(
-                f"unknown model config keys {sorted(unknown)}; valid keys: "
-                f"{', '.join(f.name for f in fields(cls))}"
-            )
+        check_keys(data, (f.name for f in fields(cls)), "model config")
         return cls(**data)
 
 
@@ -176,12 +172,7 @@ def _drop_legacy(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    valid = {f.name for f in fields(cls)}
-    unknown = set(data) - valid
-    if unknown:
-        raise ConfigError(
-            f"unknown keys {sorted(unknown)} in model.attention; valid keys: {', '.join(sorted(valid))}"
-        )
+    check_keys(data, (f.name for f in fields(cls)), "model.attention")
     return {
         k: (dict(v) if k.endswith("_options") and v is not None else v) for k, v in data.items()
     }

@@ -15,8 +15,7 @@ Shapes: B batch, S source length, T target length, V target vocabulary, N = B*T.
 from __future__ import annotations
 
 import logging
-import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -24,9 +23,10 @@ import torch
 from torch import Tensor
 
 from litmt.checkpoint.io import META_KEY, make_meta
+from litmt.config import plain
 from litmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
-from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig
+from litmt.decoding.dispatch import decode
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 from litmt.runtime.precision import compute_dtype, precision_name
@@ -35,18 +35,6 @@ from litmt.training.losses import label_smoothed_nll
 from litmt.training.seeding import step_seed
 
 log = logging.getLogger(__name__)
-
-
-def _plain(value: Any) -> Any:
-    """A Hydra/OmegaConf container as plain dicts and lists (other values unchanged).
-
-    omegaconf is not imported here: a value can be one of its containers only where omegaconf
-    is already imported, and the module must import without it (scripts/gpu_check.py).
-    """
-    omegaconf = sys.modules.get("omegaconf")
-    if omegaconf is not None and isinstance(value, omegaconf.DictConfig | omegaconf.ListConfig):
-        return omegaconf.OmegaConf.to_container(value, resolve=True)
-    return dict(value) if isinstance(value, Mapping) else value
 
 
 class TranslationModule(L.LightningModule):
@@ -85,12 +73,12 @@ class TranslationModule(L.LightningModule):
     ) -> None:
         super().__init__()
         if not isinstance(model_config, TransformerConfig):
-            model_config = TransformerConfig.from_dict(_plain(model_config))
+            model_config = TransformerConfig.from_dict(plain(model_config))
         self.model = Seq2SeqTransformer(model_config)
         self.tokenizer, self.src_lang, self.tgt_lang = tokenizer, src_lang, tgt_lang
         if model_config.word_dropout > 0:  # keep bos/eos and every source tag (<2de>, <BT>, ...)
             self.model.exempt_from_word_dropout([BOS_ID, EOS_ID, *tokenizer.src_tags.values()])
-        self.languages = dict(_plain(languages) or {})
+        self.languages = dict(plain(languages) or {})
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.label_smoothing = float(label_smoothing)
@@ -119,7 +107,7 @@ class TranslationModule(L.LightningModule):
         sync_steps: bool = False,
         prefixes: list[list[int]] | None = None,
     ) -> list[list[int]]:
-        """Decode with `litmt.decoding.api.decode`: the best hypothesis' target ids per source row.
+        """Decode with `litmt.decoding.dispatch.decode`: the best hypothesis' target ids per source row.
 
         Callbacks call it through `trainer.model`, so that a DDP or FSDP wrapper runs it as a
         forward pass (FSDP gathers its sharded root weights only inside one).

@@ -26,7 +26,7 @@ from emulations import xformers as xformers_emulation
 
 from litmt.attention import build_backend, get_backend_class, list_backends
 from litmt.attention.base import AttentionRequest
-from litmt.attention.linear_attention import feature_map
+from litmt.attention.linear import feature_map
 from litmt.attention.sparse import block_layout
 from litmt.attention.te import fp8_autocast
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID

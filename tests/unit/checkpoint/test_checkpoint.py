@@ -29,7 +29,7 @@ from litmt.checkpoint.io import (
 )
 from litmt.checkpoint.load import load_model, resolve_device
 from litmt.checkpoint.paths import checkpoint_paths
-from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.data.tokenizer import Tokenizer, TokenizerConfig
 from litmt.errors import BackendError, CheckpointError, ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[3]
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
     en, de = corpus()
-    return Tokenizer.train(en, de, TokenizerSettings(vocab_size=80))
+    return Tokenizer.train(en, de, TokenizerConfig(vocab_size=80))
 
 
 # Smaller than the tiny translator: these models are only saved and loaded.
@@ -350,7 +350,7 @@ def test_check_compatible_names_the_tokenizer_and_languages_that_differ(tmp_path
     path = save_tiny(tmp_path / "a.ckpt", tokenizer)
     ckpt = load_checkpoint(path)
     en, de = corpus()
-    other = Tokenizer.train(en, de, TokenizerSettings(vocab_size=60))
+    other = Tokenizer.train(en, de, TokenizerConfig(vocab_size=60))
     with pytest.raises(CheckpointError) as exc:
         check_compatible(ckpt, tiny_config(tokenizer), other, path=path)
     assert one_line(exc) == (
@@ -359,7 +359,7 @@ def test_check_compatible_names_the_tokenizer_and_languages_that_differ(tmp_path
         "use the settings it was trained with, or start a new run in a new hydra.run.dir "
         "(data.tokenizer.*)"
     )
-    separate = Tokenizer.train(en, de, TokenizerSettings(vocab_size=80, joint=False))
+    separate = Tokenizer.train(en, de, TokenizerConfig(vocab_size=80, joint=False))
     with pytest.raises(CheckpointError, match="a joint vocabulary in the checkpoint, a separate"):
         check_compatible(ckpt, tiny_config(tokenizer), separate, path=path)
     with pytest.raises(CheckpointError) as exc:
@@ -387,7 +387,7 @@ def test_averaging_checkpoints_of_different_runs_is_refused(tmp_path, tokenizer)
     other_tok = Tokenizer.train(
         [s.translate(shift) for s in en],
         [s.translate(shift) for s in de],
-        TokenizerSettings(vocab_size=80),
+        TokenizerConfig(vocab_size=80),
     )
     assert other_tok.src_vocab_size == tokenizer.src_vocab_size
     assert tokenizer_difference(tokenizer, other_tok) is not None

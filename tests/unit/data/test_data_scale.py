@@ -14,12 +14,12 @@ import pytest
 from tiny_corpora import make_pairs
 
 from litmt.data import TranslationDataModule
+from litmt.data.batch_sampler import TokenBudgetBatchSampler
 from litmt.data.corpus import HubSpec
 from litmt.data.memmap import CacheWriter
 from litmt.data.preprocess import PairDeduper
-from litmt.data.sampler import TokenBudgetBatchSampler
-from litmt.data.spm_sample import sample_sentences
-from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.data.tokenizer import Tokenizer, TokenizerConfig
+from litmt.data.tokenizer_sample import sample_sentences
 from litmt.errors import ConfigError, DataError
 
 
@@ -208,7 +208,7 @@ def test_streamed_sample_trains_the_same_tokenizer(
 ) -> None:
     src, tgt = make_pairs(400, seed=5)
     src[7] = ""  # empty sentences are skipped on both paths
-    settings = TokenizerSettings(vocab_size=40, joint=joint, input_sentence_size=250, seed=3)
+    settings = TokenizerConfig(vocab_size=40, joint=joint, input_sentence_size=250, seed=3)
     ref = Tokenizer.train(src, tgt, settings)
 
     def chunks():
@@ -293,7 +293,7 @@ def test_cache_key_follows_the_input_files(dm_kwargs: dict) -> None:
 
 
 def test_chunked_counting_sort_equals_the_lexsort(monkeypatch: pytest.MonkeyPatch) -> None:
-    from litmt.data import sampler
+    from litmt.data import batch_sampler as sampler
 
     rng = np.random.default_rng(2)
     s, t = rng.integers(0, 40, 3000).astype(np.int32), rng.integers(1, 41, 3000).astype(np.int32)

@@ -125,7 +125,7 @@ def test_eval_loaders_under_ddp(
     dm.setup("validate")
     gathered, counts = [], []
     for rank in range(world):
-        monkeypatch.setattr("litmt.data.sampler.dist_rank_world", lambda r=rank: (r, world))
+        monkeypatch.setattr("litmt.data.batch_sampler.dist_rank_world", lambda r=rank: (r, world))
         batches = list(dm.val_dataloader())
         counts.append(len(batches))
         gathered += [i for b in batches for i in b["index"].tolist()]

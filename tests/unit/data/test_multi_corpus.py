@@ -13,7 +13,7 @@ from tiny_corpora import make_pairs, write_text_corpus
 from litmt.data import TranslationDataModule
 from litmt.data.corpus import ParallelCorpus
 from litmt.data.sources import TrainSource, split_fingerprint
-from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.data.tokenizer import Tokenizer, TokenizerConfig
 from litmt.errors import ConfigError, DataError
 
 SIZES = {"main": 120, "extra": 50, "bt": 40}
@@ -124,11 +124,14 @@ def test_extra_train_from_the_command_line(tmp_path: Path, text_corpus: Path) ->
 
 def test_bad_extra_sources_are_one_line_errors(dm_kwargs: dict, tmp_path: Path) -> None:
     cases = [
-        ([{"dir": str(tmp_path), "tags": "<BT>"}], "unknown keys ['tags']"),
+        (
+            [{"dir": str(tmp_path), "tags": "<BT>"}],
+            "unknown data.extra_train[0] keys ['tags'] (did you mean tags -> tag?)",
+        ),
         ([{"tag": "<BT>"}], "needs dir=PATH or hub.path"),
         (
             [{"hub": {"path": "x", "splits": {}}}],
-            "unknown keys ['splits'] in data.extra_train[0].hub",
+            "unknown data.extra_train[0].hub keys ['splits']",
         ),
         ([{"dir": str(tmp_path), "tag": "<B T>"}], "must be one word"),
         (["path"], "must be a mapping"),
@@ -145,7 +148,7 @@ def test_an_existing_sentencepiece_model_is_reused_byte_for_byte(
     dm_kwargs: dict, tmp_path: Path
 ) -> None:
     src, tgt = make_pairs(200, seed=9)
-    given = Tokenizer.train(src, tgt, TokenizerSettings(vocab_size=50))
+    given = Tokenizer.train(src, tgt, TokenizerConfig(vocab_size=50))
     path = tmp_path / "given.model"
     path.write_bytes(given.src_model_bytes)
     tokenizer = {"vocab_size": 999, "model": str(path)}  # training settings are then ignored
@@ -167,7 +170,7 @@ def test_a_tag_the_given_tokenizer_lacks_is_a_one_line_error(
 ) -> None:
     src, tgt = make_pairs(200, seed=9)
     path = tmp_path / "plain.model"
-    path.write_bytes(Tokenizer.train(src, tgt, TokenizerSettings(vocab_size=50)).src_model_bytes)
+    path.write_bytes(Tokenizer.train(src, tgt, TokenizerConfig(vocab_size=50)).src_model_bytes)
     with pytest.raises(
         ConfigError, match=r"<BT> of data\.extra_train is not a user-defined symbol"
     ):

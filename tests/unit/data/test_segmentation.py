@@ -16,7 +16,7 @@ import sentencepiece as spm
 from tiny_corpora import make_pairs
 
 from litmt.data.segmentation import SubwordSampling, _scores, encode_texts, nbest_probs
-from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.data.tokenizer import Tokenizer, TokenizerConfig
 
 TEXT = "der hund läuft rot"  # a short sentence of the toy corpus's words
 
@@ -25,7 +25,7 @@ TEXT = "der hund läuft rot"  # a short sentence of the toy corpus's words
 def proc(tmp_path_factory: pytest.TempPathFactory) -> tuple[spm.SentencePieceProcessor, Path]:
     """A unigram model of 80 pieces over the toy corpus, and its file."""
     src, tgt = make_pairs(400, seed=3)
-    tok = Tokenizer.train(src, tgt, TokenizerSettings(vocab_size=80))
+    tok = Tokenizer.train(src, tgt, TokenizerConfig(vocab_size=80))
     path = tmp_path_factory.mktemp("spm") / "src.model"
     path.write_bytes(tok.src_model_bytes)
     return tok.src, path
@@ -81,7 +81,7 @@ def test_scores_summed_from_the_ids_are_sentencepieces(proc: tuple) -> None:
     unknown = sp.nbest_encode("Ω der hund", nbest_size=4, out_type=int)
     assert sp.unk_id() in unknown[0] and _scores(sp).of(unknown) is None
     tagged = Tokenizer.train(
-        src, tgt, TokenizerSettings(vocab_size=80, user_defined_symbols=["<BT>"])
+        src, tgt, TokenizerConfig(vocab_size=80, user_defined_symbols=["<BT>"])
     )
     ids = tagged.src.nbest_encode("<BT> der hund", nbest_size=4, out_type=int)
     assert tagged.src.piece_to_id("<BT>") in ids[0] and _scores(tagged.src).of(ids) is None

@@ -24,7 +24,7 @@ from litmt.data.collate import TokenizedPairs
 from litmt.data.memmap import TextPairs
 from litmt.data.piece_vocab import SPECIAL_PIECES
 from litmt.data.subword_sampling import SampledPairs
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
+from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerConfig
 from litmt.errors import ConfigError, DataError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
@@ -210,11 +210,11 @@ def test_a_piece_vocabulary_tokenizer_samples_too() -> None:
     """An imported (Marian) tokenizer: ids from its piece list, the source eos and a leading
     ``>>fr<<`` kept, the text unchanged."""
     src, tgt = make_pairs(200, seed=3)
-    proc = Tokenizer.train(src, tgt, TokenizerSettings(vocab_size=60)).src_model_bytes
+    proc = Tokenizer.train(src, tgt, TokenizerConfig(vocab_size=60)).src_model_bytes
     plain = Tokenizer(proc)
     pieces = [*SPECIAL_PIECES, *(plain.src.id_to_piece(i) for i in range(4, plain.src_vocab_size))]
     tok = Tokenizer(proc, vocab=[*pieces, ">>fr<<"], src_eos=True)
-    sampling = TokenizerSettings(sampling_alpha=0.1).sampling()
+    sampling = TokenizerConfig(sampling_alpha=0.1).sampling()
     texts = [f">>fr<< {s}" for s in src[:50]]
     best = tok.encode_src(texts)
     spm.set_random_generator_seed(5)
@@ -308,7 +308,7 @@ def test_workers_sample_what_the_main_process_samples(dm_kwargs: dict) -> None:
 @pytest.mark.parametrize("alpha", [-0.1, 1.5, math.nan, "0.1", True])
 def test_a_bad_alpha_is_a_config_error(alpha: object) -> None:
     with pytest.raises(ConfigError) as err:
-        TokenizerSettings(sampling_alpha=alpha)  # type: ignore[arg-type]
+        TokenizerConfig(sampling_alpha=alpha)  # type: ignore[arg-type]
     assert str(err.value) == (
         f"data.tokenizer.sampling_alpha={alpha!r} is out of range; use a number in (0, 1] "
         f"(unigram: smoothing, bpe: dropout probability), or null or 0 for no sampling"
@@ -318,7 +318,7 @@ def test_a_bad_alpha_is_a_config_error(alpha: object) -> None:
 @pytest.mark.parametrize("nbest", [0, -2, 2.5])
 def test_a_bad_nbest_is_a_config_error(nbest: object) -> None:
     with pytest.raises(ConfigError) as err:
-        TokenizerSettings(sampling_alpha=0.1, sampling_nbest=nbest)  # type: ignore[arg-type]
+        TokenizerConfig(sampling_alpha=0.1, sampling_nbest=nbest)  # type: ignore[arg-type]
     assert str(err.value) == (
         f"data.tokenizer.sampling_nbest={nbest!r} is out of range; use -1 (sample among all "
         f"segmentations) or an integer >= 1 (among the n best; 1 = the best only)"
@@ -326,9 +326,9 @@ def test_a_bad_nbest_is_a_config_error(nbest: object) -> None:
 
 
 def test_alpha_bounds_and_off() -> None:
-    assert TokenizerSettings(sampling_alpha=1).sampling() is not None
-    assert TokenizerSettings(sampling_alpha=0).sampling() is None
-    assert TokenizerSettings().sampling() is None
+    assert TokenizerConfig(sampling_alpha=1).sampling() is not None
+    assert TokenizerConfig(sampling_alpha=0).sampling() is None
+    assert TokenizerConfig().sampling() is None
 
 
 def test_nbest_with_a_bpe_model_is_a_config_error(dm_kwargs: dict) -> None:

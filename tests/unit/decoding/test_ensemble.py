@@ -17,9 +17,9 @@ from tiny_model import tiny_config
 from litmt.checkpoint.io import save_model_checkpoint
 from litmt.cli.config_check import expand_short_overrides
 from litmt.cli.evaluate import evaluate
-from litmt.data.tokenizer import BOS_ID, Tokenizer, TokenizerSettings
-from litmt.decoding.api import decode
+from litmt.data.tokenizer import BOS_ID, Tokenizer, TokenizerConfig
 from litmt.decoding.config import DecodeConfig
+from litmt.decoding.dispatch import decode
 from litmt.decoding.ensemble import Ensemble
 from litmt.decoding.translator import Translator
 from litmt.deploy.engines import load_translator
@@ -155,7 +155,7 @@ def test_two_different_checkpoints_differ_and_beat_chance(members, tmp_path):
 
 def test_checkpoints_with_another_tokenizer_are_refused(members, tmp_path):
     en, de = corpus()
-    other = Tokenizer.train(en, de, TokenizerSettings(vocab_size=70, model_type="unigram"))
+    other = Tokenizer.train(en, de, TokenizerConfig(vocab_size=70, model_type="unigram"))
     model = Seq2SeqTransformer(tiny_config(src_vocab_size=other.src_vocab_size))
     odd = save_model_checkpoint(tmp_path / "odd.ckpt", model, other, "en", "de")
     with pytest.raises(ConfigError, match="ensemble members must share the vocabulary") as err:

@@ -9,8 +9,8 @@ import torch
 from tiny_model import tiny_config
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig
+from litmt.decoding.dispatch import decode
 from litmt.decoding.search import (
     beam_search,
     greedy_search,

@@ -9,9 +9,9 @@ import torch
 from tiny_checkpoint import corpus, tiny_checkpoint_path
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID
-from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.constraints import MET, Tracker
+from litmt.decoding.dispatch import decode
 from litmt.decoding.forced import ForcedDecoder
 from litmt.decoding.translator import Translator
 from litmt.errors import ConfigError

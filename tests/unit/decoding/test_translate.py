@@ -13,7 +13,7 @@ from tiny_checkpoint import corpus
 from litmt import Translator
 from litmt.cli.translate import format_result
 from litmt.data.text import read_lines, read_text_file, strip_line_end
-from litmt.decoding.api import decode
+from litmt.decoding.dispatch import decode
 from litmt.decoding.translator import token_batches
 from litmt.errors import CheckpointError, ConfigError, DataError
 

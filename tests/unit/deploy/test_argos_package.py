@@ -17,7 +17,7 @@ from tiny_checkpoint import corpus, tiny_checkpoint_path, tiny_config
 
 from litmt.checkpoint.io import save_model_checkpoint
 from litmt.checkpoint.load import load_model
-from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+from litmt.data.tokenizer import Tokenizer, TokenizerConfig
 from litmt.deploy.ct2_export import is_export_dir
 from litmt.models import Seq2SeqTransformer
 
@@ -61,7 +61,7 @@ def test_argos_package_layout_and_metadata(ckpt, tmp_path):
 
 def test_separate_vocabularies_are_refused_with_one_line(tmp_path):
     en, de = corpus()
-    tok = Tokenizer.train(en, de, TokenizerSettings(vocab_size=60, joint=False))
+    tok = Tokenizer.train(en, de, TokenizerConfig(vocab_size=60, joint=False))
     config = tiny_config(tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
                          share_embeddings=False, d_model=32, d_ff=64)  # fmt: skip
     path = save_model_checkpoint(tmp_path / "sep.ckpt", Seq2SeqTransformer(config), tok, "en", "de")

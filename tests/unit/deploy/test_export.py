@@ -21,7 +21,7 @@ from tiny_checkpoint import corpus, other_weights, tiny_checkpoint_path  # noqa:
 
 from litmt.checkpoint.io import save_model_checkpoint  # noqa: E402
 from litmt.checkpoint.load import load_model  # noqa: E402
-from litmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, TokenizerSettings  # noqa: E402
+from litmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, TokenizerConfig  # noqa: E402
 from litmt.decoding.forced import ForcedDecoder  # noqa: E402
 from litmt.decoding.translator import Translator  # noqa: E402
 from litmt.deploy.ct2_engine import CT2Translator  # noqa: E402
@@ -194,7 +194,7 @@ def test_every_architecture_variant_scores_like_litmt(ckpt, tmp_path, name):
     overrides = VARIANTS[name]
     en, de = corpus()
     if overrides.get("share_embeddings") is False:
-        tokenizer = Tokenizer.train(en, de, TokenizerSettings(vocab_size=60, joint=False))
+        tokenizer = Tokenizer.train(en, de, TokenizerConfig(vocab_size=60, joint=False))
     else:
         tokenizer = load_model(ckpt).tokenizer
     path = _random_variant(tmp_path, tokenizer, **overrides)

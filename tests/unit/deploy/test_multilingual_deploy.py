@@ -16,7 +16,7 @@ pytest.importorskip("httpx", reason="the serve extra is not installed")
 
 from fastapi.testclient import TestClient
 
-from litmt.deploy.server import ServeSettings, create_app
+from litmt.deploy.server import ServeConfig, create_app
 
 EN = ["A red dog runs.", "A small cat sleeps here.", "A young bird sings outside."]
 
@@ -31,7 +31,7 @@ def multi(request, tmp_path_factory) -> tuple[str, Path]:
 def test_the_server_routes_target_to_the_tag(multi) -> None:
     _, path = multi
     translator = Translator.from_checkpoint(path, device="cpu")
-    settings = ServeSettings(decoding={"beam_size": 1})
+    settings = ServeConfig(decoding={"beam_size": 1})
     with TestClient(create_app(translator, settings)) as client:
         langs = client.get("/languages").json()
         assert langs == [
@@ -59,7 +59,7 @@ def test_the_server_routes_target_to_the_tag(multi) -> None:
 def test_the_server_serves_zero_shot_only_when_asked(multi) -> None:
     _, path = multi
     translator = Translator.from_checkpoint(path, device="cpu")
-    settings = ServeSettings(decoding={"beam_size": 1}, allow_zero_shot=True)
+    settings = ServeConfig(decoding={"beam_size": 1}, allow_zero_shot=True)
     with TestClient(create_app(translator, settings)) as client:
         de = next(x for x in client.get("/languages").json() if x["code"] == "de")
         assert de["targets"] == ["fr"]
@@ -111,7 +111,7 @@ def test_the_attention_page_decodes_the_chosen_direction(multi) -> None:
     /translate's one-line 400."""
     placement, path = multi
     translator = Translator.from_checkpoint(path, device="cpu")
-    settings = ServeSettings(decoding={"beam_size": 1})
+    settings = ServeConfig(decoding={"beam_size": 1})
     with TestClient(create_app(translator, settings, attention_model=translator)) as client:
         for request, tag, lang in (
             ({}, "<2de>", "de"),

@@ -12,7 +12,7 @@ from tiny_model import tiny_config
 
 from litmt.attention import build_backend
 from litmt.attention.cache import KVCache
-from litmt.attention.linear_attention import LinearState
+from litmt.attention.linear import LinearState
 from litmt.attention.local import WindowCache
 from litmt.data.tokenizer import PAD_ID
 from litmt.models import Seq2SeqTransformer

@@ -85,12 +85,12 @@ def test_exempt_ids_are_never_dropped():
 def test_the_training_module_exempts_eos_bos_and_the_tokenizers_tags():
     from tiny_corpora import make_pairs
 
-    from litmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, TokenizerSettings
+    from litmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, TokenizerConfig
     from litmt.training.module import TranslationModule
 
     src, tgt = make_pairs(60, seed=5)
     tok = Tokenizer.train(
-        src, tgt, TokenizerSettings(vocab_size=80, user_defined_symbols=["<2de>", "<BT>"])
+        src, tgt, TokenizerConfig(vocab_size=80, user_defined_symbols=["<2de>", "<BT>"])
     )
     module = TranslationModule(
         tiny_config(src_vocab_size=tok.src.get_piece_size(), word_dropout=0.1),

@@ -386,10 +386,10 @@ def test_kernels_that_serve_no_dtype_here_switch_to_sdpa() -> None:
 def tokenizer():
     from tiny_checkpoint import corpus
 
-    from litmt.data.tokenizer import Tokenizer, TokenizerSettings
+    from litmt.data.tokenizer import Tokenizer, TokenizerConfig
 
     en, de = corpus()
-    return Tokenizer.train(en, de, TokenizerSettings(vocab_size=80))
+    return Tokenizer.train(en, de, TokenizerConfig(vocab_size=80))
 
 
 def _save(path: Path, tokenizer, extra_state: bool = False, **attention: str) -> Path:

@@ -25,8 +25,8 @@ from litmt.checkpoint.io import load_checkpoint
 from litmt.cli.train import train
 from litmt.data.collate import collate
 from litmt.data.tokenizer import Tokenizer
-from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig
+from litmt.decoding.dispatch import decode
 from litmt.decoding.search import greedy_search
 from litmt.training.callbacks.validation_bleu import ValidationBleu
 from litmt.training.module import TranslationModule

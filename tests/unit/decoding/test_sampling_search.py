@@ -13,9 +13,9 @@ from tiny_checkpoint import tiny_checkpoint_path
 from tiny_model import tiny_config
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID
-from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.sampling import filter_logits
+from litmt.decoding.dispatch import decode
+from litmt.decoding.sampling_search import filter_logits
 from litmt.decoding.search import greedy_search
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer

@@ -17,8 +17,8 @@ from tiny_model import tiny_config
 import litmt.decoding.translator
 import litmt.training.module
 from litmt.cli.config_check import expand_short_overrides
-from litmt.decoding.api import decode
 from litmt.decoding.config import DecodeConfig, decoding_options
+from litmt.decoding.dispatch import decode
 from litmt.decoding.search import beam_search, greedy_search
 from litmt.decoding.translator import Translator
 from litmt.deploy.ct2_export import DEFAULT_DECODING
@@ -97,9 +97,9 @@ def test_translator_and_server_and_module_decode_with_the_defaults(translator, r
 
     from fastapi.testclient import TestClient
 
-    from litmt.deploy.server import ServeSettings, create_app
+    from litmt.deploy.server import ServeConfig, create_app
 
-    settings = ServeSettings(decoding=dict(compose_cfg("serve").decoding))
+    settings = ServeConfig(decoding=dict(compose_cfg("serve").decoding))
     with TestClient(create_app(translator, settings)) as client:
         r = client.post("/translate", json={"q": "A red dog runs.", "source": "en", "target": "de"})
     assert r.status_code == 200, r.text

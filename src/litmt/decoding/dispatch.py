@@ -9,7 +9,7 @@ Methods:
 
 - ``beam``: `litmt.decoding.search.beam_search` (``beam_size == 1`` runs greedy, the same result);
 - ``greedy``: `litmt.decoding.search.greedy_search`;
-- ``sample``: ancestral sampling (`litmt.decoding.sampling.sample_search`) for back-translation: each step draws
+- ``sample``: ancestral sampling (`litmt.decoding.sampling_search.sample_search`) for back-translation: each step draws
   the next token from the model's distribution at ``temperature``, cut to the ``top_k``
   most likely tokens and to the smallest set whose probability reaches ``top_p``; ``n_best``
   samples per source, drawn with a ``torch.Generator`` seeded with ``seed``. Temperature 0
@@ -39,7 +39,7 @@ from torch import Tensor
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.constraints import constrained_beam_search
 from litmt.decoding.ensemble import Ensemble
-from litmt.decoding.sampling import make_generator, sample_search
+from litmt.decoding.sampling_search import make_generator, sample_search
 from litmt.decoding.search import Hypothesis, StepModel, beam_search, greedy_search
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer

@@ -1,0 +1,163 @@
+"""The one home of the rules every settings object follows.
+
+A setting is a field of one dataclass (`TransformerConfig`, `DecodeConfig`, `DataConfig`,
+`ServeConfig`, ...) with its default and, on the line under it, a docstring that is its one
+documentation (litgpt's style). Hydra YAML files list the keys a user sets; the test
+`tests/unit/test_config_defaults.py` fails when a YAML default or comment differs from the
+dataclass.
+
+This module holds what every command and every dataclass share:
+
+- `plain`: a DictConfig/ListConfig (or any mapping/list) as plain dicts/lists;
+- `check_keys`: the one unknown-key check, with a close-match hint;
+- `renamed_keys`: old spellings of a key keep working for one release, with a deprecation line;
+- `build`: a dataclass from a mapping (null = the field's default);
+- `field_docs`: the docstrings under a dataclass's fields;
+- `renamed_attribute`: a module's old class names, kept one release with a warning.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import itertools
+import logging
+import textwrap
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
+
+from litmt.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def plain(value: Any) -> Any:
+    """DictConfig/ListConfig (or any mapping/list) → plain dict/list, without importing omegaconf."""
+    if isinstance(value, Mapping) or (hasattr(value, "items") and hasattr(value, "keys")):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
+        return [plain(v) for v in value]
+    return value
+
+
+def check_keys(given: Iterable[str], known: Iterable[str], where: str) -> None:
+    """Refuse keys of `where` (e.g. ``data.tokenizer``) that are not in `known`.
+
+    Raises:
+        ConfigError: one line naming the unknown keys, a close match if there is one, and
+            the known keys.
+    """
+    known = sorted(set(known))
+    unknown = sorted(set(given) - set(known))
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, known, n=1)
+        if close:
+            hints.append(f"{key} -> {close[0]}?")
+    hint = f" (did you mean {', '.join(hints)})" if hints else ""
+    raise ConfigError(f"unknown {where} keys {unknown}{hint}; known: {', '.join(known)}")
+
+
+def renamed_keys(data: Mapping[str, Any], renames: Mapping[str, str], where: str) -> dict:
+    """`data` with each old key of `renames` (old → new) moved to its new name.
+
+    Each old key still works for one release and logs one deprecation line.
+
+    Raises:
+        ConfigError: both the old and the new spelling are set (to different values).
+    """
+    out = dict(data)
+    for old, new in renames.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        if new in out and out[new] is not None and value is not None and out[new] != value:
+            raise ConfigError(
+                f"{where}.{old} is the old name of {where}.{new}; set only {where}.{new} "
+                f"(got {old}={value!r} and {new}={out[new]!r})"
+            )
+        if value is not None or new not in out:
+            out[new] = value
+        log.warning(
+            "%s.%s is deprecated and will be removed in the next release; use %s.%s",
+            where,
+            old,
+            where,
+            new,
+        )
+    return out
+
+
+def build(
+    cls: type[T],
+    data: Mapping[str, Any] | None,
+    where: str,
+    renames: Mapping[str, str] | None = None,
+    ignore: Iterable[str] = (),
+) -> T:
+    """The dataclass `cls` from `data`: unknown keys refused, null keys keep the default.
+
+    Args:
+        cls: a dataclass.
+        data: its keys (a dict or DictConfig); None = every default.
+        where: the config path for messages, e.g. ``serve``.
+        renames: old key → new key, accepted with a deprecation line (`renamed_keys`).
+        ignore: keys of `data` that belong to something else (dropped, never refused).
+    """
+    values = plain(data) or {}
+    values = renamed_keys(values, renames or {}, where)
+    for key in ignore:
+        values.pop(key, None)
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    check_keys(values, names, where)
+    return cls(**{k: v for k, v in values.items() if v is not None})
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name → the docstring written on the line(s) under it, joined into one line.
+
+    Fields without one are absent. Read from the class's source with `ast` (litgpt's
+    convention: the string literal right after an annotated assignment documents it).
+    """
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, after in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def renamed_attribute(module: str, name: str, renames: Mapping[str, str], scope: dict) -> Any:
+    """A module ``__getattr__`` body: an old class name still imports, with a warning.
+
+    Raises:
+        AttributeError: `name` is neither an old name nor defined.
+    """
+    if name in renames:
+        new = renames[name]
+        warnings.warn(
+            f"{module}.{name} was renamed {new}; the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return scope[new]
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+
+__all__ = ["build", "check_keys", "field_docs", "plain", "renamed_attribute", "renamed_keys"]
