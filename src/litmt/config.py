@@ -13,6 +13,8 @@ This module holds what every command and every dataclass share:
 - `renamed_keys`: old spellings of a key keep working for one release, with a deprecation line;
 - `build`: a dataclass from a mapping (null = the field's default);
 - `field_docs`: the docstrings under a dataclass's fields;
+- `render_yaml`, `yaml_comment`: a dataclass as YAML keys (null = the default) whose comments
+  are the field docstrings with the default in brackets, what the YAML test compares;
 - `renamed_attribute`: a module's old class names, kept one release with a warning.
 """
 
@@ -143,6 +145,49 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def yaml_scalar(value: Any) -> str:
+    """`value` as YAML flow text (``null``, ``true``, ``[a, b]``, ``{k: v}``, ``.inf``)."""
+    import yaml  # PyYAML, a dependency of omegaconf; only the YAML writers need it
+
+    if isinstance(value, float) and value == float("inf"):
+        return ".inf"
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return text.removesuffix("\n...").strip()
+
+
+def default_of(field: dataclasses.Field) -> Any:
+    """A dataclass field's default (its factory called), or `dataclasses.MISSING`."""
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
+def yaml_comment(cls: type, name: str) -> str:
+    """The comment a YAML key of `cls`'s field `name` carries: its docstring and its default
+    in brackets (a nested dataclass's default is its own keys, so it has no bracket)."""
+    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    doc = field_docs(cls).get(name, "")
+    default = default_of(field)
+    if dataclasses.is_dataclass(default):
+        return doc
+    return f"{doc} [{yaml_scalar(default)}]"
+
+
+def render_yaml(cls: type, indent: int = 0) -> str:
+    """`cls`'s fields as YAML keys set to null (= the dataclass default), each with its
+    `yaml_comment`; a nested dataclass field becomes a block of its own keys."""
+    pad = " " * indent
+    lines = []
+    for field in dataclasses.fields(cls):
+        default = default_of(field)
+        if dataclasses.is_dataclass(default):
+            lines.append(f"{pad}{field.name}:  # {yaml_comment(cls, field.name)}")
+            lines.append(render_yaml(type(default), indent + 2).rstrip("\n"))
+        else:
+            lines.append(f"{pad}{field.name}: null  # {yaml_comment(cls, field.name)}")
+    return "\n".join(lines) + "\n"
+
+
 def renamed_attribute(module: str, name: str, renames: Mapping[str, str], scope: dict) -> Any:
     """A module ``__getattr__`` body: an old class name still imports, with a warning.
 
@@ -160,4 +205,15 @@ def renamed_attribute(module: str, name: str, renames: Mapping[str, str], scope:
     raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
 
-__all__ = ["build", "check_keys", "field_docs", "plain", "renamed_attribute", "renamed_keys"]
+__all__ = [
+    "build",
+    "check_keys",
+    "default_of",
+    "field_docs",
+    "plain",
+    "renamed_attribute",
+    "renamed_keys",
+    "render_yaml",
+    "yaml_comment",
+    "yaml_scalar",
+]

@@ -20,36 +20,35 @@ METHODS = ("beam", "greedy", "sample")
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Every decoding setting, with the one set of defaults.
-
-    Attributes:
-        method: "beam", "greedy" or "sample".
-        beam_size: beam width K (method "beam"; 1 gives the greedy result).
-        length_penalty: GNMT alpha: score = log P / ((5 + |y|) / 6) ** alpha (ranking and
-            reported scores).
-        max_len_a, max_len_b: output budget floor(a * source tokens + b), clamped to the
-            model's max_positions - 1 (`litmt.decoding.search`).
-        min_len: no eos before this many tokens (the budget still wins).
-        n_best: hypotheses per source: the best n of the beam (<= beam_size), or n samples.
-        top_k: sampling: keep the k most likely tokens (0 = all).
-        top_p: sampling: keep the smallest set of most likely tokens whose probability
-            reaches top_p (1.0 = all).
-        temperature: sampling: divide the logits by this (0 = always the most likely token).
-        seed: sampling: seed of the generator (each `decode` call / `Translator` call starts
-            from it, so a run is reproducible); None = torch's global generator.
-    """
+    """Every decoding setting, with the one set of defaults (each field's docstring is its
+    one documentation; `conf/decoding/default.yaml` shows it, checked by
+    `tests/unit/test_config_defaults.py`)."""
 
     method: str = "beam"
+    """beam | greedy | sample"""
     beam_size: int = 5
+    """beam width K; 1 = greedy"""
     length_penalty: float = 1.0
+    """GNMT alpha: score = log P / ((5 + |y|) / 6) ** alpha (ranking and reported scores)"""
     max_len_a: float = 1.2
+    """output budget: floor(max_len_a * source subwords + max_len_b), clamped to the model's
+    max_positions - 1"""
     max_len_b: int = 10
+    """the constant term of the output budget (see max_len_a)"""
     min_len: int = 0
+    """no eos before this many subword tokens (the budget still wins)"""
     n_best: int = 1
+    """hypotheses per input: the best n of the beam (<= beam_size), or n samples"""
     top_k: int = 0
+    """method=sample: draw from the k most likely tokens; 0 = all"""
     top_p: float = 1.0
+    """method=sample: draw from the smallest set of most likely tokens whose probability
+    reaches top_p; 1.0 = all"""
     temperature: float = 1.0
+    """method=sample: divide the logits by this; 0 = always the most likely token"""
     seed: int | None = 0
+    """method=sample: generator seed (each decode call starts from it: same seed, same input,
+    same samples); null = torch's global generator"""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

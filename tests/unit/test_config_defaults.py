@@ -1,0 +1,157 @@
+"""Each setting is defined once: its default and its doc live in one dataclass field; the YAML
+group that exposes it sets it to null (= that default) and carries the field's docstring with the
+default in brackets (`litmt.config.yaml_comment`). This test fails when a YAML key is missing,
+unknown, set to a value instead of null, or documented differently from the code.
+
+To fix a failure after changing a dataclass, print the block the test expects:
+``python -c "from litmt.config import render_yaml; from MODULE import CLS; print(render_yaml(CLS))"``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import DictConfig, OmegaConf
+
+from litmt.config import default_of, yaml_comment
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One YAML node that mirrors one settings dataclass."""
+
+    file: str  # under conf/
+    cls: str  # "module:Class"
+    path: tuple[str, ...] = ()  # the node inside the file (() = the file's top level)
+    others: frozenset[str] = field(default_factory=frozenset)  # keys of the node owned elsewhere
+    wired: frozenset[str] = field(default_factory=frozenset)  # keys set to an interpolation
+
+
+CASES = [
+    Case("decoding/default.yaml", "litmt.decoding.config:DecodeConfig"),
+]
+
+
+def load_class(spec: str) -> type:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+_KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
+
+
+def _split_comment(rest: str) -> tuple[str, str | None]:
+    """A YAML line's value text and its comment (a # outside quotes, after a space)."""
+    quote = None
+    for i, ch in enumerate(rest):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or rest[i - 1].isspace()):
+            return rest[:i].strip(), rest[i + 1 :].strip()
+    return rest.strip(), None
+
+
+def yaml_comments(path: Path) -> dict[tuple[str, ...], str]:
+    """(key path) → its comment: the inline one plus comment-only lines indented under it."""
+    comments: dict[tuple[str, ...], str] = {}
+    stack: list[tuple[int, str]] = []
+    last: tuple[tuple[str, ...], int] | None = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#") and last is not None:
+            indent = len(line) - len(line.lstrip())
+            if indent > last[1]:
+                comments[last[0]] = f"{comments.get(last[0], '')} {stripped[1:].strip()}".strip()
+                continue
+        m = _KEY.match(line)
+        if not m:
+            last = None
+            continue
+        indent = len(m["indent"])
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, m["key"]))
+        key = tuple(k for _, k in stack)
+        _, comment = _split_comment(m["rest"])
+        comments[key] = comment or ""
+        last = (key, indent)
+    return comments
+
+
+def check_node(
+    node: DictConfig,
+    cls: type,
+    comments: dict[tuple[str, ...], str],
+    path: tuple[str, ...],
+    case: Case,
+) -> list[str]:
+    """Every difference between the YAML `node` at `path` and the dataclass `cls`."""
+    problems = []
+    names = {f.name for f in dataclasses.fields(cls)}
+    keys = set(node.keys()) - {"_target_", "defaults"} - (case.others if not path[1:] else set())
+    where = ".".join(path) or "(top level)"
+    for key in sorted(names - keys):
+        problems.append(f"{where}: {key} is a field of {cls.__name__} but missing from the YAML")
+    for key in sorted(keys - names):
+        problems.append(f"{where}: {key} is not a field of {cls.__name__}")
+    for f in dataclasses.fields(cls):
+        if f.name not in keys:
+            continue
+        key_path = (*path, f.name)
+        default = default_of(f)
+        raw: Any = OmegaConf.to_container(node, resolve=False)[f.name]  # type: ignore[index]
+        if dataclasses.is_dataclass(default):
+            if not isinstance(node[f.name], DictConfig):
+                problems.append(f"{where}.{f.name}: must be a block of {type(default).__name__}")
+            else:
+                problems += check_node(node[f.name], type(default), comments, key_path, case)
+        elif f.name in case.wired and not path[1:]:
+            if not (isinstance(raw, str) and raw.startswith("${")):
+                problems.append(f"{where}.{f.name}: expected an interpolation, got {raw!r}")
+        elif raw is not None:
+            problems.append(
+                f"{where}.{f.name}: set to {raw!r}; set it to null (= the default of "
+                f"{cls.__name__}.{f.name}, {default!r}) or change the default in the code"
+            )
+        want = " ".join(yaml_comment(cls, f.name).split())
+        got = " ".join(comments.get(key_path, "").split())
+        if f.name in case.wired and not path[1:]:
+            want = want.rsplit(" [", 1)[0]  # the interpolation, not the default, is the value
+            got = got.rsplit(" [", 1)[0]
+        if got != want:
+            problems.append(f"{where}.{f.name}: comment {got!r} != the field's doc {want!r}")
+    return problems
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.file}:{c.cls.split(':')[1]}")
+def test_yaml_mirrors_its_dataclass(case: Case) -> None:
+    file = CONF / case.file
+    node = OmegaConf.load(file)
+    for key in case.path:
+        node = node[key]
+    problems = check_node(node, load_class(case.cls), yaml_comments(file), case.path, case)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_check_fails_on_a_drifted_yaml(tmp_path: Path) -> None:
+    """The checker is not vacuous: a YAML with a value, a wrong bracket and a missing key fails."""
+    text = (CONF / "decoding/default.yaml").read_text(encoding="utf-8")
+    drifted = text.replace("beam_size: null", "beam_size: 4").replace("[1.2]", "[1.3]")
+    drifted = "\n".join(line for line in drifted.splitlines() if not line.startswith("top_k:"))
+    file = tmp_path / "default.yaml"
+    file.write_text(drifted, encoding="utf-8")
+    cls = load_class("litmt.decoding.config:DecodeConfig")
+    problems = check_node(OmegaConf.load(file), cls, yaml_comments(file), (), CASES[0])
+    assert any("beam_size: set to 4" in p for p in problems), problems
+    assert any("max_len_a: comment" in p and "[1.3]" in p for p in problems), problems
+    assert any("top_k is a field of DecodeConfig but missing" in p for p in problems), problems
