@@ -1,17 +1,17 @@
-"""What the rows of `scripts/gpu_check.py` share: `conf/` read with PyYAML, the rows file, the
-deadline, the corpus (Multi30k or the dry run's toy pairs) and one seeded Lightning training
-run (`train_run`). Imports no Hydra, omegaconf, `datasets` or wandb (the GPU image has none).
+"""What the rows of `scripts/gpu_check.py` share: `conf/` read with PyYAML, the deadline, the
+corpus (Multi30k or the dry run's toy pairs), one seeded Lightning training run (`train_run`),
+which kernels can run here, and the `State` one run's rows read and fill. Imports no Hydra,
+omegaconf, `datasets` or wandb (the GPU image has none).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import functools
 import importlib
-import importlib.metadata
 import importlib.util
-import json
 import random
 import time
 from pathlib import Path
@@ -20,13 +20,15 @@ from typing import Any
 import lightning as L
 import torch
 import yaml
+from gpu_check_rows import Rows
 from torch.utils.data import DataLoader
 
-from litmt.data.collate import TokenizedPairs, collate
+from litmt.attention import get_backend_class
 from litmt.data.batch_sampler import TokenBudgetBatchSampler
+from litmt.data.collate import TokenizedPairs, collate
 from litmt.data.text import read_text_file
 from litmt.data.tokenizer import Tokenizer, TokenizerConfig
-from litmt.runtime.precision import fp8_precision_plugin, pad_multiple_for
+from litmt.runtime.fp8 import fp8_precision_plugin, pad_multiple_for
 from litmt.training.module import TranslationModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,40 +76,7 @@ TRAIN_MODULE = read_yaml("train.yaml")["module"]  # optimiser and schedule of sc
 RECIPE = read_yaml("experiment/multi30k_cpu.yaml")  # the CPU recipe (model small + overrides)
 
 
-# -- rows ------------------------------------------------------------------------------------
-class Rows:
-    """Appends rows to OUT/gpu_check_rows.jsonl as each is measured, with the peak CUDA
-    memory since `start`; OUT/gpu_check_current.txt names the row being measured."""
-
-    def __init__(self, out: Path) -> None:
-        self.path, self.current = out / "gpu_check_rows.jsonl", out / "gpu_check_current.txt"
-        self.failed = 0
-
-    def start(self, check: str, setting: str) -> None:
-        self.current.write_text(f"{check} | {setting}\n", encoding="utf-8")
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-
-    def add(self, check: str, setting: str, result: str, status: str) -> None:
-        mem = (
-            f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
-            if torch.cuda.is_available()
-            else "-"
-        )
-        row = {
-            "check": check,
-            "setting": setting,
-            "result": result,
-            "status": status,
-            "peak_mem": mem,
-        }
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-        self.current.unlink(missing_ok=True)
-        self.failed += status == "FAIL"
-        print(f"[gpu_check] {check} | {setting} | {result} | {status} | {mem}", flush=True)
-
-
+# -- the run ------------------------------------------------------------------------------
 class Deadline:
     """The script's wall-clock deadline (`--deadline-s`), shared by every step."""
 
@@ -183,6 +152,15 @@ class StepLog(L.Callback):
         if time.monotonic() > self.stop_at:
             trainer.should_stop = True
 
+    def overhead_s(self, start: float) -> float:
+        """Seconds since `start` (perf_counter) beyond the steps at their median pace: the
+        start-up and, for flex, compiling its kernels."""
+        if not self.times:
+            return time.perf_counter() - start
+        steps = [b - a for a, b in zip([start, *self.times[:-1]], self.times, strict=True)]
+        pace = sorted(steps)[len(steps) // 2]
+        return max(0.0, self.times[-1] - start - pace * len(steps))
+
     def tokens_per_s(self, skip: int) -> float:
         """Target tokens/s over the steps after the first `skip` (compilation, warm-up)."""
         if len(self.times) <= skip + 1:
@@ -219,9 +197,11 @@ def train_run(
     dropout: bool = False,
     ckpt: Path | None = None,
     strategy: Any = "auto",
+    cap_s: float | None = None,
 ) -> StepLog:
     """Train from seed 0 for `steps` optimizer steps (or `max_time_s` seconds); the log of
-    its steps. Stops early at the deadline (the caller compares the steps done)."""
+    its steps. Stops early at the deadline, and a step-counted run after `cap_s` seconds
+    (default `--run-cap-s`); the caller compares the steps done."""
     L.seed_everything(0, verbose=False)
     node = module_node or TRAIN_MODULE
     warmup = max(1, steps // 4) if steps > 0 else node["scheduler"]["warmup_steps"]
@@ -237,10 +217,10 @@ def train_run(
         plugins.append(fp8_precision_plugin(precision))
         trainer_precision = None
     # every run stops itself at the deadline (less a margin); a step-counted run also at
-    # --run-cap-s, so one slow kernel cannot eat the rows after it
+    # its cap, so one slow kernel cannot eat the rows after it
     cap = deadline.left() - args.margin_s
     if steps > 0:
-        cap = min(cap, args.run_cap_s)
+        cap = min(cap, args.run_cap_s if cap_s is None else cap_s)
     log = StepLog(stop_at=time.monotonic() + max(1.0, cap))
     max_time = None if max_time_s is None else {"seconds": max_time_s}
     trainer = L.Trainer(
@@ -264,11 +244,37 @@ def final_loss(losses: list[float]) -> float:
     return sum(tail) / len(tail) if tail else float("nan")
 
 
-def missing(backend: str) -> str | None:
-    """None when `backend` can run here, else what is missing."""
+def unavailable(backend: str) -> tuple[str, str] | None:
+    """None when `backend` can run here; else ("not installed", why) or ("not usable", why).
+
+    A kernel package is imported, with every name its backend calls (`BackendSupport.
+    requires`): a package that `find_spec` finds can still fail to import or lack them.
+    """
     if backend == "flex" and importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
-        return f"torch {torch.__version__} has no flex_attention"
-    pkg = PACKAGES.get(backend)
-    if pkg is not None and importlib.util.find_spec(pkg) is None:
-        return "not installed"
-    return None
+        return "not installed", f"torch {torch.__version__} has no flex_attention"
+    if backend not in PACKAGES:
+        return None
+    problem = get_backend_class(backend).unavailable()
+    if problem is not None and problem[0] == "not installed":
+        return "not installed", f"{problem[1]} not installed"
+    return problem
+
+
+@dataclasses.dataclass
+class State:
+    """One run: its settings, rows and deadline, and what earlier rows hand to later ones."""
+
+    args: argparse.Namespace
+    rows: Rows
+    deadline: Deadline
+    corpus: Corpus | None = None  # set by the corpus row
+    bf16: dict[str, StepLog] = dataclasses.field(default_factory=dict)  # parity logs (speed)
+    ref: dict[str, float] = dataclasses.field(default_factory=dict)  # sdpa loss per precision
+    peak: float | None = None  # FLOP/s of the matmul peak row
+    flex_compile_left: float = 0.0  # what is left of --flex-compile-s
+
+    def need_corpus(self) -> Corpus:
+        """The corpus of the corpus row, or an error saying that row failed."""
+        if self.corpus is None:
+            raise RuntimeError("no corpus: the corpus row failed (see its row)")
+        return self.corpus

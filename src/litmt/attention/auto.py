@@ -10,13 +10,13 @@ device the model is built for.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 
 import torch
 from torch import Tensor
 
 from litmt.attention.base import AttentionKernel, AttentionRequest, BackendSupport
+from litmt.attention.flash import FlashAttention
 from litmt.attention.sdpa import SDPAAttention
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,11 @@ def choose_backend(device: str | torch.device | None, dtype: torch.dtype | None)
         return "sdpa"
     if dtype is not None and dtype not in _FLASH_DTYPES:
         return "sdpa"
-    if importlib.util.find_spec("flash_attn") is None:
+    problem = FlashAttention.unavailable()  # imports flash_attn and looks up what it calls
+    if problem is not None:
+        if problem[0] == "not usable":
+            log.warning("attention=auto: flash-attn is installed but not usable (%s); using sdpa",
+                        problem[1])  # fmt: skip
         return "sdpa"
     return "flash"
 

@@ -1,4 +1,5 @@
-"""The attention-kernel contract, support declarations and shared mask helpers.
+"""The attention-kernel contract: `AttentionKernel`, and `FusedKernel` / `PackedKernel` for
+library kernels.
 
 Letters used in shapes: B batch, Tq query length, Tk key length, H heads, D head dim.
 
@@ -22,15 +23,16 @@ Two more methods complete the contract (both have defaults here):
 - ``kernel.new_cache(capacity) -> DecodeCache``: the state a decoder self-attention layer
   keeps across incremental decode steps (see `litmt.attention.cache`). The default keeps
   every position's K/V; `local` keeps its window and `linear` its running sums.
+
+The support declaration and its checks live in `litmt.attention.support`, the mask and
+packing helpers in `litmt.attention.masks`; both are re-exported here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -38,42 +40,47 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from litmt.attention.cache import DecodeCache, KVCache
+from litmt.attention.masks import (
+    causal_mask,
+    causal_padded_attention,
+    pad_rows,
+    pattern_without_padding,
+    safe_padding_mask,
+    unpad,
+)
+from litmt.attention.support import (
+    ALL_DTYPES,
+    HALF_DTYPES,
+    AttentionRequest,
+    BackendSupport,
+    check_request,
+    import_packages,
+    int_option,
+    package_problem,
+    reject_unknown_options,
+)
 from litmt.errors import BackendError
 
+__all__ = [
+    "ALL_DTYPES",
+    "HALF_DTYPES",
+    "AttentionKernel",
+    "AttentionRequest",
+    "BackendSupport",
+    "FusedKernel",
+    "PackedKernel",
+    "causal_mask",
+    "causal_padded_attention",
+    "device_context",
+    "int_option",
+    "pad_rows",
+    "pattern_without_padding",
+    "reject_unknown_options",
+    "safe_padding_mask",
+    "unpad",
+]
+
 log = logging.getLogger(__name__)
-
-ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-HALF_DTYPES = (torch.float16, torch.bfloat16)  # what flash-attn and TE kernels take
-
-
-@dataclass(frozen=True)
-class BackendSupport:
-    """What a backend can serve. Checked when the model is built, not on the first batch."""
-
-    padding_mask: bool = True  # honours key_padding_mask
-    causal: bool = True  # honours causal=True
-    dropout: bool = True  # honours dropout_p > 0 in training
-    weights: bool = False  # returns its own weights; False: heatmaps recompute them with math
-    cross: bool = True  # serves cross-attention (queries and keys from two sequences)
-    devices: tuple[str, ...] = ("cpu", "cuda")  # torch device types it runs on
-    dtypes: tuple[torch.dtype, ...] = ALL_DTYPES  # input dtypes it accepts
-    exact: bool = True  # computes full softmax attention (parity with `math`)
-    packages: tuple[str, ...] = ()  # optional import names it needs
-    extra: str | None = None  # the pip extra that installs them
-    notes: str = ""  # one line describing the backend (docs, benchmark tables)
-    min_cuda_capability: tuple[int, int] | None = None  # e.g. (8, 0) for sm80+
-
-
-@dataclass
-class AttentionRequest:
-    """What a model site will ask of its kernel; used for build-time validation."""
-
-    causal: bool = False
-    padding_mask: bool = False
-    dropout: bool = False
-    device: str | torch.device | None = None
-    dtype: torch.dtype | None = None
-    site: str = "attention"
 
 
 class AttentionKernel(nn.Module):
@@ -104,55 +111,19 @@ class AttentionKernel(nn.Module):
     # -- availability -------------------------------------------------------------------
     @classmethod
     def import_packages(cls) -> list[Any]:
-        """Import the optional packages this backend needs (lazily), or raise `BackendError`."""
-        modules = []
-        for pkg in cls.support.packages:
-            try:
-                modules.append(importlib.import_module(pkg))
-            except ImportError as exc:  # pragma: no cover - depends on the machine
-                extra = f"pip install 'litmt[{cls.support.extra}]'" if cls.support.extra else ""
-                raise BackendError(
-                    f"attention backend '{cls.name}' needs the '{pkg}' package, which is not "
-                    f"installed ({exc.__class__.__name__}); install it with {extra or 'pip'}"
-                ) from exc
-        return modules
+        """Import the optional packages this backend needs (lazily), or raise `BackendError`
+        saying whether a package is missing or installed but not usable."""
+        return import_packages(cls.name, cls.support)
+
+    @classmethod
+    def unavailable(cls) -> tuple[str, str] | None:
+        """None when this backend's packages import with every name it calls; else
+        ("not installed", package) or ("not usable", "<what>: <Error>: <message>")."""
+        return package_problem(cls.support)
 
     def validate(self, request: AttentionRequest) -> None:
         """Raise `BackendError` if this kernel cannot serve `request`."""
-        s, where = self.support, f"attention backend '{self.name}' (at {request.site})"
-        if request.device is not None:
-            dev = torch.device(request.device)
-            if dev.type not in s.devices:
-                raise BackendError(
-                    f"{where} runs only on {'/'.join(s.devices)}, not on '{dev.type}'; "
-                    f"choose attention=sdpa or attention=math there"
-                )
-            if dev.type == "cuda" and s.min_cuda_capability is not None:
-                if not torch.cuda.is_available():
-                    raise BackendError(f"{where} needs CUDA, which this machine does not have")
-                cap = torch.cuda.get_device_capability(dev)
-                if cap < s.min_cuda_capability:
-                    need = "sm{}{}".format(*s.min_cuda_capability)
-                    raise BackendError(
-                        f"{where} needs a GPU of {need} or newer, found sm{cap[0]}{cap[1]}"
-                    )
-        if request.dtype is not None and request.dtype not in s.dtypes:
-            names = ", ".join(str(d).replace("torch.", "") for d in s.dtypes)
-            raise BackendError(
-                f"{where} does not run in {str(request.dtype).replace('torch.', '')}; "
-                f"it supports {names} (set trainer.precision accordingly)"
-            )
-        if request.causal and not s.causal:
-            raise BackendError(f"{where} cannot do causal attention")
-        if request.padding_mask and not s.padding_mask:
-            raise BackendError(f"{where} cannot apply a key padding mask")
-        if request.dropout and not s.dropout:
-            raise BackendError(f"{where} does not support attention dropout; set it to 0")
-        if request.site == "cross" and not s.cross:
-            raise BackendError(
-                f"{where} needs query and key positions from the same sequence; "
-                "use model.attention.cross=sdpa"
-            )
+        check_request(self.name, self.support, request)
 
     def check_inputs(self, q: Tensor) -> None:
         """Refuse a tensor on a device type or in a dtype outside `support`, with a clear error.
@@ -255,108 +226,6 @@ class AttentionKernel(nn.Module):
 
 
 _WEIGHTS_FALLBACK_LOGGED: set[str] = set()
-
-
-def safe_padding_mask(key_padding_mask: Tensor | None) -> Tensor | None:
-    """Un-mask rows whose keys are *all* padding, so softmax never sees an empty row.
-
-    Args:
-        key_padding_mask: (B, Tk) bool, True = padding, or None.
-
-    Returns:
-        (B, Tk) bool with fully padded rows set to False (their output is then finite
-        garbage at positions that are padding anyway), or None.
-    """
-    if key_padding_mask is None:
-        return None
-    return key_padding_mask & ~key_padding_mask.all(dim=-1, keepdim=True)
-
-
-def causal_mask(tq: int, tk: int, device: torch.device) -> Tensor:
-    """(Tq, Tk) bool, True where query i may see key j (j <= i + Tk - Tq)."""
-    return torch.ones(tq, tk, dtype=torch.bool, device=device).tril(diagonal=tk - tq)
-
-
-def pattern_without_padding(pattern: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-    """A positional pattern minus the padded keys, for `allowed_keys` of local / sparse.
-
-    Args:
-        pattern: (Tq, Tk) bool, True where the pattern lets query i see key j.
-        key_padding_mask: (B, Tk) bool, True = padding, or None.
-
-    Returns:
-        (B or 1, 1, Tq, Tk) bool; a row whose pattern holds only padding keeps its pattern
-        (a padded query: finite, unused values).
-    """
-    allowed = pattern[None, None]  # (1, 1, Tq, Tk)
-    kpm = safe_padding_mask(key_padding_mask)
-    if kpm is None:
-        return allowed
-    real = allowed & ~kpm[:, None, None, :]  # (B, 1, Tq, Tk)
-    return torch.where(real.any(dim=-1, keepdim=True), real, allowed)
-
-
-# -- helpers shared by the backends ------------------------------------------------------
-def reject_unknown_options(backend: str, unknown: dict[str, Any], valid: tuple[str, ...]) -> None:
-    """Raise `BackendError` naming the valid options if a backend got options it lacks."""
-    if unknown:
-        raise BackendError(
-            f"attention backend '{backend}' has no option(s) {sorted(unknown)}; "
-            f"valid options: {', '.join(valid)}"
-        )
-
-
-def int_option(name: str, value: Any, backend: str, minimum: int) -> int:
-    """`value` if it is an int >= `minimum` (bools refused), else `BackendError`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise BackendError(
-            f"attention backend '{backend}': option {name} must be an integer >= {minimum}, "
-            f"got {value!r}"
-        )
-    return value
-
-
-def unpad(x: Tensor, keep: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
-    """Pack the kept positions of `x` (B, T, H, D) by `keep` (B, T) bool, in row order.
-
-    The layout of flash-attn's varlen functions and of xFormers' block-diagonal biases.
-
-    Returns:
-        packed (N, H, D), flat indices (N,) into B*T, cu_seqlens (B+1,) int32, max length.
-    """
-    b, t, h, d = x.shape
-    lengths = keep.sum(dim=1, dtype=torch.int32)  # (B,)
-    cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # (B+1,)
-    index = keep.flatten().nonzero(as_tuple=True)[0]  # (N,)
-    packed = x.reshape(b * t, h, d).index_select(0, index)  # (N, H, D)
-    return packed, index, cu_seqlens, int(lengths.max())
-
-
-def pad_rows(packed: Tensor, index: Tensor, b: int, t: int) -> Tensor:
-    """Inverse of `unpad`: (N, H, D) rows back to (B, T, H, D), zeros where nothing was kept."""
-    out = packed.new_zeros(b * t, *packed.shape[1:]).index_copy(0, index, packed)  # (B*T, H, D)
-    return out.view(b, t, *packed.shape[1:])
-
-
-def causal_padded_attention(
-    q: Tensor, k: Tensor, v: Tensor, keep: Tensor, dropout_p: float = 0.0
-) -> Tensor:
-    """Causal + key padding with Tq != Tk (a chunk of queries against a KV cache), via sdpa.
-
-    Fused libraries align a padded causal mask to each row's *real* lengths; the contract
-    aligns it to the padded ones (query i sees j <= i + Tk - Tq). This rare case stays exact.
-
-    Args:
-        q: (B, Tq, H, D); k, v: (B, Tk, H, D); keep: (B, Tk) bool, True = real key.
-
-    Returns:
-        (B, Tq, H, D)
-    """
-    mask = keep[:, None, None, :] & causal_mask(q.size(1), k.size(1), q.device)  # (B, 1, Tq, Tk)
-    out = F.scaled_dot_product_attention(
-        *(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask, dropout_p=dropout_p
-    )  # (B, H, Tq, D)
-    return out.transpose(1, 2)
 
 
 def device_context(device: torch.device) -> contextlib.AbstractContextManager[Any]:

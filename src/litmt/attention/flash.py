@@ -30,13 +30,14 @@ class FlashAttention(PackedKernel):
         devices=("cuda",),
         dtypes=HALF_DTYPES,
         packages=("flash_attn",),
+        requires=("flash_attn:flash_attn_func", "flash_attn:flash_attn_varlen_func"),
         extra="flash",
         min_cuda_capability=(8, 0),
         notes="flash-attn 2; CUDA sm80+, fp16/bf16; varlen path for padding",
     )
 
     def __init__(self) -> None:
-        super().__init__()  # imports flash_attn or raises BackendError with the extra to install
+        super().__init__()  # imports flash_attn and checks its functions, or raises BackendError
         from flash_attn import flash_attn_func, flash_attn_varlen_func
 
         self._func, self._varlen = flash_attn_func, flash_attn_varlen_func

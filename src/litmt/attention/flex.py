@@ -19,7 +19,8 @@ eager flex, which materialises the full score matrix. So the compiled path:
 A kernel therefore compiles once per (Bp, Tp, H, D, dtype, device, autograd) bucket: with
 B <= 2^k and T <= L that is at most (k + 1) * ceil(L / kernel_block_size) shapes per
 (H, D, dtype). At most `MAX_COMPILES` buckets are compiled per process; a shape beyond
-that runs the dense path below (one warning), never eager flex.
+that runs the dense path below (one warning), never eager flex. The compiled kernel, its
+buckets and its fallback are kept in `litmt.attention.flex_compile`.
 
 Where the compiled kernel cannot run, the same ``mask_mod`` is materialised as a dense
 boolean mask and handed to `sdpa`, so every path computes the same function:
@@ -27,13 +28,14 @@ boolean mask and handed to `sdpa`, so every path computes the same function:
 - autograd on CPU (torch has no CPU backward for flex attention),
 - Tq != Tk (decoder steps against a KV cache: every step would be a new compiled shape),
 - ``torch.compile`` cannot build a kernel here (no C++ compiler, no Triton, a GPU too old
-  for Triton, a compiler bug): one warning, then eager flex on the exact shapes for the
-  rest of the process. Any other error, out-of-memory included, propagates.
+  for Triton, a compiler bug, a platform torch.compile refuses): one warning, then eager
+  flex on the exact shapes for the rest of the process, and `compile_fallback()` returns
+  why (a caller that needs the compiled kernel checks it). Any other error, out-of-memory
+  included, propagates.
 """
 
 from __future__ import annotations
 
-import logging
 import warnings
 import weakref
 from collections import OrderedDict
@@ -42,7 +44,6 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-import torch._dynamo
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -54,19 +55,14 @@ from litmt.attention.base import (
     reject_unknown_options,
     safe_padding_mask,
 )
+from litmt.attention.flex_compile import MAX_COMPILES, compile_fallback, over_cap, run_compiled
 from litmt.attention.sparse import block_layout, layout_options
 from litmt.errors import BackendError
 
-log = logging.getLogger(__name__)
+__all__ = ["MAX_COMPILES", "FlexAttention", "compile_fallback", "shared_block_mask"]
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
-MAX_COMPILES = 64  # compiled (Bp, Tp, ...) buckets per process; beyond: the dense path
-_COMPILED: dict[str, Any] = {"fn": None, "failed": False, "buckets": set(), "capped": False}
-# dynamo's per-function recompile limit; torch < 2.6 called it cache_size_limit
-_LIMIT_NAME = (
-    "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-)
 _FLEX_OPTIONS = (
     "window",
     "sparse",
@@ -87,40 +83,6 @@ def _flex_module() -> Any:
             "upgrade torch or use attention=sdpa"
         ) from exc
     return module
-
-
-def cannot_compile_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions by which torch.compile says it cannot build a kernel on this machine.
-
-    torch/_inductor/exc.py: ``InductorError`` wraps any failure inside inductor (e.g. a
-    ``CppCompileError``), ``InvalidCxxCompiler``, ``TritonMissing``, ``GPUTooOldForTriton``;
-    torch/_dynamo/exc.py: ``BackendCompilerFailed`` (older releases wrap them all in it).
-    """
-    import torch._dynamo.exc as dynamo_exc
-    import torch._inductor.exc as inductor_exc
-
-    names = (
-        "InductorError",
-        "CppCompileError",
-        "CUDACompileError",
-        "InvalidCxxCompiler",
-        "TritonMissing",
-        "GPUTooOldForTriton",
-    )
-    found = [getattr(inductor_exc, n) for n in names if hasattr(inductor_exc, n)]
-    return (dynamo_exc.BackendCompilerFailed, *found)
-
-
-def _caused_by_oom(exc: BaseException) -> bool:
-    """True if out-of-memory is anywhere in `exc`'s chain (it must propagate)."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, torch.OutOfMemoryError):
-            return True
-        seen.add(id(cur))
-        cur = getattr(cur, "inner_exception", None) or cur.__cause__ or cur.__context__
-    return False
 
 
 # The one cache of block masks. With padding, an entry is keyed on the padding-mask tensor's
@@ -295,11 +257,11 @@ class FlexAttention(AttentionKernel):
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if tq != tk or (q.device.type == "cpu" and needs_grad):
             return self._dense(q, k, v, causal, kpm).transpose(1, 2)
-        if self.compile and not _COMPILED["failed"]:
+        if self.compile and compile_fallback() is None:
             out = self._compiled(q, k, v, causal, kpm, needs_grad, key_padding_mask)
             if out is not None:
                 return out.transpose(1, 2)  # (B, Tq, H, D)
-            if not _COMPILED["failed"]:  # over MAX_COMPILES: dense, never eager flex
+            if compile_fallback() is None:  # over MAX_COMPILES: dense, never eager flex
                 return self._dense(q, k, v, causal, kpm).transpose(1, 2)
         # Eager flex on the exact shapes: built once per padding mask (the layers of one
         # forward share it); without padding the mask does not depend on the batch, so it
@@ -343,14 +305,7 @@ class FlexAttention(AttentionKernel):
         bp, tp = _next_pow2(b), -(-t // self.kernel_block_size) * self.kernel_block_size
         config = self._mask_config()  # what the closure fixes
         bucket = (bp, h, tp, d, q.dtype, str(q.device), grad, config)
-        if bucket not in _COMPILED["buckets"] and len(_COMPILED["buckets"]) >= MAX_COMPILES:
-            if not _COMPILED["capped"]:
-                _COMPILED["capped"] = True
-                log.warning(
-                    "flex: %d compiled shapes in this process; further shapes run the dense "
-                    "sdpa path",
-                    MAX_COMPILES,
-                )
+        if over_cap(bucket):
             return None
         pad = (0, 0, 0, tp - t, 0, 0, 0, bp - b)  # (D, T, H, B) right padding
         # contiguous: a zero pad returns the strided view, and strides are compiled in
@@ -367,26 +322,8 @@ class FlexAttention(AttentionKernel):
         # built once per padding mask (or shape): the layers of one forward share it
         shared_key = ("compiled", b, t, bp, tp, causal, str(q.device), *config)
         block_mask = shared_block_mask(key_padding_mask, shared_key, build)
-        if _COMPILED["fn"] is None:
-            _COMPILED["fn"] = torch.compile(self._flex.flex_attention, dynamic=False)
-        # Dynamo's own recompile limit (8 per function) must not turn bucket 9 into eager
-        # flex: the buckets above are the bound.
-        try:
-            with torch._dynamo.config.patch(**{_LIMIT_NAME: MAX_COMPILES}):
-                out = _COMPILED["fn"](q, k, v, block_mask=block_mask)  # (Bp, H, Tp, D)
-        except cannot_compile_errors() as exc:
-            if _caused_by_oom(exc):
-                raise
-            _COMPILED["failed"] = True
-            log.warning(
-                "flex: torch.compile cannot build the kernel here (%s: %s); using eager "
-                "flex from now on",
-                type(exc).__name__,
-                str(exc).splitlines()[0] if str(exc) else "",
-            )
-            return None
-        _COMPILED["buckets"].add(bucket)
-        return out[:b, :, :t]  # (B, H, T, D)
+        out = run_compiled(self._flex.flex_attention, q, k, v, block_mask, bucket)
+        return None if out is None else out[:b, :, :t]  # (B, H, T, D)
 
     def _dense(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, kpm: Tensor | None) -> Tensor:
         """The same mask, materialised, through sdpa: q (B, H, Tq, D) -> (B, H, Tq, D)."""

@@ -65,6 +65,7 @@ class TEAttention(FusedKernel):
         devices=("cuda",),
         dtypes=HALF_DTYPES,
         packages=("transformer_engine.pytorch",),
+        requires=("transformer_engine.pytorch:DotProductAttention",),
         extra="te",
         min_cuda_capability=(8, 0),
         notes="Transformer Engine DotProductAttention; CUDA sm80+, fp16/bf16; optional FP8",

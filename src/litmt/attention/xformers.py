@@ -36,6 +36,7 @@ class XFormersAttention(PackedKernel):
     support = BackendSupport(
         devices=("cuda",),
         packages=("xformers",),
+        requires=("xformers.ops:memory_efficient_attention", "xformers.ops.fmha:attn_bias"),
         extra="xformers",
         notes="xformers memory_efficient_attention; BlockDiagonal biases for padding",
     )

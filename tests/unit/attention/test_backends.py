@@ -24,7 +24,7 @@ from emulations import flash_attn as flash_emulation
 from emulations import transformer_engine as te_emulation
 from emulations import xformers as xformers_emulation
 
-from litmt.attention import build_backend, get_backend_class, list_backends
+from litmt.attention import build_backend, flex_compile, get_backend_class, list_backends
 from litmt.attention.base import AttentionRequest
 from litmt.attention.linear import feature_map
 from litmt.attention.sparse import block_layout
@@ -119,6 +119,12 @@ def test_flex_mask_mod_masks_indices_past_the_lengths(options):
     assert mask_mod(b, h, q_idx, kv_idx).tolist() == [True, False, False, False]
 
 
+def fresh_compile_state(monkeypatch: pytest.MonkeyPatch, fn=None) -> None:
+    """A process that has compiled nothing and never fell back (restored after the test)."""
+    for key, value in (("fn", fn), ("why", None), ("buckets", set()), ("capped", False)):
+        monkeypatch.setitem(flex_compile.STATE, key, value)
+
+
 def test_compiled_flex_compiles_a_bounded_number_of_times(monkeypatch):
     """21 distinct (B, T) batch shapes with padding compile exactly 2 kernels (B buckets 2
     and 4, T bucket 128), not one per shape: the old per-shape compile passed dynamo's
@@ -129,8 +135,7 @@ def test_compiled_flex_compiles_a_bounded_number_of_times(monkeypatch):
 
     torch._dynamo.reset()
     counters.clear()
-    for key, value in (("fn", None), ("failed", False), ("buckets", set()), ("capped", False)):
-        monkeypatch.setitem(flex._COMPILED, key, value)
+    fresh_compile_state(monkeypatch)
     kernel, reference = build_backend("flex"), build_backend("math")
     gen = torch.Generator().manual_seed(0)
     shapes = [(b, t) for b in (2, 3, 4) for t in (5, 17, 33, 64, 90, 111, 128)]
@@ -139,14 +144,14 @@ def test_compiled_flex_compiles_a_bounded_number_of_times(monkeypatch):
         lengths = torch.randint(1, t + 1, (b,), generator=gen)
         mask = torch.arange(t)[None, :] >= lengths[:, None]  # (B, T) True = pad
         out = kernel(q, k, v, key_padding_mask=mask)
-        if flex._COMPILED["failed"]:
+        if flex.compile_fallback():
             pytest.skip("torch.compile cannot build kernels on this machine (no C++ compiler?)")
         rows = ~mask
         ref = reference(q, k, v, key_padding_mask=mask)
         torch.testing.assert_close(out[rows], ref[rows], atol=1e-5, rtol=1e-5)
     assert len(set(shapes)) == 21
     assert counters["stats"]["unique_graphs"] == 2
-    assert len(flex._COMPILED["buckets"]) == 2
+    assert len(flex_compile.STATE["buckets"]) == 2
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
@@ -159,8 +164,7 @@ def test_flex_builds_one_block_mask_per_forward_shared_by_the_layers(monkeypatch
 
     if compiled:
         torch._dynamo.reset()
-        for key, value in (("fn", None), ("failed", False), ("buckets", set()), ("capped", False)):
-            monkeypatch.setitem(flex._COMPILED, key, value)
+        fresh_compile_state(monkeypatch)
     module = flex._flex_module()
     built = []
     original = module.create_block_mask
@@ -182,7 +186,7 @@ def test_flex_builds_one_block_mask_per_forward_shared_by_the_layers(monkeypatch
             src[i, n:] = PAD_ID
         with torch.no_grad():
             memory, mask = model.encode(src)
-            if compiled and flex._COMPILED["failed"]:
+            if compiled and flex.compile_fallback():
                 pytest.skip("torch.compile cannot build kernels on this machine")
             want, _ = reference.encode(src)
         assert len(built) == step + 1, f"{len(built)} block masks after {step + 1} forwards"
@@ -219,19 +223,49 @@ def test_flex_falls_back_to_eager_only_when_it_cannot_compile(
     def compiled(*args, **kwargs):
         raise error()
 
-    for key, value in (("fn", compiled), ("failed", False), ("buckets", set()), ("capped", False)):
-        monkeypatch.setitem(flex._COMPILED, key, value)
+    fresh_compile_state(monkeypatch, fn=compiled)
     q, k, v, mask = make_inputs(CASES["padding"])
     kernel = build_backend("flex")
     if not falls_back:
         with pytest.raises(type(error())):
             kernel(q, k, v, key_padding_mask=mask)
-        assert not flex._COMPILED["failed"]  # compilation stays on for the next batch
+        assert not flex.compile_fallback()  # compilation stays on for the next batch
         return
-    with caplog.at_level(logging.WARNING, logger="litmt.attention.flex"):
+    with caplog.at_level(logging.WARNING, logger="litmt.attention.flex_compile"):
         out = kernel(q, k, v, key_padding_mask=mask)
-    assert flex._COMPILED["failed"]
+    assert flex.compile_fallback().startswith("InvalidCxxCompiler: ")
     assert "torch.compile cannot build the kernel here (InvalidCxxCompiler" in caplog.text
+    ref = build_backend("math")(q, k, v, key_padding_mask=mask)
+    rows = real_rows(CASES["padding"], mask)
+    torch.testing.assert_close(out[rows], ref[rows], atol=1e-5, rtol=1e-5)
+
+
+def test_a_refused_torch_compile_is_a_visible_fallback_to_eager_flex(monkeypatch, caplog):
+    """torch.compile refusing to build the kernel when asked runs eager flex, with one
+    warning and `compile_fallback()` naming why: never a silent fallback."""
+    from litmt.attention import flex
+
+    original = torch.compile
+
+    def refuse(model=None, **kwargs):
+        if kwargs.get("backend", "inductor") != "inductor":  # eager flex's own wrapper
+            return original(model, **kwargs)
+        raise RuntimeError("torch.compile is not supported on this platform")
+
+    fresh_compile_state(monkeypatch)
+    monkeypatch.setattr(torch, "compile", refuse)
+    q, k, v, mask = make_inputs(CASES["padding"])
+    kernel = build_backend("flex")
+    assert flex.compile_fallback() is None
+    with caplog.at_level(logging.WARNING, logger="litmt.attention.flex_compile"):
+        out = kernel(q, k, v, key_padding_mask=mask)
+        kernel(q, k, v, key_padding_mask=mask)  # the second call does not try again
+    why = "RuntimeError: torch.compile is not supported on this platform"
+    assert flex.compile_fallback() == why
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"flex: torch.compile cannot build the kernel here ({why}); using eager flex from now on"
+    ]
     ref = build_backend("math")(q, k, v, key_padding_mask=mask)
     rows = real_rows(CASES["padding"], mask)
     torch.testing.assert_close(out[rows], ref[rows], atol=1e-5, rtol=1e-5)
@@ -577,22 +611,28 @@ AUTO_TABLE = [
     ids=[f"{r[0]}-{r[1]}-{str(r[2])[6:]}-{'+'.join(sorted(r[3])) or 'none'}" for r in AUTO_TABLE],
 )
 def test_auto_choice_table(device, capability, dtype, installed, expected, monkeypatch):
-    import importlib.util
-
     from litmt.attention import auto
 
-    real_find_spec = importlib.util.find_spec
-    optional = {"flash_attn", "xformers", "transformer_engine"}
-
-    def find_spec(name, *args, **kwargs):
-        if name in optional:
-            return object() if name in installed else None
-        return real_find_spec(name, *args, **kwargs)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    problem = None if "flash_attn" in installed else ("not installed", "flash_attn")
+    monkeypatch.setattr(auto.FlashAttention, "unavailable", classmethod(lambda cls: problem))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: capability is not None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     assert auto.choose_backend(device, dtype) == expected
+
+
+def test_auto_skips_an_installed_but_unusable_flash_attn(monkeypatch, caplog):
+    """A flash_attn that imports without what flash calls (e.g. no FA2) is never chosen."""
+    from litmt.attention import auto
+
+    why = "flash_attn.flash_attn_func: AttributeError: no such name"
+    monkeypatch.setattr(
+        auto.FlashAttention, "unavailable", classmethod(lambda cls: ("not usable", why))
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    with caplog.at_level(logging.WARNING, logger="litmt.attention.auto"):
+        assert auto.choose_backend("cuda", torch.bfloat16) == "sdpa"
+    assert any("not usable" in r.getMessage() and why in r.getMessage() for r in caplog.records)
 
 
 def test_auto_logs_its_choice(caplog):

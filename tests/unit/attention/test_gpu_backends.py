@@ -1,7 +1,8 @@
 """GPU backends (flash, xformers, te, flex on CUDA, auto) against `math` in fp16/bf16.
 
-Every test is marked `gpu` and skips without CUDA or without the backend's package. Run
-them on a GPU machine with ``pytest -m gpu`` (the GPU check script runs them too).
+Every test is marked `gpu` and skips without CUDA or when the backend's package is not
+installed or not usable (`AttentionKernel.unavailable`). Run them on a GPU machine with
+``pytest -m gpu`` (the GPU check script runs them too).
 
 The reference is `math` on the same half-precision inputs upcast to float32, so the
 tolerance only has to absorb the half-precision arithmetic of the kernel under test.
@@ -11,13 +12,12 @@ Padded query rows are excluded where a backend defines them as 0 (packed/varlen 
 from __future__ import annotations
 
 import copy
-import importlib.util
 
 import pytest
 import torch
 from tiny_model import tiny_config
 
-from litmt.attention import build_backend
+from litmt.attention import build_backend, get_backend_class
 from litmt.attention.auto import choose_backend
 
 pytestmark = pytest.mark.gpu
@@ -25,7 +25,6 @@ pytestmark = pytest.mark.gpu
 CUDA = torch.cuda.is_available()
 CAPABILITY = torch.cuda.get_device_capability() if CUDA else (0, 0)
 
-PACKAGES = {"flash": "flash_attn", "xformers": "xformers", "te": "transformer_engine"}
 MIN_CAPABILITY = {"flash": (8, 0), "te": (8, 0)}
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -44,9 +43,11 @@ CASES = {
 def require(backend: str) -> None:
     if not CUDA:
         pytest.skip("needs a CUDA device")
-    package = PACKAGES.get(backend)
-    if package and importlib.util.find_spec(package) is None:
-        pytest.skip(f"{package} is not installed (pip install 'litmt[{backend}]')")
+    problem = get_backend_class(backend).unavailable()  # imported, with every name it calls
+    if problem is not None and problem[0] == "not installed":
+        pytest.skip(f"{problem[1]} is not installed (pip install 'litmt[{backend}]')")
+    if problem is not None:
+        pytest.skip(f"not usable: {problem[1]}")  # the GPU check's kernel package row says so
     need = MIN_CAPABILITY.get(backend)
     if need and need > CAPABILITY:
         pytest.skip(
@@ -135,6 +136,8 @@ def test_gradients_match_math(backend, case):
 def test_flex_compiled_on_cuda_with_local_window():
     """The compiled Triton kernel, forward and backward, against `local` in float32."""
     require("flex")
+    from litmt.attention.flex import compile_fallback
+
     c = CASES["causal_padding"]
     q, k, v, mask = make_inputs(c, torch.bfloat16)
     keep = rows(c, mask)
@@ -147,6 +150,8 @@ def test_flex_compiled_on_cuda_with_local_window():
         out = kernel(*(cast(t) for t in leaves), key_padding_mask=mask, causal=True)
         out.float()[keep].sum().backward()
         results.append([out.float()[keep]] + [t.grad.float() for t in leaves])
+    why = compile_fallback()
+    assert why is None, f"compiled flex fell back to eager: {why}"  # else this tested eager
     for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
 
@@ -164,7 +169,7 @@ def test_auto_picks_flash_on_sm80_with_half_inputs():
     require("auto")
     expected = (
         "flash"
-        if CAPABILITY >= (8, 0) and importlib.util.find_spec("flash_attn") is not None
+        if CAPABILITY >= (8, 0) and get_backend_class("flash").unavailable() is None
         else "sdpa"
     )
     assert choose_backend("cuda", torch.bfloat16) == expected
@@ -238,12 +243,12 @@ def test_compiled_flex_on_cuda_compiles_per_bucket_not_per_shape():
     require("flex")
     from torch._dynamo.utils import counters
 
-    from litmt.attention import flex
+    from litmt.attention import flex, flex_compile
 
     torch._dynamo.reset()
     counters.clear()
-    saved = dict(flex._COMPILED)
-    flex._COMPILED.update(fn=None, failed=False, buckets=set(), capped=False)
+    saved = dict(flex_compile.STATE)
+    flex_compile.STATE.update(fn=None, why=None, buckets=set(), capped=False)
     try:
         kernel = build_backend("flex")
         shapes = [(b, t) for b in (2, 3, 4) for t in (7, 40, 77, 128)]  # 12 shapes
@@ -254,11 +259,11 @@ def test_compiled_flex_on_cuda_compiles_per_bucket_not_per_shape():
             ref = reference(q, k, v, mask, False)
             keep = ~mask
             torch.testing.assert_close(out.float()[keep], ref[keep], atol=1.6e-2, rtol=1.6e-2)
-        assert not flex._COMPILED["failed"], "torch.compile could not build the CUDA kernel"
+        assert flex.compile_fallback() is None, f"fell back: {flex.compile_fallback()}"
         assert counters["stats"]["unique_graphs"] <= 2
     finally:
-        flex._COMPILED.clear()
-        flex._COMPILED.update(saved)
+        flex_compile.STATE.clear()
+        flex_compile.STATE.update(saved)
 
 
 @pytest.mark.parametrize("causal", [False, True])
