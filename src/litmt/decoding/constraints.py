@@ -9,12 +9,10 @@ Each sentence has a list of constraints, target id sequences that must appear in
 (contiguously, anywhere, in any order; they may overlap: "roter Hund" and "Hund rennt" are
 both met by "roter Hund rennt").
 
-Constraint state of a hypothesis (`Tracker`): per constraint, met (-1) or the length of its
-longest prefix that ends the hypothesis (a KMP automaton per constraint, so a failed partial
-match falls back to the longest prefix that still fits, and an overlap is tracked by every
-constraint it touches). Its *bank* is the number of constraint tokens it has produced: the
-lengths of the met constraints plus the longest partial match among the others (0 .. C, C =
-all constraint tokens of the sentence; C exactly when every constraint is met).
+Constraint state of a hypothesis (`litmt.decoding.constraint_tracker.Tracker`): per
+constraint, met or the length of its longest prefix that ends the hypothesis. Its *bank* is
+the number of constraint tokens it has produced (0 .. C, C = all constraint tokens of the
+sentence; C exactly when every constraint is met).
 
 One step, per sentence with K live beams:
 
@@ -33,7 +31,9 @@ One step, per sentence with K live beams:
    hypotheses that have placed more constraint tokens keep a place in the beam although
    their log-probability is lower.
 5. A sentence is done when K hypotheses have finished, when its n_best-th finished score
-   already beats what any live beam can reach (as in `beam_search`), or at its budget.
+   already beats what any live beam can reach, or at its budget: `beam_search`'s stop test
+   (`litmt.decoding.beam_parts.beam_done`), over the same finished buffer
+   (`FinishedBuffer`, its hypotheses that meet every constraint marked final).
 
 Whole words (``word_continuation``, given by `Translator` from the target pieces): a
 constraint is tokenised as a word sequence (``"Hund"`` is ``▁Hund``), but the model could
@@ -46,7 +46,9 @@ The budget of a constrained sentence is raised to hold its prefix and all its co
 beams in the top banks, and eos stays blocked until they are met.
 
 The model runs batched (all live beams of all sentences in one `decode_step`); the candidate
-bookkeeping is per sentence in Python (a few dozen candidates per sentence and step).
+bookkeeping is per sentence in Python (a few dozen candidates per sentence and step). It is
+reached through `litmt.decoding.search.beam_search` (``constraints=``), which checks the
+arguments and builds the step rules and the finished buffer.
 
 Shapes: B sentences, b still active, K beam size, kk live beams per sentence (1 at the first
 step), V target vocabulary.
@@ -55,95 +57,50 @@ step), V target vocabulary.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from litmt.decoding.config import DecodeConfig
-from litmt.decoding.search import (
-    NEG_INF,
-    Hypothesis,
-    StepModel,
-    check_source,
-    constrain_eos,
-    force_prefix,
-    length_penalty_factor,
-    output_budgets,
-    prefix_table,
-    topk_rows,
-)
-from litmt.decoding.steering import budget_floor
+from litmt.decoding.beam_parts import FinishedBuffer, beam_done, topk_rows, update_scores
+from litmt.decoding.constraint_tracker import MET, State, Tracker
+from litmt.decoding.search_rules import NEG_INF, StepModel, StepRules
 from litmt.errors import ConfigError
 
-_D = DecodeConfig()
-MET = -1  # the state of a met constraint
-
-State = tuple[int, ...]  # per constraint: MET or its matched prefix length
+Candidate = tuple[int, float, int, int, State]
+"""A non-eos continuation: (bank, cumulative log-prob, beam, token, constraint state)."""
 
 
-class Tracker:
-    """The constraints of one sentence and the automaton that tracks them.
+def check_constraint_ids(constraints: Sequence[Sequence[Sequence[int]]], n: int) -> None:
+    """Refuse constraints that are not `n` lists of non-empty id sequences without bos, eos, pad.
 
-    Args:
-        constraints: target id sequences (each non-empty).
+    Raises:
+        ConfigError: one line saying what is wrong.
     """
+    if len(constraints) != n:
+        raise ConfigError(f"{len(constraints)} constraint lists for {n} sentences")
+    for phrases in constraints:
+        for c in phrases:
+            if len(c) == 0:
+                raise ConfigError("a constraint must have at least one target token")
+            if EOS_ID in c or BOS_ID in c or PAD_ID in c:
+                raise ConfigError("a constraint must not contain bos, eos or pad")
 
-    def __init__(self, constraints: Sequence[Sequence[int]]) -> None:
-        self.phrases = [tuple(c) for c in constraints]
-        self.total = sum(len(c) for c in self.phrases)  # C: the top bank
-        self.start: State = tuple(0 for _ in self.phrases)
-        self._next: dict[
-            tuple[int, int, int], int
-        ] = {}  # (constraint, progress, token) -> progress
 
-    def _step(self, c: int, progress: int, token: int) -> int:
-        """KMP transition: the longest prefix of constraint `c` ending the hypothesis after
-        `token`, given that its `progress` first tokens ended it before."""
-        key = (c, progress, token)
-        found = self._next.get(key)
-        if found is None:
-            phrase = self.phrases[c]
-            seq = (*phrase[:progress], token)
-            found = 0
-            for k in range(min(len(seq), len(phrase)), 0, -1):
-                if seq[len(seq) - k :] == phrase[:k]:
-                    found = k
-                    break
-            self._next[key] = found
-        return found
+@dataclass
+class _Beams:
+    """The live beams of the sentences still searched: kk rows each, row r = i * kk + j is
+    beam j of the i-th sentence of `active` (b sentences, 1 row each at the first step)."""
 
-    def advance(self, state: State, token: int) -> State:
-        """The state after appending `token`."""
-        out = []
-        for c, progress in enumerate(state):
-            if progress == MET:
-                out.append(MET)
-                continue
-            k = self._step(c, progress, token)
-            out.append(MET if k == len(self.phrases[c]) else k)
-        return tuple(out)
-
-    def bank(self, state: State) -> int:
-        """Constraint tokens produced: the met constraints' lengths plus the longest partial
-        match of the others (the max, not the sum: one token that starts two constraints,
-        such as a lone ``▁``, is one token of progress, not two)."""
-        met = sum(len(p) for p, s in zip(self.phrases, state, strict=True) if s == MET)
-        return met + max((s for s in state if s != MET), default=0)
-
-    def done(self, state: State) -> bool:
-        """Every constraint is met."""
-        return all(s == MET for s in state)
-
-    def wanted(self, state: State) -> set[int]:
-        """Tokens that advance an unmet constraint: its next token, or its first."""
-        out = set()
-        for p, s in zip(self.phrases, state, strict=True):
-            if s != MET:
-                out.add(p[s])
-                out.add(p[0])
-        return out
+    active: list[int]  # (b,) original sentence ids
+    kk: int
+    scores: Tensor  # (b*kk,) cumulative log-probs
+    last: Tensor  # (b*kk,) each row's last token
+    history: list[list[int]]  # per row, its tokens
+    cstate: list[State]  # per row, its constraint state
+    just_met: list[bool]  # per row, its last token completed a constraint
 
 
 @torch.no_grad()
@@ -151,217 +108,250 @@ def constrained_beam_search(
     model: StepModel,
     src: Tensor,
     constraints: Sequence[Sequence[Sequence[int]]],
-    *,
-    beam_size: int = _D.beam_size,
-    length_penalty: float = _D.length_penalty,
-    max_len_a: float = _D.max_len_a,
-    max_len_b: int = _D.max_len_b,
-    n_best: int = _D.n_best,
-    min_len: int = _D.min_len,
-    prefixes: Sequence[Sequence[int]] | None = None,
+    rules: StepRules,
+    finished: FinishedBuffer,
+    n_best: int,
     word_continuation: Tensor | None = None,
-) -> list[list[Hypothesis]]:
-    """Beam search whose outputs contain every constraint of their sentence (module docstring).
+) -> None:
+    """The constrained search's steps (module docstring), filling `finished`.
+
+    `beam_search` (``constraints=``) checks the arguments and builds `rules` and `finished`
+    (K and alpha are the buffer's).
 
     Args:
         model: the model in eval mode (or an `Ensemble`).
         src: (B, S) source ids, right-padded with pad.
         constraints: B lists of constraints (target id lists, each non-empty; a list may be
             empty: plain beam search for that sentence).
-        beam_size: K (1 works: the top bank then always wins the one place).
-        length_penalty, max_len_a, max_len_b, n_best, min_len: as `beam_search`.
-        prefixes: B lists of target ids each output starts with; None = none.
+        rules: the budgets (raised to hold prefix and constraints), min_len and prefixes.
+        finished: the finished buffer, float64 (the bookkeeping's Python floats, exactly).
+        n_best: for the stop test.
         word_continuation: (V,) bool, the target pieces that continue a word; blocked right
             after a constraint is completed (module docstring). None = no such rule.
-
-    Returns:
-        For each source row, up to `n_best` hypotheses: those meeting every constraint first,
-        each group by decreasing score.
     """
-    check_source(model, src)
-    if beam_size < 1:
-        raise ConfigError(f"beam_size must be at least 1, got {beam_size}")
-    if not 1 <= n_best <= beam_size:
-        raise ConfigError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
-    bsz, k, device = src.size(0), beam_size, src.device
-    if len(constraints) != bsz:
-        raise ConfigError(f"{len(constraints)} constraint lists for {bsz} sentences")
-    if bsz == 0:
-        return []
-    cfg = model.config
-    vocab = cfg.tgt_vocab_size
-    if 2 * k > vocab:
-        raise ConfigError(f"beam_size={k} is too large for a target vocabulary of {vocab}")
-    for phrases in constraints:
-        for c in phrases:
-            if len(c) == 0:
-                raise ConfigError("a constraint must have at least one target token")
-            if EOS_ID in c or BOS_ID in c or PAD_ID in c:
-                raise ConfigError("a constraint must not contain bos, eos or pad")
+    bsz, device = src.size(0), src.device
     trackers = [Tracker(c) for c in constraints]
-    floor = budget_floor(cfg.max_positions, prefixes, constraints)
-    budgets = output_budgets(
-        src.ne(PAD_ID).sum(1).cpu(), max_len_a, max_len_b, cfg.max_positions, floor
-    ).tolist()
-    forced = None if prefixes is None else prefix_table(prefixes, device)  # (B, P), (B,)
-    steps = max(budgets) + 1
-    lp_max = [float(length_penalty_factor(n + 1.0, length_penalty)) for n in budgets]
-    force_steps = set(budgets)
-
+    budgets = rules.budget.tolist()
+    words = None if word_continuation is None else word_continuation.nonzero()[:, 0].to(device)
     memory, mask = model.encode(src)
-    state = model.init_state(memory, mask, capacity=steps)
-
-    active = list(range(bsz))  # original ids of the sentences still searched
-    kk = 1
-    scores = torch.zeros(bsz, device=device)  # (b*kk,) cumulative log-probs
-    last = torch.full((bsz,), BOS_ID, dtype=torch.long, device=device)  # (b*kk,)
-    history: list[list[int]] = [[] for _ in range(bsz)]  # per row
-    cstate: list[State] = [trackers[i].start for i in range(bsz)]  # per row
-    just_met = [False] * bsz  # per row: its last token completed a constraint
-    if word_continuation is not None:
-        continuation_ids = word_continuation.nonzero().squeeze(1).to(device)  # (W,)
-    finished: list[list[tuple[bool, float, float, list[int]]]] = [[] for _ in range(bsz)]
-
-    for step in range(steps):
-        b = len(active)
-        logp = F.log_softmax(model.decode_step(last, state).float(), dim=-1)  # (b*kk, V)
-        row_sent = torch.tensor(active, device=device).repeat_interleave(kk)  # (b*kk,)
-        at_budget = [budgets[s] <= step for s in active]
-        if step in force_steps:
-            rows_budget = torch.tensor([budgets[s] for s in active], device=device)
-            constrain_eos(logp, step, min_len, EOS_ID, rows_budget.repeat_interleave(kk))
-        else:
-            constrain_eos(logp, step, min_len, EOS_ID, None)
-        if forced is not None and step < forced[0].size(1):
-            force_prefix(logp, step, forced[0][row_sent], forced[1][row_sent])
-        blocked = [
-            r
-            for r in range(b * kk)
-            if not at_budget[r // kk] and not trackers[active[r // kk]].done(cstate[r])
-        ]
-        if blocked:
-            logp[torch.tensor(blocked, device=device), EOS_ID] = NEG_INF
-        if word_continuation is not None and any(just_met):
-            in_prefix = [False] * (b * kk)
-            if forced is not None:  # a prefix is forced as it is, word ends or not
-                in_prefix = forced[1][row_sent].gt(step).tolist()
-            for r in (r for r in range(b * kk) if just_met[r] and not in_prefix[r]):
-                keep = trackers[active[r // kk]].wanted(cstate[r])
-                row = logp[r]  # (V,) a view: the word must end here
-                saved = {t: float(row[t]) for t in keep}
-                row.index_fill_(0, continuation_ids, NEG_INF)
-                for t, v in saved.items():
-                    row[t] = v
-        cand = logp.add_(scores[:, None])  # (b*kk, V) cumulative
-        top_val, top_idx = topk_rows(cand.view(b, kk * vocab), 2 * k)  # (b, 2K)
-        best_tok = cand.argmax(dim=-1).tolist()  # (b*kk,) each beam's best next token
-        row_scores = scores.tolist()
-        extra_rows: list[int] = []
-        extra_toks: list[int] = []
-        for r in range(b * kk):
-            if row_scores[r] == NEG_INF:
-                continue
-            toks = trackers[active[r // kk]].wanted(cstate[r])
-            toks.add(best_tok[r])
-            extra_rows.extend([r] * len(toks))
-            extra_toks.extend(toks)
-        extra_vals = cand[extra_rows, extra_toks].tolist() if extra_rows else []
-        top_val_l, top_idx_l = top_val.tolist(), top_idx.tolist()
-
-        cands: list[dict[tuple[int, int], float]] = [{} for _ in range(b)]
-        for i in range(b):
-            for v, idx in zip(top_val_l[i], top_idx_l[i], strict=True):
-                if v != NEG_INF:
-                    cands[i][divmod(idx, vocab)] = v
-        for r, t, v in zip(extra_rows, extra_toks, extra_vals, strict=True):
-            if v != NEG_INF:
-                cands[r // kk][(r % kk, t)] = v
-
-        new_rows: list[int] = []  # per kept sentence: K source rows (local b*kk indexing)
-        new_toks: list[int] = []
-        new_scores: list[float] = []
-        new_hist: list[list[int]] = []
-        new_state: list[State] = []
-        new_met: list[bool] = []
-        keep: list[int] = []  # local indices of sentences still searched
-        n_tok = step + 1
-        lp_now = float(length_penalty_factor(float(n_tok), length_penalty))
-        for i in range(b):
-            sent = active[i]
-            tr = trackers[sent]
-            live = []  # (bank, log-prob, beam, token, state)
-            ends = []  # (log-prob, beam)
-            for (j, t), v in cands[i].items():
-                r = i * kk + j
-                if t == EOS_ID:
-                    ends.append((v, j))
-                else:
-                    ns = tr.advance(cstate[r], t)
-                    live.append((tr.bank(ns), v, j, t, ns))
-            # -- finish: eos candidates among the K best of the top bank (all at the budget)
-            if ends:
-                if at_budget[i]:
-                    bar = NEG_INF
-                else:
-                    top_bank = sorted(
-                        [v for v, _ in ends] + [v for bk, v, *_ in live if bk == tr.total],
-                        reverse=True,
-                    )
-                    bar = top_bank[min(k, len(top_bank)) - 1]
-                for v, j in ends:
-                    if v >= bar:
-                        r = i * kk + j
-                        met = tr.done(cstate[r])
-                        finished[sent].append((met, v / lp_now, v, list(history[r])))
-                finished[sent].sort(key=lambda f: (f[0], f[1]), reverse=True)
-                del finished[sent][k:]
-            # -- continue: dynamic beam allocation over the banks
-            live.sort(key=lambda c: (c[0], c[1]), reverse=True)
-            ranked = []
-            rank, prev_bank = 0, None
-            for c in live:
-                rank = rank + 1 if c[0] == prev_bank else 0
-                prev_bank = c[0]
-                ranked.append((rank, -c[0], -c[1], c))
-            ranked.sort(key=lambda x: x[:3])
-            chosen = [x[3] for x in ranked[:k]]
-            # -- stop test
-            fin = finished[sent]
-            n_met = sum(1 for f in fin if f[0])
-            best_live = max((c[1] for c in chosen), default=NEG_INF)
-            if length_penalty > 0:
-                reachable = best_live / lp_max[sent]
-            else:
-                reachable = best_live / float(length_penalty_factor(n_tok + 1.0, length_penalty))
-            beaten = n_met >= n_best and fin[n_best - 1][1] >= reachable
-            if n_met >= k or beaten or at_budget[i] or best_live == NEG_INF:
-                continue
-            keep.append(i)
-            while len(chosen) < k:  # pad with dead copies to keep K rows
-                bank, _, j, t, ns = chosen[0]
-                chosen.append((bank, NEG_INF, j, t, ns))
-            for _, v, j, t, ns in chosen:
-                r = i * kk + j
-                new_rows.append(r)
-                new_toks.append(t)
-                new_scores.append(v)
-                new_hist.append([*history[r], t])
-                new_state.append(ns)
-                new_met.append(ns.count(MET) > cstate[r].count(MET))
+    state = model.init_state(memory, mask, capacity=rules.steps)
+    beams = _Beams(
+        active=list(range(bsz)),
+        kk=1,
+        scores=torch.zeros(bsz, device=device),
+        last=torch.full((bsz,), BOS_ID, dtype=torch.long, device=device),
+        history=[[] for _ in range(bsz)],
+        cstate=[tr.start for tr in trackers],
+        just_met=[False] * bsz,
+    )
+    for step in range(rules.steps):
+        b, kk = len(beams.active), beams.kk
+        sentences = torch.tensor(beams.active, device=device)  # (b,)
+        at_budget = [budgets[s] <= step for s in beams.active]
+        logp = F.log_softmax(model.decode_step(beams.last, state).float(), dim=-1)  # (b*kk, V)
+        rules.apply(logp, step, sentences.repeat_interleave(kk))
+        _block_eos(logp, beams, trackers, at_budget)
+        if words is not None and any(beams.just_met):
+            _end_words(logp, beams, trackers, words, rules, step)
+        update_scores(logp, beams.scores.view(b, kk))  # logp (b*kk, V) now cumulative
+        ends, lives = _split(_candidates(logp, beams, trackers, finished.k), beams, trackers)
+        _finish(finished, ends, lives, beams, trackers, at_budget)
+        chosen = [allocate(live, finished.k) for live in lives]
+        best_live = [max((c[1] for c in ch), default=NEG_INF) for ch in chosen]
+        done = beam_done(
+            finished,
+            sentences,
+            torch.tensor(best_live, dtype=torch.float64, device=device),
+            torch.tensor(at_budget, device=device),
+            step,
+            n_best,
+        ).tolist()
+        keep = [i for i in range(b) if not done[i]]
         if not keep:
             break
-        reorder = torch.tensor(new_rows, device=device)  # (b'*K,) rows of the old layout
-        state.reorder(reorder, cross=step == 0 or len(keep) < b)
-        active = [active[i] for i in keep]
-        kk = k
-        scores = torch.tensor(new_scores, device=device)
-        last = torch.tensor(new_toks, dtype=torch.long, device=device)
-        history, cstate, just_met = new_hist, new_state, new_met
+        reorder, beams = _advance(beams, chosen, keep, finished.k)
+        state.reorder(reorder.to(device), cross=step == 0 or len(keep) < b)
 
-    return [
-        [Hypothesis(tokens, score, log_prob) for _, score, log_prob, tokens in fin[:n_best]]
-        for fin in finished
+
+def _block_eos(logp: Tensor, beams: _Beams, trackers: list[Tracker], at_budget: list[bool]) -> None:
+    """In place on logp (b*kk, V): eos is -inf for a row with an unmet constraint, except at
+    its sentence's budget."""
+    kk = beams.kk
+    blocked = [
+        r
+        for r in range(len(beams.cstate))
+        if not at_budget[r // kk] and not trackers[beams.active[r // kk]].done(beams.cstate[r])
     ]
+    if blocked:
+        logp[torch.tensor(blocked, device=logp.device), EOS_ID] = NEG_INF
 
 
-__all__ = ["Tracker", "constrained_beam_search"]
+def _end_words(
+    logp: Tensor,
+    beams: _Beams,
+    trackers: list[Tracker],
+    words: Tensor,
+    rules: StepRules,
+    step: int,
+) -> None:
+    """In place on logp (b*kk, V): after a completed constraint the word ends: the pieces
+    `words` (W,) that continue a word are -inf, unless one advances an unmet constraint
+    (and not inside a forced prefix, which is forced as it is)."""
+    kk = beams.kk
+    in_prefix = [False] * len(beams.cstate)
+    if rules.prefix is not None:
+        rows = torch.tensor(beams.active, device=logp.device).repeat_interleave(kk)
+        in_prefix = rules.prefix[1][rows].gt(step).tolist()
+    for r in range(len(beams.cstate)):
+        if not beams.just_met[r] or in_prefix[r]:
+            continue
+        keep = trackers[beams.active[r // kk]].wanted(beams.cstate[r])
+        row = logp[r]  # (V,) a view
+        saved = {t: float(row[t]) for t in keep}
+        row.index_fill_(0, words, NEG_INF)
+        for t, v in saved.items():
+            row[t] = v
+
+
+def _candidates(
+    cand: Tensor, beams: _Beams, trackers: list[Tracker], k: int
+) -> list[dict[tuple[int, int], float]]:
+    """Per sentence, its candidates {(beam, token): cumulative log-prob} (finite only): the 2K
+    best, and for every live beam its best token and every token that advances one of its
+    unmet constraints (cand (b*kk, V) cumulative)."""
+    b, kk = len(beams.active), beams.kk
+    vocab = cand.size(-1)
+    top_val, top_idx = topk_rows(cand.view(b, kk * vocab), 2 * k)  # (b, 2K)
+    best_tok = cand.argmax(dim=-1).tolist()  # (b*kk,) each beam's best next token
+    row_scores = beams.scores.tolist()
+    extra_rows: list[int] = []
+    extra_toks: list[int] = []
+    for r in range(b * kk):
+        if row_scores[r] == NEG_INF:
+            continue
+        toks = trackers[beams.active[r // kk]].wanted(beams.cstate[r])
+        toks.add(best_tok[r])
+        extra_rows.extend([r] * len(toks))
+        extra_toks.extend(toks)
+    extra_vals = cand[extra_rows, extra_toks].tolist() if extra_rows else []
+    cands: list[dict[tuple[int, int], float]] = [{} for _ in range(b)]
+    for i, (vals, idxs) in enumerate(zip(top_val.tolist(), top_idx.tolist(), strict=True)):
+        for v, idx in zip(vals, idxs, strict=True):
+            if v != NEG_INF:
+                cands[i][divmod(idx, vocab)] = v
+    for r, t, v in zip(extra_rows, extra_toks, extra_vals, strict=True):
+        if v != NEG_INF:
+            cands[r // kk][(r % kk, t)] = v
+    return cands
+
+
+def _split(
+    cands: list[dict[tuple[int, int], float]], beams: _Beams, trackers: list[Tracker]
+) -> tuple[list[list[tuple[float, int]]], list[list[Candidate]]]:
+    """Per sentence, its eos candidates (log-prob, beam) and its non-eos ones (`Candidate`)."""
+    ends: list[list[tuple[float, int]]] = []
+    lives: list[list[Candidate]] = []
+    for i, found in enumerate(cands):
+        tr = trackers[beams.active[i]]
+        ends.append([])
+        lives.append([])
+        for (j, t), v in found.items():
+            r = i * beams.kk + j
+            if t == EOS_ID:
+                ends[i].append((v, j))
+            else:
+                ns = tr.advance(beams.cstate[r], t)
+                lives[i].append((tr.bank(ns), v, j, t, ns))
+    return ends, lives
+
+
+def _finish(
+    finished: FinishedBuffer,
+    ends: list[list[tuple[float, int]]],
+    lives: list[list[Candidate]],
+    beams: _Beams,
+    trackers: list[Tracker],
+    at_budget: list[bool],
+) -> None:
+    """Add the eos candidates among the K best of their sentence's top bank (every one at the
+    budget) to `finished`, final when they meet every constraint."""
+    k, kk = finished.k, beams.kk
+    picked: dict[int, list[tuple[float, int, bool]]] = {}  # sentence -> (log-prob, row, met)
+    for i, sent_ends in enumerate(ends):
+        if not sent_ends:
+            continue
+        tr = trackers[beams.active[i]]
+        bar = NEG_INF
+        if not at_budget[i]:
+            top = [v for v, _ in sent_ends] + [v for bk, v, *_ in lives[i] if bk == tr.total]
+            bar = sorted(top, reverse=True)[min(k, len(top)) - 1]
+        rows = [i * kk + j for v, j in sent_ends if v >= bar]
+        vals = [v for v, _ in sent_ends if v >= bar]
+        picked[i] = [(v, r, tr.done(beams.cstate[r])) for v, r in zip(vals, rows, strict=True)]
+    if not picked:
+        return
+    width = max(len(p) for p in picked.values())
+    log_prob = torch.full((len(picked), width), NEG_INF, dtype=torch.float64)
+    rows = torch.zeros((len(picked), width), dtype=torch.long)
+    final = torch.zeros((len(picked), width), dtype=torch.bool)
+    for n, found in enumerate(picked.values()):
+        for c, (v, r, met) in enumerate(found):
+            log_prob[n, c], rows[n, c], final[n, c] = v, r, met
+    device = finished.score.device
+    history = torch.tensor(beams.history, dtype=torch.long, device=device)  # (b*kk, t)
+    sentences = torch.tensor([beams.active[i] for i in picked], device=device)
+    finished.add(sentences, log_prob.to(device), history, rows.to(device), final.to(device))
+
+
+def allocate(live: list[Candidate], k: int) -> list[Candidate]:
+    """Dynamic beam allocation: the K candidates taken by (rank within their bank, higher bank
+    first), ranks by log-probability: the best of every bank, then the second best, ..."""
+    live = sorted(live, key=lambda c: (c[0], c[1]), reverse=True)
+    ranked = []
+    rank, prev_bank = 0, None
+    for c in live:
+        rank = rank + 1 if c[0] == prev_bank else 0
+        prev_bank = c[0]
+        ranked.append((rank, -c[0], -c[1], c))
+    ranked.sort(key=lambda x: x[:3])
+    return [x[3] for x in ranked[:k]]
+
+
+def _advance(
+    beams: _Beams, chosen: list[list[Candidate]], keep: list[int], k: int
+) -> tuple[Tensor, _Beams]:
+    """The K beams of each kept sentence (padded with dead copies of its best): the rows of the
+    old layout they come from (b'*K,), and the new live beams."""
+    rows: list[int] = []
+    toks: list[int] = []
+    scores: list[float] = []
+    history: list[list[int]] = []
+    cstate: list[State] = []
+    just_met: list[bool] = []
+    for i in keep:
+        picked = list(chosen[i])
+        while len(picked) < k:  # pad with dead copies to keep K rows
+            bank, _, j, t, ns = picked[0]
+            picked.append((bank, NEG_INF, j, t, ns))
+        for _, v, j, t, ns in picked:
+            r = i * beams.kk + j
+            rows.append(r)
+            toks.append(t)
+            scores.append(v)
+            history.append([*beams.history[r], t])
+            cstate.append(ns)
+            just_met.append(ns.count(MET) > beams.cstate[r].count(MET))
+    device = beams.last.device
+    new = _Beams(
+        active=[beams.active[i] for i in keep],
+        kk=k,
+        scores=torch.tensor(scores, device=device),
+        last=torch.tensor(toks, dtype=torch.long, device=device),
+        history=history,
+        cstate=cstate,
+        just_met=just_met,
+    )
+    return torch.tensor(rows), new
+
+
+__all__ = ["allocate", "check_constraint_ids", "constrained_beam_search"]

@@ -9,18 +9,19 @@ Methods:
 
 - ``beam``: `litmt.decoding.search.beam_search` (``beam_size == 1`` runs greedy, the same result);
 - ``greedy``: `litmt.decoding.search.greedy_search`;
-- ``sample``: ancestral sampling (`litmt.decoding.sampling_search.sample_search`) for back-translation: each step draws
-  the next token from the model's distribution at ``temperature``, cut to the ``top_k``
-  most likely tokens and to the smallest set whose probability reaches ``top_p``; ``n_best``
-  samples per source, drawn with a ``torch.Generator`` seeded with ``seed``. Temperature 0
-  takes the most likely token (greedy).
+- ``sample``: ancestral sampling (`litmt.decoding.sampling_search.sample_search`) for
+  back-translation: each step draws the next token from the model's distribution at
+  ``temperature``, cut to the ``top_k`` most likely tokens and to the smallest set whose
+  probability reaches ``top_p``; ``n_best`` samples per source, drawn with a
+  ``torch.Generator`` seeded with ``seed``. Temperature 0 takes the most likely token
+  (greedy).
 
 Steering (`litmt.decoding.steering`): ``prefixes`` (target ids each output starts with) work
 with every method; ``constraints`` (target id sequences each output must contain) run the
-lexically constrained beam search (`litmt.decoding.constraints`) with ``beam_size`` beams
-(greedy: 1) on the sentences that have any, while the others of the batch take the
-ordinary search, so their results are those of a batch without constraints. Sampling
-refuses constraints.
+lexically constrained beam search (`beam_search` with ``constraints``,
+`litmt.decoding.constraints`) with ``beam_size`` beams (greedy: 1) on the sentences that
+have any, while the others of the batch take the ordinary search, so their results are
+those of a batch without constraints. Sampling refuses constraints.
 
 `models` is one `Seq2SeqTransformer` or a list of them (an `litmt.decoding.ensemble.Ensemble`: the
 log of the mean of the models' probabilities at every step).
@@ -37,10 +38,16 @@ import torch
 from torch import Tensor
 
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.constraints import constrained_beam_search
+from litmt.decoding.constraints import check_constraint_ids
 from litmt.decoding.ensemble import Ensemble
 from litmt.decoding.sampling_search import make_generator, sample_search
-from litmt.decoding.search import Hypothesis, StepModel, beam_search, greedy_search
+from litmt.decoding.search import (
+    Hypothesis,
+    StepModel,
+    beam_search,
+    greedy_search,
+    shared_limits,
+)
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 
@@ -87,38 +94,22 @@ def decode(
     """
     config = config or DecodeConfig()
     model = as_step_model(models)
-    method = config.effective_method
     if prefixes is not None and len(prefixes) != src.size(0):
         raise ConfigError(f"{len(prefixes)} prefixes for {src.size(0)} sentences")
     if constraints is not None and any(constraints):
         return _decode_constrained(
             model, src, config, prefixes, constraints, sync_steps, word_continuation
         )
-    common = dict(
-        max_len_a=config.max_len_a,
-        max_len_b=config.max_len_b,
-        length_penalty=config.length_penalty,
-        min_len=config.min_len,
-        sync_steps=sync_steps,
-    )
-    if prefixes is not None and any(prefixes):
-        common["prefixes"] = prefixes
-    if method == "greedy":
-        return [[h] for h in greedy_search(model, src, **common)]
-    if method == "beam":
-        return beam_search(model, src, beam_size=config.beam_size, n_best=config.n_best, **common)
-    if generator is None:
-        generator = make_generator(config, src.device)
-    return sample_search(
-        model,
-        src,
-        n=config.n_best,
-        temperature=config.temperature,
-        top_k=config.top_k,
-        top_p=config.top_p,
-        generator=generator,
-        **common,
-    )
+    prefixes = prefixes if prefixes is not None and any(prefixes) else None
+    if config.effective_method == "sample":
+        generator = generator or make_generator(config, src.device)
+        return sample_search(
+            model, src, config, generator=generator, sync_steps=sync_steps, prefixes=prefixes
+        )
+    limits = shared_limits(config, sync_steps, prefixes)
+    if config.effective_method == "greedy":
+        return [[h] for h in greedy_search(model, src, **limits)]
+    return beam_search(model, src, beam_size=config.beam_size, n_best=config.n_best, **limits)
 
 
 def _decode_constrained(
@@ -130,30 +121,24 @@ def _decode_constrained(
     sync_steps: bool,
     word_continuation: Tensor | None,
 ) -> list[list[Hypothesis]]:
-    """`decode` of a batch where some sentences have constraints: those run
-    `constrained_beam_search`, the others `decode` without constraints; input order kept."""
-    if len(constraints) != src.size(0):
-        raise ConfigError(f"{len(constraints)} constraint lists for {src.size(0)} sentences")
+    """`decode` of a batch where some sentences have constraints: those run the constrained
+    search (`beam_search` with ``constraints``), the others `decode` without constraints;
+    input order kept."""
+    check_constraint_ids(constraints, src.size(0))
     if config.effective_method == "sample":
         raise ConfigError("constraints need beam search; method=sample cannot apply them")
-    if sync_steps:
-        raise ConfigError("constrained decoding does not support sync_steps")
     with_c = [i for i, c in enumerate(constraints) if c]
     without = [i for i, c in enumerate(constraints) if not c]
     out: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
-    beam = config.beam_size if config.method == "beam" else 1
-    rows = torch.tensor(with_c, device=src.device)
-    found = constrained_beam_search(
+    found = beam_search(
         model,
-        src.index_select(0, rows),
-        [constraints[i] for i in with_c],
-        beam_size=beam,
-        length_penalty=config.length_penalty,
-        max_len_a=config.max_len_a,
-        max_len_b=config.max_len_b,
+        src.index_select(0, torch.tensor(with_c, device=src.device)),
+        beam_size=config.beam_size if config.method == "beam" else 1,
         n_best=config.n_best,
-        min_len=config.min_len,
-        prefixes=None if prefixes is None else [prefixes[i] for i in with_c],
+        **shared_limits(
+            config, sync_steps, None if prefixes is None else [prefixes[i] for i in with_c]
+        ),
+        constraints=[constraints[i] for i in with_c],
         word_continuation=word_continuation,
     )
     for i, hyps in zip(with_c, found, strict=True):

@@ -47,7 +47,7 @@ class EnsembleState:
 
 
 class Ensemble:
-    """M models decoded as one (`litmt.decoding.search.StepModel`).
+    """M models decoded as one (`litmt.decoding.search_rules.StepModel`).
 
     Args:
         models: the models, in eval mode, with equal source and target vocabulary sizes.

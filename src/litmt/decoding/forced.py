@@ -2,7 +2,7 @@
 pairs, for reranking and corpus filtering (`ForcedDecoder`; the ``scripts/score.py`` command).
 
 "Score" means what it means everywhere in litmt: the length-normalised log-probability that
-ranks hypotheses (`litmt.decoding.search.Hypothesis.score`), never BLEU.
+ranks hypotheses (`litmt.decoding.search_rules.Hypothesis.score`), never BLEU.
 
 For a target y (subword ids, without bos/eos) of a source x, the numbers are the ones beam
 search gives a finished hypothesis (`litmt.decoding.search`, `Hypothesis.log_prob` / `.score`):
@@ -34,9 +34,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.decoding.batching import padded, token_batches
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.search import NEG_INF, length_penalty_factor
-from litmt.decoding.translator import Translator, token_batches
+from litmt.decoding.search_rules import NEG_INF, length_penalty_factor
+from litmt.decoding.translator import Translator
 from litmt.errors import ConfigError, DataError
 from litmt.models import Seq2SeqTransformer
 from litmt.runtime.precision import autocast_context
@@ -59,14 +60,6 @@ class PairScore:
     tokens: int
 
 
-def _padded(rows: Sequence[Sequence[int]], fill: int) -> Tensor:
-    """(B, max length) long tensor of right-padded rows."""
-    out = torch.full((len(rows), max(len(r) for r in rows)), fill, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
-    return out
-
-
 @torch.no_grad()
 def target_log_probs(
     model: Seq2SeqTransformer, src: Tensor, targets: Sequence[Sequence[int]]
@@ -82,8 +75,8 @@ def target_log_probs(
         (B,) float32 sums of log P(y_i | y_<i, x) over the |y| + 1 positions.
     """
     device = src.device
-    tgt_in = _padded([[BOS_ID, *t] for t in targets], PAD_ID).to(device)  # (B, T)
-    tgt_out = _padded([[*t, EOS_ID] for t in targets], PAD_ID).to(device)  # (B, T)
+    tgt_in = padded([[BOS_ID, *t] for t in targets], PAD_ID).to(device)  # (B, T)
+    tgt_out = padded([[*t, EOS_ID] for t in targets], PAD_ID).to(device)  # (B, T)
     logp = F.log_softmax(model(src, tgt_in).float(), dim=-1)  # (B, T, V), as the searches
     token_logp = logp.gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1)  # (B, T)
     return token_logp.masked_fill(tgt_out.eq(PAD_ID), 0.0).sum(dim=1)  # (B,)
@@ -114,7 +107,7 @@ class ForcedDecoder:
         """Force-decode prepared id pairs in token-budget batches; results in input order.
 
         A batch holds at most `max_tokens` of max(source, target + 1) lengths, padding
-        included (`litmt.decoding.translator.token_batches`).
+        included (`litmt.decoding.batching.token_batches`).
         """
         if len(sources) != len(targets):
             raise DataError(f"{len(sources)} sources but {len(targets)} targets")
@@ -144,7 +137,7 @@ class ForcedDecoder:
         lengths = [max(len(sources[i]), len(targets[i]) + 1) for i in todo]
         for batch in token_batches(lengths, max_tokens):
             idx = [todo[j] for j in batch]
-            src = _padded([sources[i] for i in idx], PAD_ID).to(device)  # (B, S)
+            src = padded([sources[i] for i in idx], PAD_ID).to(device)  # (B, S)
             # the Translator's autocast: a flash/te checkpoint's kernel computes in half only
             with autocast_context(device, self.translator.autocast):
                 totals = target_log_probs(model, src, [targets[i] for i in idx]).tolist()

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.search import NEG_INF, Hypothesis, StepModel, decode_rows
+from litmt.decoding.search import decode_rows, shared_limits
+from litmt.decoding.search_rules import NEG_INF, Hypothesis, StepModel
 
 _D = DecodeConfig()  # keyword defaults of the functions below
 
@@ -64,20 +65,14 @@ def filter_logits(logits: Tensor, top_k: int = _D.top_k, top_p: float = _D.top_p
 def sample_search(
     model: StepModel,
     src: Tensor,
+    config: DecodeConfig,
     *,
-    n: int = _D.n_best,
-    temperature: float = _D.temperature,
-    top_k: int = _D.top_k,
-    top_p: float = _D.top_p,
     generator: torch.Generator | None = None,
-    max_len_a: float = _D.max_len_a,
-    max_len_b: int = _D.max_len_b,
-    length_penalty: float = _D.length_penalty,
-    min_len: int = _D.min_len,
     sync_steps: bool = False,
     prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[list[Hypothesis]]:
-    """Ancestral sampling: `n` independent samples per source, batched (B * N rows).
+    """Ancestral sampling: ``config.n_best`` independent samples per source, batched (B * N
+    rows).
 
     The encoder runs once per source; its state is fanned out to N rows. Each step draws
     from softmax(logits / temperature) restricted by `filter_logits`; temperature 0 takes the
@@ -89,7 +84,8 @@ def sample_search(
     Args:
         model: a model in eval mode or an `Ensemble`.
         src: (B, S) source ids, right-padded.
-        n: samples per source.
+        config: n_best (samples per source), temperature, top_k, top_p, and the length
+            settings (max_len_a, max_len_b, length_penalty, min_len).
         generator: random generator on src's device (None: torch's global one).
         sync_steps: every rank runs the same number of decoder steps (`decode_rows`).
         prefixes: B lists of target ids every sample of that source starts with.
@@ -97,27 +93,17 @@ def sample_search(
     Returns:
         For each source row, its `n` samples sorted by decreasing score.
     """
+    temperature, n = config.temperature, config.n_best
 
     def rule(logits: Tensor, logp: Tensor) -> Tensor:
         if temperature == 0:
             return logp.argmax(dim=-1)  # (R,)
         # the same eos constraints: -inf entries of logp stay -inf in the tempered scores
         scores = torch.where(torch.isfinite(logp), logits / temperature, NEG_INF)
-        probs = filter_logits(scores, top_k, top_p).softmax(dim=-1)  # (R, V)
+        probs = filter_logits(scores, config.top_k, config.top_p).softmax(dim=-1)  # (R, V)
         return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (R,)
 
-    hyps = decode_rows(
-        model,
-        src,
-        n=n,
-        rule=rule,
-        max_len_a=max_len_a,
-        max_len_b=max_len_b,
-        length_penalty=length_penalty,
-        min_len=min_len,
-        sync_steps=sync_steps,
-        prefixes=prefixes,
-    )
+    hyps = decode_rows(model, src, n=n, rule=rule, **shared_limits(config, sync_steps, prefixes))
     return [
         sorted(hyps[i : i + n], key=lambda h: h.score, reverse=True) for i in range(0, len(hyps), n)
     ]

@@ -14,7 +14,7 @@ so a bad one is the same one-line `ConfigError` everywhere (a 400 on the server)
   word sequence: ``"Hund"`` is ``▁Hund``, the form a word takes inside a sentence).
 
 The length budget: a sentence must be able to hold its prefix and every constraint, so its
-output budget (`litmt.decoding.search.output_budgets`) is raised to at least
+output budget (`litmt.decoding.search_rules.output_budgets`) is raised to at least
 ``len(prefix) + sum(len(constraint))`` tokens (`budget_floor`); more than the model's
 ``max_positions - 1`` is refused.
 """
@@ -24,6 +24,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
+from litmt.data.tokenizer import Tokenizer
 from litmt.errors import ConfigError
 
 Ids = list[int]
@@ -92,7 +95,7 @@ def budget_floor(
     constraints: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> list[int]:
     """Per sentence, the tokens its output must be able to hold: its prefix plus all its
-    constraints (the floor of `litmt.decoding.search.output_budgets`).
+    constraints (the floor of `litmt.decoding.search_rules.output_budgets`).
 
     Raises:
         ConfigError: a sentence needs more than the model's ``max_positions - 1`` tokens.
@@ -114,4 +117,43 @@ def budget_floor(
     return floor
 
 
-__all__ = ["Ids", "budget_floor", "check_constraints", "check_prefixes"]
+def encode_steering(
+    tokenizer: Tokenizer, n: int, prefixes: Any = None, constraints: Any = None
+) -> tuple[list[list[int]] | None, list[list[list[int]]] | None]:
+    """Check (`check_prefixes`, `check_constraints`) and encode the prefixes and constraints
+    of `n` sentences with the target tokenizer: (prefix ids, constraint ids), None where absent.
+
+    Raises:
+        ConfigError: a malformed prefix or constraint (one line).
+    """
+    prefix_ids = None
+    if prefixes is not None:
+        texts = check_prefixes(prefixes, n)
+        encoded = tokenizer.encode_tgt([t or "" for t in texts]) if n else []
+        prefix_ids = [ids if t else [] for t, ids in zip(texts, encoded, strict=True)]
+    constraint_ids = None
+    if constraints is not None:
+        phrases = check_constraints(constraints, n)
+        constraint_ids = [tokenizer.encode_tgt(p) if p else [] for p in phrases]
+        for i, ids in enumerate(constraint_ids):
+            if any(not c for c in ids):
+                raise ConfigError(f"a constraint of sentence {i + 1} encodes to no target tokens")
+    return prefix_ids, constraint_ids
+
+
+def word_continuation(tokenizer: Tokenizer) -> torch.Tensor:
+    """(V,) bool: target pieces that continue the previous word (no leading ``▁``, a letter or
+    digit first), which may not follow a completed constraint (`litmt.decoding.constraints`)."""
+    pieces = tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size))
+    mask = [not p.startswith("\u2581") and p[:1].isalnum() for p in pieces]
+    return torch.tensor(mask, dtype=torch.bool)
+
+
+__all__ = [
+    "Ids",
+    "budget_floor",
+    "check_constraints",
+    "check_prefixes",
+    "encode_steering",
+    "word_continuation",
+]

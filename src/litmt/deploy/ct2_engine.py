@@ -12,7 +12,7 @@ How the CTranslate2 engine keeps litmt's semantics (``litmt.decoding.search`` mo
   CTranslate2 as pieces of the exported vocabulary and come back as ids.
 - Output budget: CTranslate2 has one ``max_decoding_length`` per call, litmt one budget per
   sentence, ``min(floor(max_len_a * src_len + max_len_b), max_positions - 1)`` tokens before
-  eos (`litmt.decoding.search.output_budgets`, the rule the torch search uses). Sentences
+  eos (`litmt.decoding.search_rules.output_budgets`, the rule the torch search uses). Sentences
   are grouped by budget and each group is one call, so every sentence gets exactly its own
   budget. ``min_len`` is ``min_decoding_length`` (CTranslate2's default is 1,
   litmt's 0, so it is always passed).
@@ -21,8 +21,9 @@ How the CTranslate2 engine keeps litmt's semantics (``litmt.decoding.search`` mo
   n counting eos. The engine asks CTranslate2 for all ``beam_size`` finished hypotheses
   (a non-zero penalty makes it stop once ``beam_size`` have finished, litmt's rule),
   recovers each log-probability (``score * len ** alpha``, len = tokens + eos, as
-  CTranslate2 counts the eos it strips), rescores with GNMT and ranks again. With alpha = 0 both rank by log-probability and CTranslate2 stops when the best
-  beam ends, like litmt. Reported scores are litmt's: GNMT-normalised log-probabilities.
+  CTranslate2 counts the eos it strips), rescores with GNMT and ranks again. With alpha = 0
+  both rank by log-probability and CTranslate2 stops when the best beam ends, like litmt.
+  Reported scores are litmt's: GNMT-normalised log-probabilities.
 - n-best: the `n_best` best of those, best first.
 
 - A hypothesis cut by its budget ends without eos in CTranslate2, where litmt forces eos:
@@ -58,23 +59,23 @@ the cost of longer searches.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from litmt.data.tokenizer import Tokenizer
-from litmt.decoding.config import DecodeConfig, decoding_options
+from litmt.decoding.config import DecodeConfig
 from litmt.decoding.languages import Languages
-from litmt.decoding.search import Hypothesis, length_penalty_factor, output_budgets
+from litmt.decoding.search_rules import Hypothesis, output_budgets
 from litmt.decoding.steering import budget_floor
-from litmt.decoding.translator import Translator, check_max_tokens
+from litmt.decoding.translator import Translator
+from litmt.decoding.translator_base import DecodeRequest
 from litmt.deploy.ct2_export import cached_export, is_export_dir, read_metadata
 from litmt.deploy.ct2_spec import ct2_vocabulary, import_ctranslate2
 from litmt.errors import ConfigError
@@ -125,7 +126,7 @@ class CT2Translator(Translator):
             compute_type=compute_type,
             **ct2_thread_options(kind, threads),
         )
-        self.model = None  # no torch model: the search runs in CTranslate2
+        self.model, self.models = None, []  # no torch model: the search runs in CTranslate2
         self.device = torch.device(str(device))  # where CTranslate2 runs (for messages)
         self.autocast = None  # the torch engine's decode precision: unused here
         # the export's decoding defaults (litmt.json) are the base options override
@@ -169,99 +170,87 @@ class CT2Translator(Translator):
     def engine(self) -> str:
         return "ct2"
 
-    def search_ids(
-        self,
-        sources: Sequence[Sequence[int]],
-        config: DecodeConfig | None = None,
-        *,
-        max_tokens: int = 4096,
-        progress: bool = False,
-        prefixes: Sequence[Sequence[int]] | None = None,
-        constraints: Sequence[Sequence[Sequence[int]]] | None = None,
-        **options: Any,
-    ) -> list[list[Hypothesis]]:
-        """Decode prepared source ids with CTranslate2; results in input order (see module doc).
+    def check_request(self, request: DecodeRequest) -> None:
+        """Beam and greedy only; constraints are refused; a prefix must fit the output.
 
-        `config` / `options` / `prefixes` as `Translator.search_ids` (validated by
-        `DecodeConfig`); beam and greedy only; `constraints` are refused.
+        Raises:
+            ConfigError: one line naming what to use instead.
         """
-        config = decoding_options(config or self.default_config, options)
-        if config.effective_method == "sample":
+        if request.config.effective_method == "sample":
             raise ConfigError("engine=ct2 does not sample; use engine=torch for method=sample")
-        if constraints is not None and any(constraints):
+        if request.constraints is not None and any(request.constraints):
             raise ConfigError(
                 "engine=ct2 cannot apply terminology constraints (CTranslate2 has no "
                 "constrained search); use engine=torch"
             )
-        if prefixes is not None and not any(prefixes):
-            prefixes = None
-        if prefixes is not None:  # refused before any decoding, naming the sentence
-            budget_floor(self.max_source_tokens, prefixes)
-        beam_size, n_best, min_len = config.beam_size, config.n_best, config.min_len
-        length_penalty = config.length_penalty
-        max_len_a, max_len_b = config.max_len_a, config.max_len_b
-        check_max_tokens(max_tokens)
-        results: list[list[Hypothesis]] = [
-            [Hypothesis(list(prefixes[i]) if prefixes else [], 0.0, 0.0)]
-            for i in range(len(sources))
-        ]
-        todo = [i for i, ids in enumerate(sources) if len(ids) > 0]
-        lengths = [len(sources[i]) for i in todo]
-        floor = None
-        if prefixes is not None:
-            floor = budget_floor(self.max_source_tokens, [prefixes[i] for i in todo])
-        budgets = output_budgets(
-            lengths, max_len_a, max_len_b, self.max_source_tokens, floor
-        ).tolist()
+        super().check_request(dataclasses.replace(request, constraints=None))
+
+    def decode_batches(
+        self, request: DecodeRequest
+    ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
+        """Decode with CTranslate2, one call per output budget (module docstring); every
+        call is submitted first, so CTranslate2 decodes them in parallel."""
+        config, sources, prefixes = request.config, request.sources, request.prefixes
         groups: dict[int, list[int]] = defaultdict(list)
-        for i, budget in zip(todo, budgets, strict=True):
+        for i, budget in zip(request.todo, self._budgets(request), strict=True):
             groups[budget].append(i)
-        rescore = beam_size > 1 and length_penalty != 0
-        with tqdm(total=len(sources), disable=not progress, file=sys.stderr, unit="sent") as bar:
-            bar.update(len(sources) - len(todo))
-            pending = []  # every group is submitted first: CTranslate2 decodes them in parallel
-            for budget, idx in sorted(groups.items()):
-                if budget == 0:  # only eos is allowed: the empty translation
-                    bar.update(len(idx))
-                    continue
-                target_prefix = None
-                if prefixes is not None and any(prefixes[i] for i in idx):
-                    target_prefix = [
-                        [self._tgt_pieces[t] for t in prefixes[i]] if prefixes[i] else None
-                        for i in idx
-                    ]
-                futures = self.ct2.translate_batch(
-                    [[self._src_pieces[t] for t in sources[i]] for i in idx],
-                    target_prefix,
-                    max_batch_size=max_tokens,
-                    batch_type="tokens",
-                    beam_size=beam_size,
-                    num_hypotheses=beam_size if rescore else n_best,
-                    length_penalty=length_penalty if rescore else 0.0,
-                    return_scores=True,
-                    max_input_length=0,
-                    max_decoding_length=budget,
-                    min_decoding_length=min(min_len, budget),
-                    asynchronous=True,
-                )
-                pending.append((budget, idx, futures))
-            for budget, idx, futures in pending:
-                found = [f.result() for f in futures]
-                hyps = [self._log_probs(res, length_penalty, rescore, budget) for res in found]
-                self._add_forced_eos(idx, sources, hyps, budget)
-                if prefixes is not None:
-                    self._rescore_prefixed(idx, sources, prefixes, hyps)
-                for i, sentence in zip(idx, hyps, strict=True):
-                    ranked = [
-                        Hypothesis(
-                            t, lp / float(length_penalty_factor(len(t) + 1.0, length_penalty)), lp
-                        )
-                        for t, lp in sentence
-                    ]  # GNMT, n = tokens + eos
-                    ranked.sort(key=lambda h: h.score, reverse=True)
-                    results[i] = ranked[:n_best]
-                bar.update(len(idx))
-        return results
+        pending = [
+            (budget, idx, self._submit(request, idx, budget))
+            for budget, idx in sorted(groups.items())
+        ]
+        for budget, idx, futures in pending:
+            if budget == 0:  # only eos is allowed: the empty translation
+                yield idx, [[Hypothesis([], 0.0, 0.0)] for _ in idx]
+                continue
+            hyps = [
+                self._log_probs(f.result(), config.length_penalty, _rescore(config), budget)
+                for f in futures
+            ]
+            self._add_forced_eos(idx, sources, hyps, budget)
+            if prefixes is not None:
+                self._rescore_prefixed(idx, sources, prefixes, hyps)
+            alpha, n_best = config.length_penalty, config.n_best
+            yield idx, [_best(sentence, alpha, n_best) for sentence in hyps]
+
+    def _budgets(self, request: DecodeRequest) -> list[int]:
+        """The output budget of each sentence of ``request.todo`` (`output_budgets`, raised
+        to hold its prefix)."""
+        config, todo = request.config, request.todo
+        floor = None
+        if request.prefixes is not None:
+            floor = budget_floor(self.max_source_tokens, request.rows(request.prefixes, todo))
+        lengths = [len(request.sources[i]) for i in todo]
+        budget = output_budgets(
+            lengths, config.max_len_a, config.max_len_b, self.max_source_tokens, floor
+        )
+        return budget.tolist()
+
+    def _submit(self, request: DecodeRequest, idx: list[int], budget: int) -> list[Any]:
+        """Start CTranslate2 on sentences `idx` of one output `budget`: its futures, one per
+        sentence (none for budget 0, where only eos is allowed)."""
+        if budget == 0:
+            return []
+        config, sources, prefixes = request.config, request.sources, request.prefixes
+        target_prefix = None
+        if prefixes is not None and any(prefixes[i] for i in idx):
+            target_prefix = [
+                [self._tgt_pieces[t] for t in prefixes[i]] if prefixes[i] else None for i in idx
+            ]
+        rescore = _rescore(config)
+        return self.ct2.translate_batch(
+            [[self._src_pieces[t] for t in sources[i]] for i in idx],
+            target_prefix,
+            max_batch_size=request.max_tokens,
+            batch_type="tokens",
+            beam_size=config.beam_size,
+            num_hypotheses=config.beam_size if rescore else config.n_best,
+            length_penalty=config.length_penalty if rescore else 0.0,
+            return_scores=True,
+            max_input_length=0,
+            max_decoding_length=budget,
+            min_decoding_length=min(config.min_len, budget),
+            asynchronous=True,
+        )
 
     def _log_probs(
         self, result: Any, alpha: float, rescore: bool, budget: int
@@ -330,6 +319,18 @@ class CT2Translator(Translator):
         for (r, h), log_probs in zip(where, self._scored(idx, sources, hyps, where), strict=True):
             tokens, log_prob = hyps[r][h]
             hyps[r][h] = (tokens, log_prob + float(log_probs[-1]))
+
+
+def _best(found: list[tuple[list[int], float]], alpha: float, n_best: int) -> list[Hypothesis]:
+    """The `n_best` of one sentence's (tokens, log P) by GNMT score (n = tokens + eos)."""
+    ranked = [Hypothesis.normalised(tokens, log_prob, alpha) for tokens, log_prob in found]
+    ranked.sort(key=lambda h: h.score, reverse=True)
+    return ranked[:n_best]
+
+
+def _rescore(config: DecodeConfig) -> bool:
+    """Whether CTranslate2 returns every beam, rescored here with GNMT (module docstring)."""
+    return config.beam_size > 1 and config.length_penalty != 0
 
 
 __all__ = ["CT2Translator", "default_cache_dir"]

@@ -10,7 +10,7 @@ from tiny_checkpoint import corpus, tiny_checkpoint_path
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.constraints import MET, Tracker
+from litmt.decoding.constraint_tracker import MET, Tracker
 from litmt.decoding.dispatch import decode
 from litmt.decoding.forced import ForcedDecoder
 from litmt.decoding.translator import Translator
