@@ -31,8 +31,8 @@ from torch.utils.data import DataLoader
 
 from benchmarks.common import MULTI30K
 from litmt.data import TranslationDataModule
-from litmt.data.collate import collate
 from litmt.data.batch_sampler import TokenBudgetBatchSampler
+from litmt.data.collate import collate
 from litmt.errors import LitmtError
 
 
@@ -58,7 +58,7 @@ def padding_stats(dm: TranslationDataModule, sampler: TokenBudgetBatchSampler) -
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--dir", default=str(MULTI30K), help="folder with {split}.{lang} files")
     p.add_argument("--src", default="en")
@@ -69,85 +69,91 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-proc", type=int, default=1, help="tokenising processes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="-", help="markdown report path, or - for stdout only")
-    args = p.parse_args(argv)
+    return p
 
-    with tempfile.TemporaryDirectory(prefix="litmt-bench-data-") as cache:
-        kw = {
-            "name": "bench",
-            "dir": args.dir,
-            "src_lang": args.src,
-            "tgt_lang": args.tgt,
-            "splits": {"train": "train", "valid": "valid", "test": args.test_split},
-            "cache_dir": cache,
-            "tokenizer": {"vocab_size": args.vocab_size},
-            "max_tokens": args.max_tokens,
-            "num_proc": args.num_proc,
-            "seed": args.seed,
-        }
-        try:
-            t0 = time.perf_counter()
-            first = TranslationDataModule(**kw)
-            first.prepare_data()
-            first.setup("fit")
-            cold = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            dm = TranslationDataModule(**kw)
-            dm.prepare_data()
-            dm.setup("fit")
-            warm = time.perf_counter() - t0
-        except LitmtError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        tok_s = first.timings["tokenizer_train_s"]
-        ds = dm.datasets["train"]
-        src_len, tgt_len = ds.src_lengths(), ds.tgt_lengths()
-        common = {"seed": args.seed, "rank": 0, "world_size": 1}
-        bucket = padding_stats(
-            dm, TokenBudgetBatchSampler(src_len, tgt_len, max_tokens=args.max_tokens, **common)
-        )
-        unsorted = padding_stats(
-            dm,
-            TokenBudgetBatchSampler(
-                src_len, tgt_len, max_tokens=args.max_tokens, sort=False, **common
-            ),
-        )
-        pooled = padding_stats(
-            dm,
-            TokenBudgetBatchSampler(
-                src_len, tgt_len, max_tokens=args.max_tokens, bucket_pool=10, **common
-            ),
-        )
-        bs = max(1, round(bucket["sentences"]))
-        sentences = padding_stats(
-            dm,
-            TokenBudgetBatchSampler(
-                src_len, tgt_len, max_tokens=None, batch_size=bs, sort=False, **common
-            ),
-        )
-        sentences_sorted = padding_stats(
-            dm,
-            TokenBudgetBatchSampler(src_len, tgt_len, max_tokens=None, batch_size=bs, **common),
-        )
-        loader = dm.train_dataloader()
-        t0 = time.perf_counter()
-        n = sum(1 for _ in loader)
-        epoch_s = time.perf_counter() - t0
-        ddp = {}
-        for w in (2, 4):
-            ddp[w] = len(
-                TokenBudgetBatchSampler(
-                    src_len, tgt_len, max_tokens=args.max_tokens, seed=args.seed, rank=0,
-                    world_size=w,
-                )
-            )  # fmt: skip
 
-    rows = [
+def prepare_twice(
+    args: argparse.Namespace, cache: str
+) -> tuple[TranslationDataModule, dict[str, float]]:
+    """The DataModule prepared and set up twice in `cache`: cold (tokenizer trained, splits
+    tokenised), then from the cache. Returns the second one and the timings (s)."""
+    kw = {
+        "name": "bench",
+        "dir": args.dir,
+        "src_lang": args.src,
+        "tgt_lang": args.tgt,
+        "splits": {"train": "train", "valid": "valid", "test": args.test_split},
+        "cache_dir": cache,
+        "tokenizer": {"vocab_size": args.vocab_size},
+        "max_tokens": args.max_tokens,
+        "num_proc": args.num_proc,
+        "seed": args.seed,
+    }
+    t0 = time.perf_counter()
+    first = TranslationDataModule(**kw)
+    first.prepare_data()
+    first.setup("fit")
+    cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    dm = TranslationDataModule(**kw)
+    dm.prepare_data()
+    dm.setup("fit")
+    warm = time.perf_counter() - t0
+    return dm, {"tok": first.timings["tokenizer_train_s"], "cold": cold, "warm": warm}
+
+
+def batching_rows(
+    dm: TranslationDataModule, max_tokens: int, seed: int
+) -> list[tuple[str, dict[str, float]]]:
+    """`padding_stats` of the default bucketing and of the alternatives, one row each."""
+    ds = dm.datasets["train"]
+    src_len, tgt_len = ds.src_lengths(), ds.tgt_lengths()
+    common = {"seed": seed, "rank": 0, "world_size": 1}
+
+    def stats(**kw: object) -> dict[str, float]:
+        return padding_stats(dm, TokenBudgetBatchSampler(src_len, tgt_len, **kw, **common))
+
+    bucket = stats(max_tokens=max_tokens)
+    unsorted = stats(max_tokens=max_tokens, sort=False)
+    pooled = stats(max_tokens=max_tokens, bucket_pool=10)
+    bs = max(1, round(bucket["sentences"]))
+    sentences = stats(max_tokens=None, batch_size=bs, sort=False)
+    sentences_sorted = stats(max_tokens=None, batch_size=bs)
+    return [
         ("token budget + bucketing (default)", bucket),
         ("token budget + bucketing in pools of 10 batches", pooled),
         ("token budget, no sorting", unsorted),
         (f"{bs} sentences per batch, no sorting", sentences),
         (f"{bs} sentences per batch, sorted", sentences_sorted),
     ]
+
+
+def epoch_and_ranks(dm: TranslationDataModule, max_tokens: int, seed: int) -> dict[str, float]:
+    """Batches and seconds of one train epoch (num_workers=0), and batches per rank at world
+    sizes 2 and 4."""
+    loader = dm.train_dataloader()
+    t0 = time.perf_counter()
+    n = sum(1 for _ in loader)
+    out: dict[str, float] = {"batches": n, "epoch_s": time.perf_counter() - t0}
+    ds = dm.datasets["train"]
+    for w in (2, 4):
+        out[f"ddp{w}"] = len(
+            TokenBudgetBatchSampler(
+                ds.src_lengths(), ds.tgt_lengths(), max_tokens=max_tokens, seed=seed, rank=0,
+                world_size=w,
+            )
+        )  # fmt: skip
+    return out
+
+
+def render(
+    args: argparse.Namespace,
+    dm: TranslationDataModule,
+    times: dict[str, float],
+    rows: list[tuple[str, dict[str, float]]],
+    epoch: dict[str, float],
+) -> str:
+    """The markdown report (the tables of docs/benchmarks.md)."""
     c = dm.filter_counts
     lines = [
         "# Data pipeline benchmark",
@@ -160,10 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "| stage | seconds |",
         "|---|---:|",
-        f"| sentencepiece training (train split, both sides) | {tok_s:.2f} |",
-        f"| first run: read + train tokenizer + tokenise 3 splits + cache | {cold:.2f} |",
-        f"| second run (tokenizer and token ids from cache) | {warm:.2f} |",
-        f"| iterate one train epoch ({n} batches, num_workers=0) | {epoch_s:.2f} |",
+        f"| sentencepiece training (train split, both sides) | {times['tok']:.2f} |",
+        f"| first run: read + train tokenizer + tokenise 3 splits + cache | {times['cold']:.2f} |",
+        f"| second run (tokenizer and token ids from cache) | {times['warm']:.2f} |",
+        f"| iterate one train epoch ({epoch['batches']} batches, num_workers=0) | "
+        f"{epoch['epoch_s']:.2f} |",
         "",
         "Padding fraction = padded positions / all positions of the `src` and `tgt_out` "
         "tensors of one epoch (collated for real).",
@@ -178,11 +185,24 @@ def main(argv: list[str] | None = None) -> int:
         )
     lines += [
         "",
-        f"Under DDP every rank gets the same number of batches: {ddp[2]} per rank at "
-        f"world size 2, {ddp[4]} at world size 4.",
+        f"Under DDP every rank gets the same number of batches: {epoch['ddp2']} per rank at "
+        f"world size 2, {epoch['ddp4']} at world size 4.",
         "",
     ]
-    report = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="litmt-bench-data-") as cache:
+        try:
+            dm, times = prepare_twice(args, cache)
+        except LitmtError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        rows = batching_rows(dm, args.max_tokens, args.seed)
+        epoch = epoch_and_ranks(dm, args.max_tokens, args.seed)
+    report = render(args, dm, times, rows, epoch)
     print(report)
     if args.out != "-":
         Path(args.out).write_text(report, encoding="utf-8")

@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import resource
 import shutil
@@ -116,14 +117,54 @@ def _status() -> dict[str, int]:
     return out
 
 
+class _Events(logging.Handler):
+    """The wall-clock time of each litmt log line of a child (where the phases begin)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.events: list[tuple[float, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.events.append((time.time(), record.getMessage()[:80]))
+
+
 def child_prepare(kw: dict[str, Any]) -> dict[str, Any]:
     from litmt.data import TranslationDataModule
 
+    events = _Events()
+    logging.getLogger("litmt").addHandler(events)
+    logging.getLogger("litmt").setLevel(logging.INFO)
     t0 = time.perf_counter()
     dm = TranslationDataModule(**kw)
     dm.prepare_data()
-    return {"prep_s": time.perf_counter() - t0, **_status(),
+    return {"prep_s": time.perf_counter() - t0, **_status(), "events": events.events,
             "children_maxrss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}  # fmt: skip
+
+
+# Where each phase of preparation begins: the first log line starting with this text.
+PHASES = (
+    ("sample", "tokenizer: training sentencepiece"),  # two passes: count, write the sample
+    ("sentencepiece", "tokenizer: sampled"),  # sentencepiece trains on the sample
+    ("tokenise", "tokenizer: trained"),  # every split tokenised into the cache
+)
+
+
+def phase_peaks(
+    timeline: list[tuple[float, int]], events: list[tuple[float, str]]
+) -> dict[str, tuple[float, int]]:
+    """Per phase of `PHASES` that the events show, (seconds, peak summed RSS of the process
+    tree), from the parent's polled `timeline` of (time, RSS) and the child's log `events`."""
+    starts = []
+    for name, prefix in PHASES:
+        t = next((t for t, msg in events if msg.startswith(prefix)), None)
+        if t is not None:
+            starts.append((name, t))
+    end = timeline[-1][0] if timeline else 0.0
+    out = {}
+    for k, (name, a) in enumerate(starts):
+        b = starts[k + 1][1] if k + 1 < len(starts) else end
+        out[name] = (b - a, max((r for t, r in timeline if a <= t < b), default=0))
+    return out
 
 
 def child_iterate(kw: dict[str, Any]) -> dict[str, Any]:
@@ -196,8 +237,11 @@ def run_child(mode: str, kw: dict[str, Any], env: dict[str, str] | None = None) 
     cmd = [sys.executable, "-m", "benchmarks.data_scale", "--child", mode, json.dumps(kw)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env or os.environ.copy(), text=True)
     peak = [0, 0, 0]
+    timeline = []  # (time, summed RSS of the process tree)
     while proc.poll() is None:
-        for i, v in enumerate(_tree_rss(proc.pid)):
+        rss = _tree_rss(proc.pid)
+        timeline.append((time.time(), rss[2]))
+        for i, v in enumerate(rss):
             peak[i] = max(peak[i], v)
         time.sleep(0.05)
     out, _ = proc.communicate()
@@ -205,6 +249,8 @@ def run_child(mode: str, kw: dict[str, Any], env: dict[str, str] | None = None) 
         raise SystemExit(f"{mode} child failed (exit {proc.returncode})")
     res = json.loads(out.strip().splitlines()[-1])
     res.update(peak_anon=peak[0], peak_file=peak[1], peak_tree=peak[2])
+    if "events" in res:
+        res["phases"] = phase_peaks(timeline, res.pop("events"))
     return res
 
 
@@ -237,7 +283,7 @@ def _gb(n: float) -> str:
     return f"{n / 2**30:.2f}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--child", nargs=2, metavar=("MODE", "KWARGS"), help=argparse.SUPPRESS)
     p.add_argument("--root", type=Path, help="folder for the corpora and caches (not the repo)")
@@ -248,14 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-iterate", action="store_true", help="skip the one-epoch iteration")
     p.add_argument("--keep-cache", action="store_true", help="reuse an existing cache")
     p.add_argument("--out", default="-", help="markdown report path, or - for stdout only")
-    args = p.parse_args(argv)
-    if args.child:
-        mode, kw = args.child[0], json.loads(args.child[1])
-        fn = {"prepare": child_prepare, "iterate": child_iterate, "ddp": child_ddp_rank}[mode]
-        print(json.dumps(fn(kw)), flush=True)
-        return 0
-    if args.root is None:
-        p.error("--root is required")
+    return p
+
+
+def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(one row per corpus size, the DDP ranks' rows) of the runs `args` asks for."""
     rows, ddp_rows = [], []
     for n in args.sizes:
         corpus, cache = args.root / f"corpus-{n}", args.root / f"cache-{n}"
@@ -268,8 +311,10 @@ def main(argv: list[str] | None = None) -> int:
         prep = run_child("prepare", kw)
         size = _du(cache / "cache") if (cache / "cache").exists() else _du(cache)
         row = {"pairs": n, "prep_s": prep["prep_s"], "prep_peak": prep["VmHWM"],
-               "prep_tree_peak": prep["peak_tree"], "disk": size}  # fmt: skip
+               "prep_tree_peak": prep["peak_tree"], "disk": size,
+               "phases": prep["phases"]}  # fmt: skip
         print(f"[{n}] prepared: {json.dumps(prep)}", file=sys.stderr)
+        it = None
         if not args.no_iterate:
             it = run_child("iterate", kw)
             print(f"[{n}] iterated: {json.dumps(it)}", file=sys.stderr)
@@ -277,10 +322,15 @@ def main(argv: list[str] | None = None) -> int:
                        iter_anon=it["peak_anon"], iter_file=it["peak_file"])  # fmt: skip
         rows.append(row)
         if args.ddp and n == args.sizes[0]:
-            single = run_child("iterate", kw) if args.no_iterate else it
+            single = it if it is not None else run_child("iterate", kw)
             for r in run_ddp(kw):
                 ddp_rows.append({**r, "pairs": n, "single_anon": single["peak_anon"]})
                 print(f"[{n}] ddp rank: {json.dumps(r)}", file=sys.stderr)
+    return rows, ddp_rows
+
+
+def report(rows: list[dict[str, Any]], ddp_rows: list[dict[str, Any]], sample: int) -> str:
+    """The markdown tables of `measure`'s rows (`sample`: the tokenizer's sentence sample)."""
     lines = [
         "| pairs | prep time (s) | prep peak RSS (GiB, main / tree) | cache on disk (GiB) | "
         "epoch: batches | epoch time (s) | epoch peak RSS (GiB) | epoch peak RssAnon (GiB) | "
@@ -294,6 +344,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.get('iter_s', 0):.0f} | {_gb(r.get('iter_peak', 0))} | "
             f"{_gb(r.get('iter_anon', 0))} | {_gb(r.get('iter_file', 0))} |"
         )
+    names = [name for name, _ in PHASES]
+    lines += ["", f"Preparation by phase (input_sentence_size={sample:,}): seconds / peak RSS "
+              "of the process tree (GiB)", "",
+              "| pairs | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]  # fmt: skip
+    for r in rows:
+        cells = [r["phases"].get(name) for name in names]
+        lines.append(f"| {r['pairs']:,} | " + " | ".join(
+            "-" if c is None else f"{c[0]:.0f} / {_gb(c[1])}" for c in cells) + " |")  # fmt: skip
     if ddp_rows:
         lines += ["", "| rank | batches | index hash | batch hash | RssAnon (GiB) | USS (GiB) | "
                   "single-process RssAnon (GiB) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -303,10 +361,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"`{r['batch_hash']}` | {_gb(r['RssAnon'])} | {_gb(r['uss'])} | "
                 f"{_gb(r['single_anon'])} |"
             )
-    report = "\n".join(lines)
-    print(report)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.child:
+        mode, kw = args.child[0], json.loads(args.child[1])
+        fn = {"prepare": child_prepare, "iterate": child_iterate, "ddp": child_ddp_rank}[mode]
+        print(json.dumps(fn(kw)), flush=True)
+        return 0
+    if args.root is None:
+        p.error("--root is required")
+    text = report(*measure(args), args.input_sentence_size)
+    print(text)
     if args.out != "-":
-        Path(args.out).write_text(report + "\n")
+        Path(args.out).write_text(text + "\n")
     return 0
 
 

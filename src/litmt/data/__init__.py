@@ -14,6 +14,7 @@ from litmt.data.collate import TokenizedPairs as TokenizedPairs
 from litmt.data.collate import collate as collate
 
 _EXPORTS = {
+    "DataConfig": "litmt.data.config",
     "ParallelCorpus": "litmt.data.corpus",
     "TranslationDataModule": "litmt.data.datamodule",
     "ResumableDataLoader": "litmt.data.loader",

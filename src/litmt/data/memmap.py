@@ -10,7 +10,8 @@ One directory per split (`cache/{name}-{src}-{tgt}-{split}-{key}/`):
     meta.json           counts and dtypes; written last: the completion marker
 
 The directory is written under a temporary name and renamed when complete, so a half-written
-cache is never read; every rank of a node maps the same files (one copy in the page cache).
+cache is never read, and a directory without `meta.json` is rebuilt, never read; every rank
+of a node maps the same files (one copy in the page cache).
 
 The raw text of a split (`TextPairs`: the training split under subword sampling, which
 re-encodes it every epoch, `litmt.data.subword_sampling`) is kept the same way, in its own
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import shutil
 from collections.abc import Iterable, Iterator
@@ -35,6 +37,8 @@ from typing import Any
 import numpy as np
 
 from litmt.errors import DataError
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _FILES = ("src.ids", "tgt.ids", "src.off", "tgt.off", "src.len", "tgt.len", "index")
@@ -60,9 +64,10 @@ def _disk_errors(path: Path) -> Iterator[None]:
 
 
 def _remove_stale(path: Path) -> None:
-    """Delete temporary directories of `path` left by processes that no longer run."""
+    """Delete temporary directories of `path` (``.tmp{pid}``, ``.tmp{pid}.old``) left by
+    processes that no longer run."""
     for tmp in path.parent.glob(path.name + ".tmp*"):
-        pid = tmp.name.rsplit(".tmp", 1)[-1]
+        pid = tmp.name.rsplit(".tmp", 1)[-1].split(".")[0]
         if not pid.isdigit():
             continue
         try:
@@ -91,15 +96,35 @@ class _DirWriter:
 
     def _publish(self, meta: dict[str, Any]) -> None:
         """Close the files, write `meta.json` (the completion marker) and rename into place;
-        when another process published first, its copy is kept."""
+        when another process published first, its copy is kept. A directory in the way
+        without a marker (damaged: a writer never publishes one) is replaced."""
         with _disk_errors(self.path):
             for f in self._f.values():
                 f.close()
             (self.tmp / "meta.json").write_text(json.dumps(meta))
             try:
                 self.tmp.rename(self.path)  # atomic publish
-            except OSError:  # another process published first: keep theirs
-                shutil.rmtree(self.tmp, ignore_errors=True)
+                return
+            except OSError:
+                if not self.path.exists():
+                    raise  # no directory in the way: a disk error (`_disk_errors`)
+                if not is_complete(self.path):
+                    self._replace_incomplete()
+                    return
+            shutil.rmtree(self.tmp, ignore_errors=True)  # another process published first
+
+    def _replace_incomplete(self) -> None:
+        """Publish over a directory without its completion marker: move it aside (one rename,
+        so readers never see a mix), rename the new one into place, delete the old."""
+        log.warning("replacing %s: it has no completion marker (meta.json)", self.path)
+        aside = self.path.with_name(f"{self.path.name}.tmp{os.getpid()}.old")
+        with contextlib.suppress(FileNotFoundError):  # another process moved it first
+            self.path.rename(aside)
+        try:
+            self.tmp.rename(self.path)
+        except OSError:  # another process published meanwhile: keep theirs
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        shutil.rmtree(aside, ignore_errors=True)
 
     def abort(self) -> None:
         """Close and delete the temporary directory (after a failure)."""

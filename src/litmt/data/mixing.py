@@ -6,26 +6,49 @@ A direction's training split is its corpus's, followed by the `data.extra_train`
 whose `direction` names it (`litmt.data.sources`: their own tags first, then the language
 tag), so temperature sampling counts them in that direction's size.
 
-`MultiCorpus` streams, loads, counts and fingerprints a split like `litmt.data.streams` and
-`litmt.data.sources` do for one direction; `ResampledPairs` is a view of the prepared
-training pairs with each direction repeated or subsampled (`sampled_positions`), which the
-token-budget sampler reads like any `TokenizedPairs` (no copy of the token ids).
+`MultiCorpus` implements `litmt.data.corpora.Corpora` (what the DataModule reads) as
+`PairCorpora` does for one direction: it streams, loads, counts and fingerprints a split
+direction after direction, and answers the per-direction questions (spans, forced prefixes,
+languages). `ResampledPairs` is a view of the prepared training pairs with each direction
+repeated or subsampled (`sampled_positions`), which the token-budget sampler reads like any
+`TokenizedPairs` (no copy of the token ids). `open_corpora` builds the one or the other from
+the data settings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import datasets
 import numpy as np
 
 from litmt.data.collate import Example, TokenizedPairs
+from litmt.data.config import DataConfig, resolve_path
+from litmt.data.corpora import Corpora, PairCorpora
 from litmt.data.corpus import ParallelCorpus, short_hash
-from litmt.data.directions import Direction, direction_of, sampled_positions
-from litmt.data.sources import TrainSource, load_split, split_fingerprint
+from litmt.data.directions import (
+    Direction,
+    direction_of,
+    lang_tag,
+    parse_directions,
+    sampled_positions,
+)
+from litmt.data.sources import (
+    TrainSource,
+    load_split,
+    parse_train_sources,
+    source_tags,
+    split_fingerprint,
+)
 from litmt.data.streams import Chunk, count_pairs, pair_chunks
+
+if TYPE_CHECKING:
+    from litmt.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +59,19 @@ def _tag(tag: str, texts: list[str]) -> list[str]:
 
 
 @dataclass
-class MultiCorpus:
+class MultiCorpus(Corpora):
     """Every direction's corpus, tagged by `placement` (``source`` or ``target``)."""
 
     directions: list[Direction]
     corpora: list[ParallelCorpus]  # one per direction, same order
     placement: str = "source"
     extra: list[TrainSource] = field(default_factory=list)  # each with its direction index
+    _offsets: dict[str, list[int]] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def main(self) -> ParallelCorpus:
+        """The first direction's corpus: its languages are the model's src_lang/tgt_lang."""
+        return self.corpora[0]
 
     def _extra(self, k: int) -> list[TrainSource]:
         """The extra training sources of direction `k`, in config order."""
@@ -79,6 +108,10 @@ class MultiCorpus:
             out.append(n if limit is None else min(n, limit))
         return out
 
+    def count(self, split: str, limit: int | None = None) -> int:
+        """Pairs of every direction in `split` (before filtering; `limit` per direction)."""
+        return sum(self.sizes(split, limit))
+
     def offsets(self, split: str, limit: int | None = None) -> list[int]:
         """(D+1,) start of each direction's example indices in `split`, then the total."""
         return [0, *np.cumsum(self.sizes(split, limit)).tolist()]
@@ -96,6 +129,45 @@ class MultiCorpus:
                 src = _tag(d.tag, src)
             parts.append(datasets.Dataset.from_dict({"src": src, "tgt": list(ds["tgt"])}))
         return datasets.concatenate_datasets(parts)
+
+    def resample(
+        self, pairs: TokenizedPairs, temperature: float, seed: int, limit: int | None
+    ) -> TokenizedPairs:
+        """The training pairs sampled across directions at `temperature` (`resample`)."""
+        return resample(pairs, self.offsets("train", limit), self.directions, temperature, seed)
+
+    def direction_spans(self, split: str) -> list[tuple[str, int, int]]:
+        """Per direction, (``en-de``, first, end) example indices of `split` (valid, test),
+        for per-direction scores; counted once (valid is decoded every epoch)."""
+        if split not in self._offsets:
+            self._offsets[split] = self.offsets(split)
+        offsets = self._offsets[split]
+        return [(d.name, offsets[k], offsets[k + 1]) for k, d in enumerate(self.directions)]
+
+    def forced_prefixes(
+        self, split: str, indices: Sequence[int], tokenizer: Callable[[], Tokenizer]
+    ) -> list[list[int]] | None:
+        """The language token of each example's direction with ``target`` placement; None
+        with ``source`` placement (the tag is in the source text)."""
+        if self.placement != "target":
+            return None
+        tags = tokenizer().tgt_tags
+        spans = self.direction_spans(split)
+        which = direction_of([0, *(end for _, _, end in spans)], np.asarray(indices))
+        return [[tags[self.directions[int(k)].tag]] for k in which]
+
+    def languages_meta(self) -> dict[str, Any]:
+        """The directions and the tag placement (a checkpoint records them)."""
+        return {"directions": [d.name for d in self.directions], "tag_placement": self.placement}
+
+    def scored(self) -> list[ParallelCorpus]:
+        """One corpus per direction, each scored with its language token."""
+        return list(self.corpora)
+
+    def tags(self) -> list[str]:
+        """The extra sources' tags, then each target language's token."""
+        langs = [lang_tag(d.tgt) for d in self.directions]
+        return list(dict.fromkeys([*source_tags(self.extra), *langs]))
 
 
 class ResampledPairs(TokenizedPairs):
@@ -156,4 +228,32 @@ def resample(
     return ResampledPairs(pairs, positions)
 
 
-__all__ = ["MultiCorpus", "ResampledPairs", "resample"]
+def open_corpora(cfg: DataConfig, hf_cache_dir: Path) -> Corpora:
+    """The corpora `cfg` names: one pair, or one corpus per direction over the same files
+    (a direction may name its own folder and split stems)."""
+    main = ParallelCorpus(
+        src_lang=cfg.src_lang, tgt_lang=cfg.tgt_lang,
+        dir=resolve_path(cfg.dir) if cfg.dir is not None else None, format=cfg.format,
+        splits=dataclasses.asdict(cfg.splits), hub=cfg.hub.spec(), layout=cfg.layout,
+        columns=cfg.columns, translation_column=cfg.translation_column,
+        hf_cache_dir=str(hf_cache_dir),
+    )  # fmt: skip
+    directions = parse_directions(cfg.directions)
+    extra = parse_train_sources(
+        cfg.extra_train, src_lang=cfg.src_lang, tgt_lang=cfg.tgt_lang, resolve=resolve_path,
+        hf_cache_dir=str(hf_cache_dir), directions=[d.name for d in directions] or None,
+    )  # fmt: skip
+    if not directions:
+        return PairCorpora(main, extra)
+    corpora = [
+        dataclasses.replace(
+            main, src_lang=d.src, tgt_lang=d.tgt,
+            dir=resolve_path(d.dir) if d.dir is not None else main.dir,
+            splits={**main.splits, **dict(d.splits)},
+        )
+        for d in directions
+    ]  # fmt: skip
+    return MultiCorpus(directions, corpora, cfg.tag_placement, extra=extra)
+
+
+__all__ = ["MultiCorpus", "ResampledPairs", "open_corpora", "resample"]

@@ -9,12 +9,16 @@ being `values[offsets[i]:offsets[i + 1]]`.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import itertools
 import logging
 import multiprocessing
+import pickle
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,15 +37,30 @@ log = logging.getLogger(__name__)
 # training split takes minutes); smaller ones only log a line before and after.
 PROGRESS_BAR_MIN_PAIRS = 100_000
 
+# What a user reads when a tokenising worker dies. Workers are started by `spawn`, which
+# re-runs the launching script: without a main guard each worker fails at start.
+WORKER_DIED = (
+    "a tokenising worker process died (num_proc={procs}); workers are started with 'spawn', "
+    "which re-runs the launching script, so a script without an `if __name__ == "
+    '"__main__":` guard makes each worker fail at start: add the guard, or set num_proc=1 '
+    "(data.num_proc); otherwise the worker may have run out of memory"
+)
+
 
 @dataclass
 class FilterConfig:
     """Training-split filters (`data.filter`); valid/test are never filtered."""
 
-    min_len: int = 1  # drop pairs with a side shorter than this many tokens
-    max_len: int = 256  # drop pairs with a side longer than this many tokens
-    max_ratio: float | None = 3.0  # drop pairs whose length ratio exceeds this (None = off)
-    dedup: bool = False  # drop exact duplicate (source, target) pairs after the first
+    min_len: int = 1
+    """drop pairs with a side shorter than this (tokens)"""
+    max_len: int = 256
+    """drop pairs with a side longer than this (tokens); lowered to what max_tokens and
+    max_positions leave"""
+    max_ratio: float | None = 3.0
+    """drop pairs whose longer/shorter token ratio exceeds this; .inf = off"""
+    dedup: bool = False
+    """drop exact duplicate (source, target) pairs after the first (streamed, 8 bytes per
+    pair): a source seen with another target stays"""
 
 
 def filter_mask(
@@ -96,15 +115,6 @@ def report_filter(counts: dict[str, int], settings: FilterConfig) -> None:
         )
 
 
-def filter_pairs(
-    src_lengths: np.ndarray, tgt_lengths: np.ndarray, settings: FilterConfig
-) -> tuple[np.ndarray, dict[str, int]]:
-    """`filter_mask`, with its counts logged (`report_filter`)."""
-    keep, counts = filter_mask(src_lengths, tgt_lengths, settings)
-    report_filter(counts, settings)
-    return keep, counts
-
-
 class PairDeduper:
     """Exact duplicate removal over a stream: 64-bit hashes of the pairs seen so far, kept in
     a few sorted arrays (8 bytes per kept pair; merged like a log-structured tree)."""
@@ -142,11 +152,39 @@ def gather_rows(
     return values[idx], new_off
 
 
-_TOKENIZER: list[Tokenizer] = []  # the tokenizer of a worker process
+_TOKENIZER: list[Tokenizer] = []  # the tokenizer of this (worker) process
 
 
-def _init_worker(tokenizer: dict[str, Any]) -> None:
-    _TOKENIZER[:] = [Tokenizer.from_dict(tokenizer)]
+def _init_worker(tokenizer_file: str) -> None:
+    """Load the tokenizer a worker encodes with (`_workers` wrote it to `tokenizer_file`)."""
+    _TOKENIZER[:] = [Tokenizer.from_dict(pickle.loads(Path(tokenizer_file).read_bytes()))]
+
+
+@contextlib.contextmanager
+def _workers(tok: Tokenizer, procs: int, folder: Path) -> Iterator[ProcessPoolExecutor | None]:
+    """`procs` spawned tokenising processes, shut down on exit; None when `procs` is 1
+    (this process encodes).
+
+    `concurrent.futures.ProcessPoolExecutor` fails every pending chunk with
+    `BrokenProcessPool` when a worker dies, where `multiprocessing.Pool` would start another
+    and leave the caller waiting. The tokenizer reaches the workers as a file in `folder`,
+    so that what the spawn pipe carries stays far below the pipe's 64 KiB buffer: a worker
+    that dies at start (a script without a main guard) never reads that pipe, and a larger
+    write (the models are about 240 kB) would block the parent for good.
+    """
+    if procs <= 1:
+        _TOKENIZER[:] = [tok]
+        yield None
+        return
+    file = folder / "tokenizer.pickle"
+    file.write_bytes(pickle.dumps(tok.to_dict()))
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process running torch
+    pool = ProcessPoolExecutor(procs, ctx, _init_worker, (str(file),))
+    try:
+        yield pool
+    finally:  # waits for the chunks in flight (at most 2 per process)
+        pool.shutdown(wait=True, cancel_futures=True)
+        file.unlink(missing_ok=True)
 
 
 def _flat(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -174,6 +212,73 @@ def _encode_chunk(src: list[str], tgt: list[str], dedup: bool) -> tuple[Any, ...
     )
 
 
+def _encoded(
+    chunks: Iterable[tuple[list[str], list[str]]],
+    pool: ProcessPoolExecutor | None,
+    procs: int,
+    dedup: bool,
+) -> Iterator[tuple[Any, ...]]:
+    """Encoded chunks in order; with a pool, at most 2 chunks per process in flight (the
+    corpus is never read ahead into memory).
+
+    Raises:
+        DataError: a worker process died (`WORKER_DIED`).
+    """
+    if pool is None:
+        for src, tgt in chunks:
+            yield _encode_chunk(src, tgt, dedup)
+        return
+    pending: collections.deque[Future[tuple[Any, ...]]] = collections.deque()
+    try:
+        for src, tgt in chunks:
+            pending.append(pool.submit(_encode_chunk, src, tgt, dedup))
+            if len(pending) >= 2 * procs:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    except BrokenProcessPool as exc:
+        log.debug("tokenising pool broken: %s", exc)
+        raise DataError(WORKER_DIED.format(procs=procs)) from None
+
+
+def _offsets(lens: np.ndarray) -> np.ndarray:
+    off = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=off[1:])
+    return off
+
+
+def _kept(
+    encoded: tuple[Any, ...],
+    filters: FilterConfig | None,
+    dedup: PairDeduper | None,
+    counts: collections.Counter[str],
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """The pairs of one encoded chunk that pass the filters and de-duplication.
+
+    Returns:
+        each side as (flat ids, (k,) lengths), and (k,) their positions in the chunk;
+        `counts` is updated.
+    """
+    (src, sl), (tgt, tl), hashes = encoded
+    keep = np.ones(len(sl), dtype=bool)
+    if filters is not None:
+        keep, c = filter_mask(sl, tl, filters)
+        counts.update(c)
+    if dedup is not None:
+        new = dedup.first_seen(hashes, keep)
+        counts["duplicate"] += int(keep.sum() - new.sum())
+        counts["kept"] -= int(keep.sum() - new.sum())
+        keep = new
+    pos = np.flatnonzero(keep)
+    if len(pos) == len(sl):
+        return (src, sl), (tgt, tl), pos
+    src_ids, tgt_ids = (
+        gather_rows(src, _offsets(sl), pos)[0],
+        gather_rows(tgt, _offsets(tl), pos)[0],
+    )
+    return (src_ids, sl[pos]), (tgt_ids, tl[pos]), pos
+
+
 def tokenize_to_cache(
     chunks: Iterable[tuple[list[str], list[str]]],
     tok: Tokenizer,
@@ -195,7 +300,8 @@ def tokenize_to_cache(
         the filter counts (None without `filters`), also stored in the cache's metadata.
 
     Raises:
-        DataError: no pair left after filtering, or the disk is full (`litmt.data.memmap`).
+        DataError: no pair left after filtering, the disk is full (`litmt.data.memmap`), or
+            a worker process died (`WORKER_DIED`: e.g. a script without a main guard).
     """
     procs = num_proc or 1
     parallel = procs > 1 and (total is None or total >= 1000 * procs)
@@ -205,33 +311,16 @@ def tokenize_to_cache(
     t0 = time.perf_counter()
     log.info("%s: %s pairs → %s", desc, total if total is not None else "?", path)
     show = total is None or total >= PROGRESS_BAR_MIN_PAIRS
-    pool = None
-    if parallel:
-        ctx = multiprocessing.get_context("spawn")  # no fork of a process running torch
-        pool = ctx.Pool(procs, _init_worker, (tok.to_dict(),))
-    else:
-        _init_worker(tok.to_dict())
+    base = 0
     try:
-        with tqdm(total=total, desc=desc, unit="pairs", disable=not show, smoothing=0.1) as bar:
-            base = 0
-            for (src, sl), (tgt, tl), hashes in _encoded(chunks, pool, procs, dedup is not None):
-                n = len(sl)
-                keep = np.ones(n, dtype=bool)
-                if filters is not None:
-                    keep, c = filter_mask(sl, tl, filters)
-                    counts.update(c)
-                if dedup is not None:
-                    new = dedup.first_seen(hashes, keep)
-                    counts["duplicate"] += int(keep.sum() - new.sum())
-                    counts["kept"] -= int(keep.sum() - new.sum())
-                    keep = new
-                pos = np.flatnonzero(keep)
-                if len(pos) == n:
-                    writer.add((src, sl), (tgt, tl), base + pos)
-                else:
-                    so, to = _offsets(sl), _offsets(tl)
-                    writer.add((gather_rows(src, so, pos)[0], sl[pos]),
-                               (gather_rows(tgt, to, pos)[0], tl[pos]), base + pos)  # fmt: skip
+        with (
+            _workers(tok, procs if parallel else 1, writer.tmp) as pool,
+            tqdm(total=total, desc=desc, unit="pairs", disable=not show, smoothing=0.1) as bar,
+        ):
+            for encoded in _encoded(chunks, pool, procs, dedup is not None):
+                src, tgt, pos = _kept(encoded, filters, dedup, counts)
+                writer.add(src, tgt, base + pos)
+                n = len(encoded[0][1])
                 base += n
                 bar.update(n)
         result = None
@@ -243,37 +332,10 @@ def tokenize_to_cache(
     except BaseException:
         writer.abort()
         raise
-    finally:
-        if pool is not None:
-            pool.terminate()
     seconds = time.perf_counter() - t0
     log.info("%s: done in %.1fs (%d pairs, %.0f pairs/s)", desc, seconds, base,
              base / max(seconds, 1e-9))  # fmt: skip
     return result
-
-
-def _offsets(lens: np.ndarray) -> np.ndarray:
-    off = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=off[1:])
-    return off
-
-
-def _encoded(
-    chunks: Iterable[tuple[list[str], list[str]]], pool: Any, procs: int, dedup: bool
-) -> Iterable[tuple[Any, ...]]:
-    """Encoded chunks in order; with a pool, at most 2 chunks per process in flight (the
-    corpus is never read ahead into memory)."""
-    if pool is None:
-        for src, tgt in chunks:
-            yield _encode_chunk(src, tgt, dedup)
-        return
-    pending: collections.deque[Any] = collections.deque()
-    for src, tgt in chunks:
-        pending.append(pool.apply_async(_encode_chunk, (src, tgt, dedup)))
-        if len(pending) >= 2 * procs:
-            yield pending.popleft().get()
-    while pending:
-        yield pending.popleft().get()
 
 
 def __getattr__(name: str) -> Any:

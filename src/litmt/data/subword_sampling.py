@@ -6,7 +6,7 @@ text with a sampled segmentation.
 resampled view under `data.directions`): it keeps their order, `index` and stored lengths, and
 replaces each item's ids by `Tokenizer.encode_src` / `encode_tgt` of the pair's raw text with
 `SubwordSampling`. The raw text is the one preparation tokenised: the same stream
-(`TranslationDataModule._chunks`: tags of `extra_train` and of `directions`, on either side,
+(`litmt.data.corpora.Corpora.chunks`: tags of `extra_train` and of `directions`, on either side,
 and `limit` included) written once to a memory-mapped text cache (`litmt.data.memmap.TextPairs`)
 and looked up by the example's index. So with the best segmentation (``sampling_nbest=1``)
 every item equals the cached one, and a sampled item differs only in its segmentation.

@@ -26,13 +26,11 @@ is part of neither `TokenizerConfig.key` nor `Tokenizer.identity`.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import itertools
 import json
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +40,8 @@ from litmt.config import renamed_attribute
 from litmt.data.directions import tag_language
 from litmt.data.piece_vocab import PieceVocab
 from litmt.data.segmentation import SubwordSampling, encode_texts, model_proto
-from litmt.errors import ConfigError, DataError
+from litmt.data.tokenizer_config import TokenizerConfig
+from litmt.errors import DataError
 from litmt.runtime.threads import TOKENIZER_TRAIN_THREADS
 
 # Special token ids of every litmt tokenizer; the model, the collator and the search use them.
@@ -50,56 +49,9 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 PIECES_FILE = "pieces.json"  # `Tokenizer.save`: the piece vocabulary and src_eos, if any
 
 
-@dataclass
-class TokenizerConfig:
-    """How to train sentencepiece (see `conf/data/*.yaml`, key `data.tokenizer`)."""
-
-    vocab_size: int = 8000  # pieces per model (joint: shared by both languages)
-    model_type: str = "unigram"  # unigram | bpe
-    character_coverage: float = 1.0  # 1.0 for Latin scripts; ~0.9995 for CJK
-    joint: bool = True  # one model for both languages (needed for shared embeddings)
-    input_sentence_size: int = 2_000_000  # sample at most this many sentences for training
-    seed: int = 0  # sampling seed
-    user_defined_symbols: list[str] = field(default_factory=list)  # pieces never split, e.g. <BT>
-    model: str | None = None  # an existing model (.model file or directory) instead of training
-    # subword regularisation of the training split only (`SubwordSampling`); not in `key()`
-    sampling_alpha: float | None = None  # in (0, 1]: unigram smoothing / bpe dropout; null, 0 = off
-    sampling_nbest: int = -1  # unigram: sample among the n best (-1 = all, 1 = the best); bpe: -1
-
-    def __post_init__(self) -> None:
-        a, n = self.sampling_alpha, self.sampling_nbest
-        number = isinstance(a, int | float) and not isinstance(a, bool)
-        if a is not None and not (number and (a == 0 or 0 < a <= 1)):
-            raise ConfigError(
-                f"data.tokenizer.sampling_alpha={a!r} is out of range; use a number in (0, 1] "
-                f"(unigram: smoothing, bpe: dropout probability), or null or 0 for no sampling"
-            )
-        if isinstance(n, bool) or not isinstance(n, int) or not (n == -1 or n >= 1):
-            raise ConfigError(
-                f"data.tokenizer.sampling_nbest={n!r} is out of range; use -1 (sample among "
-                f"all segmentations) or an integer >= 1 (among the n best; 1 = the best only)"
-            )
-
-    def sampling(self) -> SubwordSampling | None:
-        """The subword sampling of the training split, or None when it is off."""
-        if not self.sampling_alpha:
-            return None
-        return SubwordSampling(float(self.sampling_alpha), int(self.sampling_nbest))
-
-    def key(self) -> str:
-        """A short string identifying these settings, used in cache paths."""
-        kind = "joint" if self.joint else "sep"
-        key = f"{self.model_type}{self.vocab_size}-{kind}-cc{self.character_coverage}-n{self.input_sentence_size}"
-        if self.user_defined_symbols:  # only then, so that older cache paths stay valid
-            key += (
-                "-u" + hashlib.sha256("\n".join(self.user_defined_symbols).encode()).hexdigest()[:8]
-            )
-        return key
-
-
 def _train_model(sentences: Iterable[str], settings: TokenizerConfig) -> bytes:
     sentences = [s for s in sentences if s.strip()]
-    if len(sentences) > settings.input_sentence_size:
+    if 0 < settings.input_sentence_size < len(sentences):
         sentences = random.Random(settings.seed).sample(sentences, settings.input_sentence_size)
     return train_spm(sentences, settings)
 

@@ -4,8 +4,10 @@ The training split is read twice in chunks (`litmt.data.streams.pair_chunks`): o
 its non-empty sentences, once to write the sampled ones into a scratch file. The sample is
 `random.Random(seed).sample(range(n), input_sentence_size)` over the non-empty sentences
 (joint vocabulary: every source sentence, then every target sentence), fed to sentencepiece
-in that sample's order; when `n <= input_sentence_size` every sentence is used, in corpus
-order. Only the sampled positions live in memory, never the text.
+in that sample's order; when `n <= input_sentence_size` (or it is 0, as in sentencepiece)
+every sentence is used, in corpus order. Only the sampled positions live in memory, never the
+text; sentencepiece then holds the sample in memory, and its size sets the peak memory of
+preparation (docs/benchmarks.md, "Preparation memory and the tokenizer's sample").
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ class SentenceSample:
 
 
 def _positions(n: int, k: int, seed: int) -> np.ndarray:
-    """Sampled positions in sample order (all of `range(n)` when `n <= k`)."""
-    if n <= k:
+    """Sampled positions in sample order (all of `range(n)` when `n <= k`, or when `k <= 0`:
+    sentencepiece's own `input_sentence_size=0` means every sentence)."""
+    if k <= 0 or n <= k:
         return np.arange(n, dtype=np.int64)
     return np.fromiter(random.Random(seed).sample(range(n), k), dtype=np.int64, count=k)
 
@@ -115,7 +118,7 @@ def sample_sentences(
         np.cumsum(sizes, out=offsets[1:])
         order = np.searchsorted(picked[p], plan)  # sample order -> line in `merged`
         total = (n_src + n_tgt) if joint else (n_src if p == 0 else n_tgt)
-        if total > size:
+        if 0 < size < total:
             log.info(
                 "tokenizer: sampled %d of %d sentences (data.tokenizer.input_sentence_size=%d)",
                 len(plan), total, size,

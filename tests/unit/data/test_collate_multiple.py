@@ -12,7 +12,7 @@ import torch
 from litmt.data import TranslationDataModule
 from litmt.data.collate import collate
 from litmt.errors import ConfigError
-from litmt.runtime.precision import pad_multiple_for
+from litmt.runtime.fp8 import pad_multiple_for
 
 
 def _examples(lengths: list[tuple[int, int]]) -> list:

@@ -18,6 +18,7 @@ from litmt.data.directions import (
     sampled_positions,
     sampling_weights,
 )
+from litmt.data.mixing import MultiCorpus
 from litmt.errors import ConfigError
 
 
@@ -28,7 +29,7 @@ def multi_kwargs(tmp_path: Path, dm_kwargs: dict) -> dict:
         **dm_kwargs,
         "dir": str(corpus),
         "directions": ["en-de", "en-fr"],
-        "filter": {"max_ratio": None},
+        "filter": {"max_ratio": math.inf},
         "max_tokens": 150,
     }
 
@@ -104,7 +105,7 @@ def test_temperature_sampling_on_unequal_corpora(
     big = write_multi(tmp_path / "big", {"train": 300, "valid": 10, "test": 10})
     small = write_multi(tmp_path / "small", {"train": 100, "valid": 10, "test": 10})
     dm = TranslationDataModule(
-        **{**dm_kwargs, "dir": str(big), "filter": {"max_ratio": None}},
+        **{**dm_kwargs, "dir": str(big), "filter": {"max_ratio": math.inf}},
         directions=["en-de", {"pair": "en-fr", "dir": str(small)}],
         sampling_temperature=temperature,
     )
@@ -135,7 +136,7 @@ def test_an_extra_source_extends_the_direction_it_names(
     dm.prepare_data()
     dm.setup("fit")
     assert [s.direction for s in dm.extra_train] == [1]
-    assert dm.multi is not None and dm.multi.offsets("train") == [0, 120, 300]
+    assert isinstance(dm.corpora, MultiCorpus) and dm.corpora.offsets("train") == [0, 120, 300]
     tok = dm.tokenizer
     fr, bt_id = tok.src_tags["<2fr>"], tok.src_tags["<BT>"]
     french = tok.encode_tgt(bt.joinpath("train.fr").read_text("utf-8").splitlines())

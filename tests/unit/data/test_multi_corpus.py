@@ -3,6 +3,7 @@ piece of the tokenizer, and an existing sentencepiece model is reused byte for b
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -41,7 +42,7 @@ def mixed_kwargs(tmp_path: Path, dm_kwargs: dict) -> dict:
             {"name": "extra", "dir": str(extra)},
             {"name": "bt", "dir": str(bt), "tag": "<BT>"},
         ],
-        "filter": {"max_ratio": None},  # keep every pair, so every one must be seen
+        "filter": {"max_ratio": math.inf},  # keep every pair, so every one must be seen
         "max_tokens": 120,
     }
 

@@ -186,18 +186,17 @@ def test_waiting_rank_fails_when_the_preparer_fails(
     monkeypatch: pytest.MonkeyPatch, dm_kwargs: dict
 ) -> None:
     monkeypatch.setenv("LOCAL_RANK", "1")
-    waiter = TranslationDataModule(**dm_kwargs)
+    waiter = TranslationDataModule(**dm_kwargs, prepare_timeout=0.3)
     marker = waiter.prepared_marker()
     marker.parent.mkdir(parents=True)
     started = time.time()
     # a failed marker from an earlier run is ignored: the waiter times out instead
     marker.write_text(json.dumps({"status": "failed", "paths": []}))
     os.utime(marker, (started - 3600, started - 3600))
-    waiter.prepare_timeout = 0.3
     with pytest.raises(DataError, match=r"^waited 0s for local rank 0 of this node"):
         waiter.prepare_once(poll_s=0.05)
     marker.write_text(json.dumps({"status": "failed", "paths": []}))  # written by this job
-    waiter.prepare_timeout = 30
+    waiter = TranslationDataModule(**dm_kwargs, prepare_timeout=30)
     with pytest.raises(DataError, match="data preparation failed in local rank 0 of this node"):
         waiter.prepare_once(poll_s=0.05)
 

@@ -161,7 +161,7 @@ def test_sampled_items_keep_the_language_tag_on_its_side(
         "directions": ["en-de", {"pair": "en-fr", "dir": str(small)}],
         "tag_placement": placement,
         "sampling_temperature": math.inf,
-        "filter": {"max_ratio": None},
+        "filter": {"max_ratio": float("inf")},
     }
     plain = _module(kwargs)
     dm = _module(kwargs, sampling_alpha=0.1)
