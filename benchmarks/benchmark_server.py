@@ -74,7 +74,7 @@ def server_process(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
     """Start scripts/serve.py on a free loopback port; yield its URL and PID; stop it."""
     port = free_port()
     cmd = [
-        sys.executable, str(REPO / "scripts" / "serve.py"), f"model_path={args.model}",
+        sys.executable, str(REPO / "scripts" / "serve.py"), f"ckpt_path={args.model}",
         f"engine={args.engine}", f"threads={args.threads}", f"port={port}", "host=127.0.0.1",
         "log_level=warning", f"decoding.beam_size={args.beam}", "explorer=false",
     ]  # fmt: skip

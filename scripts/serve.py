@@ -1,9 +1,9 @@
 """Serve a model over HTTP: the LibreTranslate API and the attention explorer page.
 
-    python scripts/serve.py model_path=model.ckpt port=5000
-    python scripts/serve.py model_path=exports/en-de-int8 threads=2
+    python scripts/serve.py ckpt_path=model.ckpt port=5000
+    python scripts/serve.py ckpt_path=exports/en-de-int8 threads=2
 
-See conf/serve.yaml for every option.
+See conf/serve.yaml for every option (the server's: litmt.deploy.serve_config.ServeConfig).
 """
 
 from litmt.cli.runner import run_script

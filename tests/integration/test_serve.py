@@ -5,6 +5,7 @@ a failing batch, and scripts/serve.py in a subprocess."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
+from fastapi.testclient import TestClient  # noqa: E402
 from parity import assert_same_decisions  # noqa: E402
 
 from litmt.deploy.server import (  # noqa: E402
@@ -42,7 +44,7 @@ SENTENCES = [
 @pytest.fixture(scope="module")
 def server(ckpt):
     settings = ServeConfig(
-        max_batch_texts=64,
+        max_batch_sentences=64,
         max_wait_ms=200,  # wide window: the concurrent requests below must meet in a batch
         max_texts=8,
         max_chars=300,
@@ -414,7 +416,7 @@ def test_checkpoint_on_ct2_engine_keeps_the_attention_route(ckpt, tmp_path, refe
 
     monkeypatch.setattr(litmt.runtime.precision, "autocast_context", spy)
     settings = ServeConfig(decoding=DECODING)
-    app = build_server_app(ckpt, engine="ct2", threads=1, settings=settings, cache_dir=tmp_path)
+    app = build_server_app(ckpt, engine="ct2", threads=1, settings=settings, ct2_cache_dir=tmp_path)
     assert threads == [1]
     assert len(list(tmp_path.iterdir())) == 1  # converted into the cache on first use
     with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=60) as c:
@@ -462,36 +464,87 @@ def test_max_wait_ms_may_be_zero_not_negative():
     assert ServeConfig(max_wait_ms=0).max_wait_ms == 0
 
 
-def test_serve_job_passes_every_limit_of_the_config(monkeypatch):
-    """scripts/serve.py's settings come from conf/serve.yaml, none left at the dataclass's."""
+def _serve_job(monkeypatch, overrides: list[str]) -> tuple[ServeConfig, dict, dict]:
+    """scripts/serve.py's job on conf/serve.yaml with `overrides`, the model and uvicorn
+    stubbed: (its settings, build_server_app's keywords, uvicorn.run's keywords)."""
     import uvicorn
     from hydra import compose, initialize_config_dir
 
     import litmt.cli.serve
 
-    overrides = ["model_path=m.ckpt", "max_batch_texts=3", "max_wait_ms=4", "max_texts=5",
-                 "max_chars=6", "max_body_bytes=7", "cors=false", "max_tokens=8",
-                 "max_queue=9", "request_timeout_s=10", "retry_after_s=11", "max_text_chars=12",
-                 "max_lines=13", "max_source_tokens=14", "attention_max_tokens=15",
-                 "limit_concurrency=16", "timeout_graceful_shutdown=17"]  # fmt: skip
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="serve", overrides=overrides)
-    built: list[ServeConfig] = []
-    monkeypatch.setattr(
-        litmt.cli.serve, "build_server_app", lambda *a, **k: built.append(k["settings"])
-    )
+    built: list[tuple[tuple, dict]] = []
+    monkeypatch.setattr(litmt.cli.serve, "build_server_app", lambda *a, **k: built.append((a, k)))
     ran: list[dict] = []
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: ran.append(k))
     litmt.cli.serve.serve(cfg)
-    (settings,) = built
-    got = (settings.max_batch_texts, settings.max_wait_ms, settings.max_texts,
-           settings.max_chars, settings.max_body_bytes, settings.cors, settings.max_queue,
-           settings.request_timeout_s, settings.retry_after_s, settings.max_text_chars,
-           settings.max_lines, settings.max_source_tokens, settings.attention_max_tokens)  # fmt: skip
-    assert got == (3, 4.0, 5, 6, 7, False, 9, 10.0, 11, 12, 13, 14, 15)
-    assert settings.decoding["max_tokens"] == 8
+    ((args, keywords),) = built
     (run,) = ran
-    assert (run["limit_concurrency"], run["timeout_graceful_shutdown"]) == (16, 17.0)
+    return keywords["settings"], {"model": args[0], **keywords}, run
+
+
+def test_serve_yaml_leaves_every_server_setting_at_its_dataclass_default(monkeypatch):
+    settings, _, run = _serve_job(monkeypatch, ["ckpt_path=m.ckpt"])
+    assert settings == ServeConfig(decoding=settings.decoding)
+    assert settings.decoding["max_tokens"] == 4096  # serve.yaml's max_tokens joins them
+    assert (run["host"], run["port"], run["limit_concurrency"]) == ("127.0.0.1", 5000, 512)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "read"),
+    [
+        ("model_path=m.ckpt", "ckpt_path", lambda s, k: k["model"] == "m.ckpt"),
+        ("max_batch_texts=3", "max_batch_sentences", lambda s, k: s.max_batch_sentences == 3),
+        ("req_limit=7", "access.req_limit", lambda s, k: s.access.req_limit == 7),
+        ("trust_forwarded_for=true", "access.trust_forwarded_for",
+         lambda s, k: s.access.trust_forwarded_for),
+    ],
+)  # fmt: skip
+def test_an_old_key_spelling_still_works_with_a_deprecation_line(
+    monkeypatch, caplog, old, new, read
+):
+    overrides = [old] if old.startswith("model_path") else ["ckpt_path=m.ckpt", old]
+    with caplog.at_level(logging.WARNING, logger="litmt.config"):
+        settings, keywords, _ = _serve_job(monkeypatch, overrides)
+    assert read(settings, keywords)
+    name = old.split("=")[0]
+    assert caplog.messages == [
+        f"serve: {name} is deprecated and will be removed in the next release; use {new}"
+    ]
+
+
+def test_an_old_and_a_new_spelling_that_disagree_are_refused(monkeypatch):
+    with pytest.raises(
+        ConfigError, match=r"^serve: req_limit is the old name of access\.req_limit"
+    ):
+        _serve_job(monkeypatch, ["ckpt_path=m.ckpt", "req_limit=7", "access.req_limit=8"])
+    with pytest.raises(ConfigError, match=r"^serve: max_batch_texts is the old name"):
+        _serve_job(monkeypatch, ["ckpt_path=m.ckpt", "max_batch_texts=3", "max_batch_sentences=4"])
+
+
+def test_build_server_app_attention_is_the_old_name_of_explorer(ckpt, caplog):
+    with caplog.at_level(logging.WARNING, logger="litmt.config"):
+        app = build_server_app(ckpt, device="cpu", attention=False)
+    assert caplog.messages == [
+        "build_server_app: attention is deprecated and will be removed in the next release; "
+        "use explorer"
+    ]
+    with TestClient(app) as c:
+        assert c.get("/health").json()["attention"] is False
+        r = c.post("/attention", json={"q": "A red dog runs."})
+        assert r.status_code == 501
+
+
+def test_an_unknown_or_bad_server_key_is_one_line():
+    from litmt.cli.serve import serve_config
+
+    with pytest.raises(ConfigError, match=r"^unknown serve keys \['max_text'\] \(did you mean"):
+        serve_config({"max_text": 3, "max_tokens": 8})
+    with pytest.raises(ConfigError, match=r"^unknown serve.access keys \['req_limt'\]"):
+        serve_config({"access": {"req_limt": 3}})
+    with pytest.raises(ConfigError, match=r"^max_texts must be a number, got 'many'$"):
+        serve_config({"max_texts": "many"})
 
 
 def _free_port() -> int:
@@ -500,11 +553,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_script_starts_and_answers(ckpt):
+def test_serve_script_starts_answers_and_enforces_a_limit_of_its_command_line(ckpt):
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "scripts" / "serve.py"), f"model_path={ckpt}", f"port={port}",
-         "log_level=warning", "decoding.beam_size=1"],
+        [sys.executable, str(REPO / "scripts" / "serve.py"), f"ckpt_path={ckpt}", f"port={port}",
+         "log_level=warning", "decoding.beam_size=1", "max_texts=1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -525,6 +578,13 @@ def test_serve_script_starts_and_answers(ckpt):
             timeout=30,
         )
         assert r.status_code == 200 and r.json()["translatedText"]
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/translate",
+            json={"q": ["A red dog runs.", "A cat."], "source": "en", "target": "de"},
+            timeout=30,
+        )
+        assert r.status_code == 413, r.text
+        assert r.json() == {"error": "Invalid request: request (2 texts) exceeds text limit (1)"}
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -537,7 +597,7 @@ def test_serve_script_without_model_is_one_line_exit_2():
     )  # fmt: skip
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        "error: no model given: pass model_path=<a .ckpt file or a CTranslate2 export directory>"
+        "error: no model given: pass ckpt_path=<a .ckpt file or a CTranslate2 export directory>"
     ]
 
 
@@ -566,7 +626,7 @@ def test_benchmark_server_smoke(ckpt, tmp_path):
     assert "Soak: " in run.stdout and "| growth |" in run.stdout
 
 
-def _run_batcher(fn, requests: list[list[str]], *, max_batch: int, max_wait_ms: float):
+def _run_batcher(fn, requests: list[list[str]], *, max_batch_sentences: int, max_wait_ms: float):
     """Submit `requests` at once to a RequestBatcher; (results or exceptions, batcher)."""
     import asyncio
     from concurrent.futures import ThreadPoolExecutor as Pool
@@ -575,7 +635,9 @@ def _run_batcher(fn, requests: list[list[str]], *, max_batch: int, max_wait_ms: 
 
     async def main():
         with Pool(1) as pool:
-            batcher = RequestBatcher(fn, pool, max_batch=max_batch, max_wait_ms=max_wait_ms)
+            batcher = RequestBatcher(
+                fn, pool, max_batch_sentences=max_batch_sentences, max_wait_ms=max_wait_ms
+            )
             batcher.start()
             try:
                 tasks = [batcher.submit(texts) for texts in requests]
@@ -607,7 +669,7 @@ def test_batcher_survives_a_request_that_goes_away_while_its_batch_fails():
     async def main():
         loop = asyncio.get_running_loop()
         with Pool(1) as pool:
-            batcher = RequestBatcher(fn, pool, max_batch=4, max_wait_ms=1)
+            batcher = RequestBatcher(fn, pool, max_batch_sentences=4, max_wait_ms=1)
             batcher.start()
             try:
                 doomed = asyncio.ensure_future(batcher.submit(["bad"]))
@@ -631,13 +693,13 @@ def test_batcher_merges_concurrent_requests_and_splits_results_back():
         return [t.upper() for t in texts]
 
     requests = [["a"], ["b", "c"], ["d"]]
-    results, batcher = _run_batcher(fn, requests, max_batch=16, max_wait_ms=100)
+    results, batcher = _run_batcher(fn, requests, max_batch_sentences=16, max_wait_ms=100)
     assert results == [["A"], ["B", "C"], ["D"]]
     assert calls == [["a", "b", "c", "d"]]
     assert (batcher.batches, batcher.largest_batch) == (1, 3)
 
 
-def test_batcher_never_exceeds_max_batch():
+def test_batcher_never_exceeds_max_batch_sentences():
     calls: list[list[str]] = []
 
     def fn(texts: list[str]) -> list[str]:
@@ -645,9 +707,9 @@ def test_batcher_never_exceeds_max_batch():
         return texts
 
     requests = [["a", "b"], ["c", "d"], ["e", "f"], ["g", "h", "i", "j", "k"]]
-    results, _ = _run_batcher(fn, requests, max_batch=4, max_wait_ms=100)
+    results, _ = _run_batcher(fn, requests, max_batch_sentences=4, max_wait_ms=100)
     assert results == requests
-    assert [len(c) for c in calls] == [4, 2, 5]  # a request larger than max_batch runs alone
+    assert [len(c) for c in calls] == [4, 2, 5]  # a larger request runs alone
 
 
 def test_batcher_failure_fails_only_the_bad_request():
@@ -656,7 +718,9 @@ def test_batcher_failure_fails_only_the_bad_request():
             raise RuntimeError("kernel exploded")
         return texts
 
-    results, _ = _run_batcher(fn, [["ok"], ["boom"], ["fine"]], max_batch=16, max_wait_ms=100)
+    results, _ = _run_batcher(
+        fn, [["ok"], ["boom"], ["fine"]], max_batch_sentences=16, max_wait_ms=100
+    )
     assert results[0] == ["ok"] and results[2] == ["fine"]
     assert isinstance(results[1], RuntimeError) and str(results[1]) == "kernel exploded"
 
@@ -664,11 +728,13 @@ def test_batcher_failure_fails_only_the_bad_request():
 def test_batcher_runs_a_full_batch_at_once_and_a_lone_request_after_max_wait():
     def timed(requests: list[list[str]], max_wait_ms: float) -> float:
         start = time.monotonic()
-        results, _ = _run_batcher(lambda t: t, requests, max_batch=4, max_wait_ms=max_wait_ms)
+        results, _ = _run_batcher(
+            lambda t: t, requests, max_batch_sentences=4, max_wait_ms=max_wait_ms
+        )
         assert results == requests
         return time.monotonic() - start
 
-    assert timed([["a", "b", "c", "d"]], max_wait_ms=10_000) < 4  # max_batch reached: no wait
+    assert timed([["a", "b", "c", "d"]], max_wait_ms=10_000) < 4  # a full batch: no wait
     assert timed([["a", "b"], ["c", "d"]], max_wait_ms=10_000) < 4
     assert 0.45 <= timed([["a"]], max_wait_ms=500) < 4  # waits max_wait_ms for company
 
@@ -704,7 +770,7 @@ def _until(check, timeout: float = 10) -> None:
 
 def test_a_full_queue_gives_503_with_retry_after_then_the_server_recovers():
     model = _Gated()
-    app = create_app(model, ServeConfig(max_batch_texts=1, max_wait_ms=0, max_queue=2))
+    app = create_app(model, ServeConfig(max_batch_sentences=1, max_wait_ms=0, max_queue=2))
     with ServerThread(app) as running, ThreadPoolExecutor(8) as pool:
         health = lambda: httpx.get(running.url + "/health").json()  # noqa: E731
         first = pool.submit(_ask, running.url, "one")
@@ -787,7 +853,7 @@ def test_batcher_loop_survives_an_error_outside_the_model_call():
 
     async def main():
         with Pool(1) as pool:
-            batcher = RequestBatcher(fn, pool, max_batch=4, max_wait_ms=0)
+            batcher = RequestBatcher(fn, pool, max_batch_sentences=4, max_wait_ms=0)
             batcher.start()
             try:
                 bad = await asyncio.wait_for(
@@ -908,7 +974,7 @@ def test_bad_decoding_option_is_refused_when_the_app_is_built():
 
 def test_serve_script_with_a_bad_decoding_option_is_one_line_exit_2(ckpt):
     run = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "serve.py"), f"model_path={ckpt}",
+        [sys.executable, str(REPO / "scripts" / "serve.py"), f"ckpt_path={ckpt}",
          "decoding.beam_size=0"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

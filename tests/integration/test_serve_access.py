@@ -186,7 +186,7 @@ def test_open_bind_without_keys_is_warned(monkeypatch, caplog):
     )
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
     for host, warned in (("0.0.0.0", True), ("127.0.0.1", False)):
-        overrides = ["model_path=m.ckpt", f"host={host}", "req_limit=7", "cors=[https://a.b]"]
+        overrides = ["ckpt_path=m.ckpt", f"host={host}", "access.req_limit=7", "cors=[https://a.b]"]
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
             cfg = compose(config_name="serve", overrides=overrides)
         caplog.clear()

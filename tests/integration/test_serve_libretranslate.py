@@ -25,7 +25,7 @@ SURE = {"confidence": 100.0, "language": "en"}
 @pytest.fixture(scope="module")
 def client(ckpt):
     settings = ServeConfig(max_texts=8, max_chars=300, max_text_chars=200, decoding=DECODING)
-    app = build_server_app(ckpt, device="cpu", settings=settings, attention=False)
+    app = build_server_app(ckpt, device="cpu", settings=settings, explorer=False)
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60) as c:
         yield c
 

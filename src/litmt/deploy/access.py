@@ -43,14 +43,25 @@ ANY_HOST = ("0.0.0.0", "::", "")
 
 @dataclass
 class AccessConfig:
-    """API keys and the rate limit (``conf/serve.yaml``, where each is explained)."""
+    """API keys and the rate limit: the ``access`` block of ``conf/serve.yaml`` (each field's
+    docstring is its one documentation, shown there as the key's comment)."""
 
-    api_keys_file: str | None = None  # one key per line, optionally "KEY LIMIT"
-    api_keys_env: str | None = "LITMT_API_KEYS"  # variable with keys (comma/space separated)
-    require_api_key: bool = False  # a request without a key gets 403
-    require_api_key_origin: str | None = None  # regex: a matching Origin needs no key
-    req_limit: int = -1  # requests per minute per key or IP; -1 = no limit
-    trust_forwarded_for: bool = False  # the client IP is X-Forwarded-For's first address
+    api_keys_file: str | None = None
+    """API keys, one per line ("KEY" or "KEY LIMIT": its own requests/minute); null = none. A
+    bad api_key gets 403"""
+    api_keys_env: str | None = "LITMT_API_KEYS"
+    """environment variable with more keys (comma- or space-separated); '' = none. Keys are on
+    when the file or the variable gives any"""
+    require_api_key: bool = False
+    """true: a request without api_key gets 403; false: it is served at req_limit per IP"""
+    require_api_key_origin: str | None = None
+    """regex (LibreTranslate's --require-api-key-origin): a request needs a key unless its
+    Origin matches"""
+    req_limit: int = -1
+    """requests per minute per API key (or per client IP without one), else 429 "Slowdown: N
+    per 1 minute"; -1 = no limit"""
+    trust_forwarded_for: bool = False
+    """per-IP limit on X-Forwarded-For's first address (only behind your own reverse proxy)"""
 
     def __post_init__(self) -> None:
         if int(self.req_limit) == 0 or int(self.req_limit) < -1:

@@ -1,6 +1,9 @@
-"""The server's error: an HTTP status and a one-line message for the client."""
+"""The server's errors: an HTTP status and a one-line message for the client, as
+LibreTranslate answers them (``{"error": message}``)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class ApiError(Exception):
@@ -9,3 +12,38 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status, self.message = status, message
+
+
+def install_error_handlers(app: Any) -> None:
+    """Every error of `app` as ``{"error": message}``: `ApiError` with its status, Starlette's
+    (404, 405) with theirs, a malformed request 400, a `LitmtError` (the user's mistake) 400
+    with its first line, anything else 500 naming only the exception's type."""
+    from fastapi import Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    from litmt.errors import LitmtError
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"error": f"Invalid request: {exc.errors()}"}, status_code=400)
+
+    @app.exception_handler(LitmtError)
+    async def _user_error(request: Request, exc: LitmtError) -> JSONResponse:
+        return JSONResponse({"error": str(exc).splitlines()[0]}, status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"error": f"Internal error: {type(exc).__name__}"}, status_code=500)
+
+
+__all__ = ["ApiError", "install_error_handlers"]

@@ -29,7 +29,8 @@ must be one line within the model's source limit (it is not split into sentences
 ``format=text`` and no ``alternatives``; a malformed field or a bad combination is a 400
 with one line, and engine=ct2 refuses ``constraints`` (400).
 
-Routes are added by `register_routes`, called once by `litmt.deploy.server.create_app`.
+Routes are added by `register_routes`, called once by
+`litmt.deploy.routes_translate.register_translate_routes`.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ class HtmlText(HTMLParser):
 # -- routes -----------------------------------------------------------------------------
 @dataclass
 class Service:
-    """What the LibreTranslate routes need from the server (`create_app` builds it)."""
+    """What the LibreTranslate routes need from the server (`routes_translate.service`)."""
 
     src: str
     tgt: str

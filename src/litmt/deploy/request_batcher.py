@@ -1,10 +1,11 @@
 """Request batching for the server: concurrent HTTP requests share one model call.
 
 The first request of a batch waits at most ``max_wait_ms`` for others, until the batch holds
-``max_batch`` sentences; the batch then runs in a one-thread executor, so the model is never
-called twice at once. A request larger than ``max_batch`` is a batch of its own; a newcomer
-that would overflow a batch starts the next one. A failing batch fails its own requests
-only: its requests are retried one by one, and only those that fail again get the exception.
+``max_batch_sentences`` sentences; the batch then runs in a one-thread executor, so the model
+is never called twice at once. A request larger than ``max_batch_sentences`` is a batch of its
+own; a newcomer that would overflow a batch starts the next one. A failing batch fails its own
+requests only: its requests are retried one by one, and only those that fail again get the
+exception.
 
 The queue holds at most ``max_queue`` waiting requests (`QueueFull` past that, for the server
 to answer 503). A request whose future was cancelled before its batch ran (its client went
@@ -55,7 +56,7 @@ class RequestBatcher:
     Args:
         fn: translates a list of sentences (runs in `executor`, one batch at a time).
         executor: a one-thread executor (shared with anything else that uses the model).
-        max_batch: most sentences per batch (a larger single request is one batch).
+        max_batch_sentences: most sentences per batch (a larger single request is one batch).
         max_wait_ms: how long the first request of a batch waits for others.
         max_queue: most requests waiting for a batch (0 = unbounded).
     """
@@ -65,12 +66,12 @@ class RequestBatcher:
         fn: Callable[[list[str]], list[str]],
         executor: ThreadPoolExecutor,
         *,
-        max_batch: int,
+        max_batch_sentences: int,
         max_wait_ms: float,
         max_queue: int = 0,
     ) -> None:
         self.fn, self.executor = fn, executor
-        self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000.0
+        self.max_batch_sentences, self.max_wait = max_batch_sentences, max_wait_ms / 1000.0
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=max_queue)
         self.batches = 0  # batches run so far
         self.largest_batch = 0  # most requests merged into one batch
@@ -118,7 +119,7 @@ class RequestBatcher:
             try:
                 size = len(batch[0].texts)
                 deadline = loop.time() + self.max_wait
-                while size < self.max_batch:
+                while size < self.max_batch_sentences:
                     timeout = deadline - loop.time()
                     if not self.queue.empty():
                         item = self.queue.get_nowait()
@@ -129,7 +130,7 @@ class RequestBatcher:
                             item = await asyncio.wait_for(self.queue.get(), timeout)
                         except asyncio.TimeoutError:
                             break
-                    if size + len(item.texts) > self.max_batch:
+                    if size + len(item.texts) > self.max_batch_sentences:
                         ready, batch = batch, []
                         await self._process(loop, ready)  # the newcomer starts the next batch
                         size, deadline = 0, loop.time() + self.max_wait

@@ -1,0 +1,75 @@
+"""What every route group of the server shares (`ServerContext`), built once by `create_app`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from litmt.decoding.languages import Languages
+from litmt.deploy import libretranslate as lt
+from litmt.deploy.access import AccessGuard
+from litmt.deploy.admission import Admission, Pair
+from litmt.deploy.http_errors import ApiError
+from litmt.deploy.request_params import read_params
+from litmt.deploy.sentences import Segmenter
+from litmt.deploy.serve_config import ServeConfig
+from litmt.errors import ConfigError
+
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
+    "fr": "French", "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pl": "Polish",
+    "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian",
+    "vi": "Vietnamese", "zh": "Chinese",
+}  # fmt: skip
+
+
+def language_name(code: str) -> str:
+    """English name of a language code (the code itself when unknown)."""
+    return LANGUAGE_NAMES.get(code, code)
+
+
+@dataclass
+class ServerContext:
+    """The served model, its settings and the way into it, shared by the route groups."""
+
+    translator: Any  # the `Translator` (torch or ct2) answering /translate
+    settings: ServeConfig
+    options: dict[str, Any]  # `Translator.translate` options of every translation
+    languages: Languages  # the model's directions
+    segmenter: Segmenter  # lines, or sentences of long lines, within the request limits
+    admission: Admission  # the model's thread, its batchers and the 503/504/499 answers
+    guard: AccessGuard  # API keys and the rate limit (403/429)
+    engine: str  # the engine's name, reported by /health
+    attention_model: Any | None  # a torch `Translator` for /attention (None: 501)
+    src: str = field(init=False)  # the translator's source language (its first direction's)
+    tgt: str = field(init=False)  # and its target language
+
+    def __post_init__(self) -> None:
+        self.src, self.tgt = self.translator.src_lang, self.translator.tgt_lang
+
+    async def params(
+        self, request: Request, files: dict[str, tuple[str, bytes]] | None = None
+    ) -> dict[str, Any]:
+        """The request's parameters within ``max_body_bytes`` (`read_params`)."""
+        return await read_params(request, self.settings.max_body_bytes, files)
+
+    def route(self, source: str, target: str) -> Pair:
+        """A request's direction (model codes; None: the one pair), or 400 for one the
+        model lacks."""
+        if not self.languages.multilingual:
+            lt.check_pair(source, target, self.src, self.tgt)
+            return None
+        if source == "auto":
+            source = self.languages.sources()[0]
+        try:
+            found = self.translator.route(
+                source, target, allow_zero_shot=self.settings.allow_zero_shot
+            )
+        except ConfigError as exc:
+            raise ApiError(400, str(exc)) from None
+        return (found.src_lang, found.tgt_lang)
+
+
+__all__ = ["LANGUAGE_NAMES", "ServerContext", "language_name"]
