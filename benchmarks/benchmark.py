@@ -42,8 +42,8 @@ from benchmarks.common import (
     training_batches,
 )
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from litmt.decoding.dispatch import decode
 from litmt.decoding.config import DecodeConfig
+from litmt.decoding.dispatch import decode
 from litmt.errors import LitmtError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 

@@ -71,7 +71,8 @@ def check_keys(given: Iterable[str], known: Iterable[str], where: str) -> None:
 def renamed_keys(data: Mapping[str, Any], renames: Mapping[str, str], where: str) -> dict:
     """`data` with each old key of `renames` (old → new) moved to its new name.
 
-    Each old key still works for one release and logs one deprecation line.
+    Each old key still works for one release and logs one deprecation line naming the keys as
+    the user types them, e.g. ``serve: model_path is deprecated ...; use ckpt_path``.
 
     Raises:
         ConfigError: both the old and the new spelling are set (to different values).
@@ -83,17 +84,13 @@ def renamed_keys(data: Mapping[str, Any], renames: Mapping[str, str], where: str
         value = out.pop(old)
         if new in out and out[new] is not None and value is not None and out[new] != value:
             raise ConfigError(
-                f"{where}.{old} is the old name of {where}.{new}; set only {where}.{new} "
+                f"{where}: {old} is the old name of {new}; set only {new} "
                 f"(got {old}={value!r} and {new}={out[new]!r})"
             )
         if value is not None or new not in out:
             out[new] = value
         log.warning(
-            "%s.%s is deprecated and will be removed in the next release; use %s.%s",
-            where,
-            old,
-            where,
-            new,
+            "%s: %s is deprecated and will be removed in the next release; use %s", where, old, new
         )
     return out
 

@@ -169,7 +169,7 @@ def test_evaluate_cli_contract_prints_the_bleu_sacrebleu_computes(ckpt, tmp_path
 def test_average_job_writes_the_mean_of_two_different_checkpoints(ckpt, tmp_path):
     other = other_weights(ckpt, tmp_path / "other.ckpt", seed=1)
     out = tmp_path / "avg.ckpt"
-    average(compose_cfg("average_checkpoints", [f"inputs=[{ckpt},{other}]", f"output={out}"]))
+    average(compose_cfg("average_checkpoints", [f"ckpt_path=[{ckpt},{other}]", f"output={out}"]))
     assert_weights_are_the_mean(model_state_dict(load_checkpoint(out)), [ckpt, other])
     with pytest.raises(ConfigError, match="nothing to average"):
         average(compose_cfg("average_checkpoints", [f"output={out}"]))
@@ -215,7 +215,7 @@ def test_heatmap_and_average_scripts_in_a_subprocess(ckpt, tmp_path):
         assert img.size == (250, 200)
     other = other_weights(ckpt, tmp_path / "other.ckpt", seed=1)
     out = tmp_path / "avg.ckpt"
-    proc = run_script("average_checkpoints.py", f"inputs=[{ckpt},{other}]", f"output={out}")
+    proc = run_script("average_checkpoints.py", f"ckpt_path=[{ckpt},{other}]", f"output={out}")
     assert proc.returncode == 0, proc.stderr.decode()
     assert_weights_are_the_mean(model_state_dict(load_checkpoint(out)), [ckpt, other])
 

@@ -22,7 +22,7 @@ from litmt.data.tokenizer import Tokenizer, TokenizerConfig
 from litmt.decoding.search import greedy_search
 from litmt.decoding.translator import Translator
 from litmt.models import Seq2SeqTransformer, TransformerConfig
-from litmt.runtime.precision import fp8_disabled, fp8_precision_plugin, pad_multiple_for
+from litmt.runtime.fp8 import fp8_disabled, fp8_precision_plugin, pad_multiple_for
 from litmt.training.module import TranslationModule
 
 pytestmark = [

@@ -16,6 +16,7 @@ loading never executes code from the file. Saves are atomic (temporary file, fsy
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import tempfile
@@ -28,7 +29,7 @@ import torch
 from litmt.data.tokenizer import Tokenizer
 from litmt.errors import CheckpointError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
-from litmt.runtime.precision import drop_fp8_extra_state
+from litmt.runtime.fp8 import drop_fp8_extra_state
 
 FORMAT_VERSION = 1
 META_KEY = "litmt"
@@ -138,6 +139,21 @@ def model_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
     return drop_fp8_extra_state(
         {k[len(MODEL_PREFIX) :]: v for k, v in sd.items() if k.startswith(MODEL_PREFIX)}
     )
+
+
+def weights_digest(path: str | Path) -> str:
+    """A SHA-256 of the model weights in the checkpoint at `path` (names, dtypes, shapes and
+    bytes): equal digests, equal weights, whatever else the files hold (step, optimizer).
+
+    Raises:
+        CheckpointError: a missing or corrupt file (`load_checkpoint`).
+    """
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model_state_dict(load_checkpoint(path)).items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def make_meta(

@@ -73,6 +73,42 @@ def load_model(
     """
     device = resolve_device(map_location)
     path_list = [paths] if isinstance(paths, str | Path) else list(paths)
+    ckpts = load_one_run(path_list, device)
+    meta = ckpts[0][META_KEY]
+    config = TransformerConfig.from_dict(meta["model_config"])
+    if attention is not None:
+        for site in ("encoder_self", "decoder_self", "cross"):
+            setattr(config.attention, site, attention)
+            setattr(config.attention, f"{site}_options", {})
+    model = build_model(config, device, check_backends=check_backends, forced=attention)
+    states = [model_state_dict(c) for c in ckpts]
+    state = states[0] if len(states) == 1 else average_state_dicts(states)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise CheckpointError(
+            f"weights in {path_list[0]} do not match its model config: {str(exc).splitlines()[0]}"
+        ) from exc
+    model.to(device).eval()
+    tokenizer = Tokenizer.from_dict(meta["tokenizer"])
+    if (
+        tokenizer.src_vocab_size != config.src_vocab_size
+        or tokenizer.tgt_vocab_size != config.tgt_vocab_size
+    ):
+        raise CheckpointError(
+            f"{path_list[0]}: tokenizer vocabulary ({tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size}) "
+            f"does not match the model's ({config.src_vocab_size}/{config.tgt_vocab_size})"
+        )
+    return LoadedModel(model, tokenizer, meta["src_lang"], meta["tgt_lang"], meta)
+
+
+def load_one_run(path_list: Sequence[str | Path], device: torch.device) -> list[dict[str, Any]]:
+    """The checkpoints at `path_list`, checked to share one model config and tokenizer.
+
+    Raises:
+        CheckpointError: no path, a missing/corrupt file, or checkpoints of different runs
+            (the message names the first differing model key).
+    """
     if not path_list:
         raise CheckpointError("no checkpoint given (pass ckpt_path=<path to a .ckpt file>)")
     ckpts = [load_checkpoint(p, device) for p in path_list]
@@ -93,39 +129,33 @@ def load_model(
         raise CheckpointError(
             f"{p} has {what} than {path_list[0]}; only checkpoints of one run can be averaged"
         )
-    config = TransformerConfig.from_dict(meta["model_config"])
-    if attention is not None:
-        for site in ("encoder_self", "decoder_self", "cross"):
-            setattr(config.attention, site, attention)
-            setattr(config.attention, f"{site}_options", {})
-    try:  # a kernel checks its packages when built, and the device on request
+    return ckpts
+
+
+def build_model(
+    config: TransformerConfig,
+    device: torch.device,
+    *,
+    check_backends: bool,
+    forced: str | None,
+) -> Seq2SeqTransformer:
+    """The model of `config`; a kernel checks its packages when built, and (`check_backends`)
+    whether it runs on `device`.
+
+    Raises:
+        BackendError: the kernel cannot run; unless the kernel was `forced` (``attention=``),
+            the message names an exact kernel to decode with instead.
+    """
+    try:
         model = Seq2SeqTransformer(config)
         if check_backends:
             model.validate_backends(device, training=False)
     except BackendError as err:
-        if attention is not None:
+        if forced is not None:
             raise
         msg = str(err).splitlines()[0]
         raise BackendError(f"{msg}; decode with an exact kernel: attention=sdpa") from err
-    states = [model_state_dict(c) for c in ckpts]
-    state = states[0] if len(states) == 1 else average_state_dicts(states)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as exc:
-        raise CheckpointError(
-            f"weights in {path_list[0]} do not match its model config: {str(exc).splitlines()[0]}"
-        ) from exc
-    model.to(device).eval()
-    tokenizer = Tokenizer.from_dict(meta["tokenizer"])
-    if (
-        tokenizer.src_vocab_size != config.src_vocab_size
-        or tokenizer.tgt_vocab_size != config.tgt_vocab_size
-    ):
-        raise CheckpointError(
-            f"{path_list[0]}: tokenizer vocabulary ({tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size}) "
-            f"does not match the model's ({config.src_vocab_size}/{config.tgt_vocab_size})"
-        )
-    return LoadedModel(model, tokenizer, meta["src_lang"], meta["tgt_lang"], meta)
+    return model
 
 
 def average_state_dicts(state_dicts: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

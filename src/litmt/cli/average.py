@@ -8,24 +8,32 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from litmt.checkpoint.average import average_checkpoints
-from litmt.checkpoint.paths import checkpoint_paths
+from litmt.config import renamed_keys
+from litmt.deploy.engines import WEIGHTS_ONLY_IGNORES, LoadConfig
 from litmt.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+# average_checkpoints.yaml keys that changed their name: the old spelling works for one release.
+RENAMES = {"inputs": "ckpt_path"}
+
 
 def average(cfg: DictConfig) -> Path:
-    """The `scripts/average_checkpoints.py` job: ``inputs=[...]`` or ``run_dir`` + ``average_last``."""
+    """The `scripts/average_checkpoints.py` job: ``ckpt_path=[...]`` or ``run_dir`` +
+    ``average_last`` (conf/load/default.yaml); ``inputs=[...]`` is the old name of ``ckpt_path``.
+    """
     if not cfg.get("output"):
         raise ConfigError("no output given: pass output=<path of the averaged .ckpt>")
-    inputs, average_last = cfg.get("inputs"), cfg.get("average_last")
-    if inputs and average_last:
-        raise ConfigError("give either inputs=[...] or run_dir=DIR average_last=N, not both")
-    if not (inputs or average_last):
+    given = {key: cfg.get(key) for key in ("inputs", "ckpt_path")}
+    given = renamed_keys({k: v for k, v in given.items() if v}, RENAMES, "average_checkpoints")
+    load = LoadConfig.from_cfg(
+        {**cfg, **given}, "average_checkpoints", ignores=WEIGHTS_ONLY_IGNORES
+    )
+    if not (load.ckpt_path or load.average_last):
         raise ConfigError(
-            "nothing to average: pass inputs=[a.ckpt,b.ckpt] or run_dir=DIR average_last=N"
+            "nothing to average: pass ckpt_path=[a.ckpt,b.ckpt] or run_dir=DIR average_last=N"
         )
-    paths = checkpoint_paths(inputs, run_dir=cfg.get("run_dir"), average_last=average_last)
+    paths = load.paths()
     out = average_checkpoints(paths, cfg.output)
     log.info("averaged %d checkpoint(s) → %s", len(paths), out)
     return out

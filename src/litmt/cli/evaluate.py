@@ -18,10 +18,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from litmt.checkpoint.paths import checkpoint_paths
 from litmt.data.text import read_text_file
 from litmt.decoding.config import DecodeConfig
-from litmt.deploy.engines import direction_options, engine_options, load_translator
+from litmt.deploy.engines import LoadConfig
 from litmt.errors import ConfigError, DataError
 from litmt.metrics import corpus_scores
 
@@ -69,34 +68,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     Returns:
         {"bleu": ..., "chrf": ..., "ter": ...}
     """
-    paths = checkpoint_paths(
-        cfg.get("ckpt_path"), run_dir=cfg.get("run_dir"), average_last=cfg.get("average_last")
-    )
+    load = LoadConfig.from_cfg(cfg, "evaluate")
+    paths = load.paths()
     sources, references, label = load_eval_data(cfg)
-    ensemble = bool(cfg.get("ensemble"))
-    translator = load_translator(paths, **engine_options(cfg))
-    data_cfg = cfg.get("data")
-    direction = direction_options(cfg)
-    if translator.languages.multilingual and data_cfg is not None:
-        # a multilingual model evaluates the data's pair unless src_lang/tgt_lang say otherwise
-        direction["src_lang"] = direction["src_lang"] or data_cfg.get("src_lang")
-        direction["tgt_lang"] = direction["tgt_lang"] or data_cfg.get("tgt_lang")
+    translator = load.translator(cfg)
+    direction = eval_direction(translator, load, cfg.get("data"))
     route = translator.route(**direction)  # an unknown direction fails before decoding
-    if (
-        data_cfg is not None
-        and not translator.languages.multilingual
-        and (
-            data_cfg.get("src_lang") != translator.src_lang
-            or data_cfg.get("tgt_lang") != translator.tgt_lang
-        )
-    ):
-        log.warning(
-            "the checkpoint translates %s→%s but the data is %s→%s",
-            translator.src_lang,
-            translator.tgt_lang,
-            data_cfg.get("src_lang"),
-            data_cfg.get("tgt_lang"),
-        )
     # null/absent keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
     config = DecodeConfig.from_options(cfg.decoding, base=translator.default_config)
     log.info(
@@ -105,7 +82,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         label,
         paths[0]
         if len(paths) == 1
-        else f"the {'ensemble' if ensemble else 'average'} of {len(paths)} checkpoints",
+        else f"the {'ensemble' if load.ensemble else 'average'} of {len(paths)} checkpoints",
         translator.device,
     )
     t0 = time.perf_counter()
@@ -115,9 +92,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     seconds = time.perf_counter() - t0
     assert all(isinstance(h, str) for h in hyps)
     if cfg.get("hyp_file"):
-        hyp_path = Path(str(cfg.hyp_file))
-        hyp_path.parent.mkdir(parents=True, exist_ok=True)
-        hyp_path.write_text("".join(f"{h}\n" for h in hyps), encoding="utf-8")
+        write_text(cfg.hyp_file, "".join(f"{h}\n" for h in hyps))
     results = corpus_scores(hyps, references)  # type: ignore[arg-type]
     for result in results.values():
         print(result.line, flush=True)
@@ -135,15 +110,44 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             "direction": f"{route.src_lang}-{route.tgt_lang}",
             "zero_shot": route.zero_shot,
             "decoding": dataclasses.asdict(config),
-            "ensemble": ensemble,
+            "ensemble": bool(load.ensemble),
             "decode_seconds": round(seconds, 3),
             "hyp_file": str(cfg.hyp_file) if cfg.get("hyp_file") else None,
             "scores": {key: r.to_dict() for key, r in results.items()},
         }
-        scores_path = Path(str(cfg.scores_file))
-        scores_path.parent.mkdir(parents=True, exist_ok=True)
-        scores_path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        write_text(cfg.scores_file, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return {key: r.score for key, r in results.items()}
 
 
-__all__ = ["evaluate", "load_eval_data"]
+def eval_direction(translator: Any, load: LoadConfig, data_cfg: Any) -> dict[str, Any]:
+    """The direction keywords to decode with: `load`'s, and on a multilingual model with
+    ``data=...``, the data's pair where `load` names none. A one-pair model whose pair differs
+    from the data's is decoded anyway, with a warning."""
+    direction = load.direction()
+    if data_cfg is None:
+        return direction
+    if translator.languages.multilingual:
+        direction["src_lang"] = direction["src_lang"] or data_cfg.get("src_lang")
+        direction["tgt_lang"] = direction["tgt_lang"] or data_cfg.get("tgt_lang")
+    elif (data_cfg.get("src_lang"), data_cfg.get("tgt_lang")) != (
+        translator.src_lang,
+        translator.tgt_lang,
+    ):
+        log.warning(
+            "the checkpoint translates %s→%s but the data is %s→%s",
+            translator.src_lang,
+            translator.tgt_lang,
+            data_cfg.get("src_lang"),
+            data_cfg.get("tgt_lang"),
+        )
+    return direction
+
+
+def write_text(path: Any, text: str) -> None:
+    """Write `text` to `path` (UTF-8), creating its parent directories."""
+    out = Path(str(path))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+
+
+__all__ = ["eval_direction", "evaluate", "load_eval_data"]

@@ -8,6 +8,7 @@ from typing import Any
 
 from litmt.deploy.argos_package import export_argos_package
 from litmt.deploy.ct2_export import export_model
+from litmt.deploy.engines import WEIGHTS_ONLY_IGNORES, LoadConfig
 from litmt.deploy.hf_export import export_hf
 from litmt.errors import ConfigError
 
@@ -15,7 +16,8 @@ FORMATS = ("ct2", "argos", "hf")
 
 
 def export(cfg: Any) -> Path:
-    """The `scripts/export.py` job: ``ckpt_path``, ``out``, ``format``, ``quantization``,
+    """The `scripts/export.py` job: ``ckpt_path`` (or ``run_dir`` + ``average_last``: the
+    weights averaged), ``out``, ``format``, ``quantization``,
     ``force``, ``decoding``, ``argos``, ``card`` (format=hf).
 
     Prints the export directory (format=argos: the package file) on stdout (the job's one
@@ -24,12 +26,10 @@ def export(cfg: Any) -> Path:
     Returns:
         The export directory or package file.
     """
-    if not cfg.get("ckpt_path"):
-        raise ConfigError("no checkpoint given: pass ckpt_path=<path to a .ckpt file>")
+    paths = LoadConfig.from_cfg(cfg, "export", ignores=WEIGHTS_ONLY_IGNORES).paths()
     if not cfg.get("out"):
         raise ConfigError("no output directory given: pass out=<directory>")
-    ckpt = cfg.ckpt_path
-    ckpt = [str(p) for p in ckpt] if not isinstance(ckpt, str) else ckpt
+    ckpt: str | list[str] = paths[0] if len(paths) == 1 else paths
     fmt = str(cfg.get("format") or "ct2")
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format '{fmt}'; valid values: {', '.join(FORMATS)}")

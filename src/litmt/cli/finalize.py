@@ -60,13 +60,23 @@ def finalize_run(cfg: DictConfig) -> dict[str, Any]:
     if not kept:
         raise ConfigError(f"{last} lists no kept checkpoint that still exists in {last.parent}")
     best = max(kept, key=kept.__getitem__)
-    datamodule = instantiate(train_cfg.data)
+    return run_finalize(train_cfg.finalize, instantiate(train_cfg.data), kept, best, run)
+
+
+def run_finalize(
+    fin: DictConfig, datamodule: Any, kept: Mapping[str, Any], best: str, output_dir: Path
+) -> dict[str, Any]:
+    """`finalize` on `datamodule`'s scored corpora (one per direction of a multilingual run)
+    and extra test splits; prints the summary lines and returns the report.
+
+    The end of `litmt.cli.train.train` and of `finalize_run` (scripts/finalize.py).
+    """
     report = finalize(
-        train_cfg.finalize,
+        fin,
         best_k_models=kept,
         best=best,
-        corpus=datamodule.scored_corpora(),  # one per direction of a multilingual run
-        output_dir=run,
+        corpus=datamodule.scored_corpora(),
+        output_dir=output_dir,
         extra_test=datamodule.extra_test,
     )
     for line in summary_lines(report):

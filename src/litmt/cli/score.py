@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from litmt.checkpoint.paths import checkpoint_paths
 from litmt.data.text import open_output, read_text_file
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.forced import ForcedDecoder, PairScore
-from litmt.deploy.engines import direction_options, load_translator
+from litmt.deploy.engines import LoadConfig, load_translator
 from litmt.errors import DataError
 
 
@@ -31,9 +30,8 @@ def score(cfg: DictConfig) -> list[PairScore]:
         DataError: a missing file, or the files differ in line count.
         ConfigError / CheckpointError: from the checkpoint arguments.
     """
-    ckpt = checkpoint_paths(
-        cfg.get("ckpt_path"), run_dir=cfg.get("run_dir"), average_last=cfg.get("average_last")
-    )
+    load = LoadConfig.from_cfg(cfg, "score", ignores=("ensemble",))
+    ckpt = load.paths()
     if not cfg.get("src_file") or not cfg.get("tgt_file"):
         raise DataError("pass src_file=FILE and tgt_file=FILE (one sentence per line, aligned)")
     sources = read_text_file(str(cfg.src_file), "src_file")
@@ -43,15 +41,13 @@ def score(cfg: DictConfig) -> list[PairScore]:
             f"src_file {cfg.src_file} has {len(sources)} lines but tgt_file {cfg.tgt_file} has "
             f"{len(targets)}; the files must align line by line"
         )
-    translator = load_translator(
-        ckpt, engine="torch", device=cfg.get("device"), attention=cfg.get("attention")
-    )
+    translator = load_translator(ckpt, engine="torch", device=load.device, attention=load.attention)
     results = ForcedDecoder(translator).force_decode(
         sources,
         targets,
         length_penalty=DecodeConfig.from_options(cfg.decoding).length_penalty,  # null: the default
         max_tokens=int(cfg.max_tokens),
-        **direction_options(cfg),
+        **load.direction(),
     )
     output = cfg.get("output")
     with open_output(None if output is None else str(output)) as out:

@@ -19,15 +19,12 @@ from omegaconf import DictConfig, OmegaConf
 from litmt.checkpoint.compat import check_compatible
 from litmt.checkpoint.io import atomic_save, load_checkpoint
 from litmt.cli.config_check import check_devices, check_run_dir
+from litmt.cli.finalize import run_finalize
 from litmt.errors import ConfigError, LitmtError
 from litmt.runtime.distributed import release_process_group
-from litmt.runtime.precision import (
-    configure_precision,
-    fp8_precision_plugin,
-    is_fp8,
-    pad_multiple_for,
-)
-from litmt.training.finalize import check_finalize_config, finalize, flat_metrics, summary_lines
+from litmt.runtime.fp8 import fp8_precision_plugin, pad_multiple_for
+from litmt.runtime.precision import configure_precision, is_fp8
+from litmt.training.finalize import check_finalize_config, flat_metrics
 from litmt.training.finetune import model_config_for, prepare_model, setup_init_from
 
 log = logging.getLogger(__name__)
@@ -151,16 +148,60 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _train(cfg: DictConfig) -> dict[str, Any]:
+    """The run's fixed phases: start, data, model, trainer, resume, fit, test and finalize."""
+    output_dir = start_run(cfg)
+    datamodule, init, precision = setup_data(cfg)
+    module = build_module(cfg, datamodule, init)
+    del init
+    callbacks = _instantiate_dict(cfg.get("callbacks"))  # conf/callbacks: every one of them
+    loggers = _instantiate_dict(cfg.get("logger"))
+    for lg in loggers:
+        if hasattr(lg, "log_hyperparams"):
+            lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    trainer = build_trainer(cfg, callbacks, loggers, precision)
+    ckpt = check_resume(cfg, output_dir, module, datamodule)
+    weights_only = bool(cfg.get("weights_only_load", True))
+    fit(trainer, module, datamodule, ckpt, weights_only, output_dir)
+    metrics: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    best, last, kept = saved_checkpoints(trainer)
+    if cfg.get("test_after_training") and not trainer.interrupted:
+        results = trainer.test(
+            module, datamodule=datamodule, ckpt_path=best or None, weights_only=weights_only
+        )
+        metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
+        if best and trainer.is_global_zero and cfg.get("finalize"):
+            report = run_finalize(cfg.finalize, datamodule, kept, best, output_dir)
+            metrics.update(flat_metrics(report))
+    metrics["best_checkpoint"] = best
+    metrics["last_checkpoint"] = last
+    metrics["output_dir"] = str(output_dir)
+    if trainer.is_global_zero:
+        print_summary(metrics)
+    return metrics
+
+
+def start_run(cfg: DictConfig) -> Path:
+    """Seed, create the run directory and check it and the finalize block; returns the
+    directory. A directory holding a run that cannot be resumed is refused (or, with
+    overwrite=true, cleared); resuming itself is decided by `resume_path`, which every rank
+    computes identically."""
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    # Refuse (or, with overwrite=true, clear) a directory holding a run that cannot be resumed.
-    # Resuming itself is decided by `resume_path`, which every rank computes identically.
     check_run_dir(
         output_dir, ckpt_path=cfg.get("ckpt_path"), overwrite=bool(cfg.get("overwrite", False))
     )
     check_finalize_config(cfg)  # fail now, not after the training hour
+    return output_dir
 
+
+def setup_data(cfg: DictConfig) -> tuple[L.LightningDataModule, Any, str | int]:
+    """The prepared datamodule (set up for fit), the `init_from` source and the precision.
+
+    Launchers like torchrun/SLURM start every rank at once: one process per node (or per job,
+    data.prepare_data_per_node=false) trains the tokenizer and tokenises; the others wait for
+    it, then every rank reads the caches.
+    """
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
     init = setup_init_from(cfg, datamodule)  # init_from: its weights come later, its tokenizer now
     precision = trainer_precision(cfg)  # resolved once, for the data padding and the trainer
@@ -168,11 +209,14 @@ def _train(cfg: DictConfig) -> dict[str, Any]:
     if multiple != datamodule.pad_to_multiple:
         log.info("FP8: batch lengths padded to multiples of %d", multiple)
         datamodule.pad_to_multiple = multiple
-    # Launchers like torchrun/SLURM start every rank at once: one process per node (or per
-    # job, data.prepare_data_per_node=false) trains the tokenizer and tokenises; the others
-    # wait for it, then every rank reads the caches.
     datamodule.prepare_once()
     datamodule.setup("fit")
+    return datamodule, init, precision
+
+
+def build_module(cfg: DictConfig, datamodule: Any, init: Any) -> L.LightningModule:
+    """The LightningModule (`cfg.module`) for the datamodule's tokenizer and languages, with
+    the `init_from` weights and `finetune.freeze` applied."""
     tokenizer = datamodule.tokenizer
     module = hydra.utils.instantiate(
         cfg.module,
@@ -184,34 +228,42 @@ def _train(cfg: DictConfig) -> dict[str, Any]:
         languages=datamodule.languages_meta() if hasattr(datamodule, "languages_meta") else None,
     )
     prepare_model(module.model, init, cfg)  # init_from weights, finetune.freeze
-    del init
     log.info("model: %.2fM parameters", module.model.num_parameters() / 1e6)
+    return module
 
-    callbacks = _instantiate_dict(cfg.get("callbacks"))  # conf/callbacks: every one of them
-    loggers = _instantiate_dict(cfg.get("logger"))
-    for lg in loggers:
-        if hasattr(lg, "log_hyperparams"):
-            lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-    trainer = build_trainer(cfg, callbacks, loggers, precision)
 
+def check_resume(cfg: DictConfig, output_dir: Path, module: Any, datamodule: Any) -> str | None:
+    """The checkpoint to resume from (`resume_path`), checked against this run's model,
+    tokenizer and languages now, with a clear message, rather than deep inside Lightning."""
     ckpt = resume_path(cfg, output_dir)
-    if ckpt is not None:
-        state = load_checkpoint(ckpt)  # fails early, with a clear message, on a corrupt file
-        check_compatible(
-            state,
-            module.model.config,
-            tokenizer,
-            path=ckpt,
-            src_lang=datamodule.src_lang,
-            tgt_lang=datamodule.tgt_lang,
-        )
-        log.info("resuming from %s at global step %s", ckpt, state.get("global_step"))
-        del state
-    weights_only = bool(cfg.get("weights_only_load", True))
+    if ckpt is None:
+        return None
+    state = load_checkpoint(ckpt)  # fails early, with a clear message, on a corrupt file
+    check_compatible(
+        state,
+        module.model.config,
+        datamodule.tokenizer,
+        path=ckpt,
+        src_lang=datamodule.src_lang,
+        tgt_lang=datamodule.tgt_lang,
+    )
+    log.info("resuming from %s at global step %s", ckpt, state.get("global_step"))
+    return ckpt
+
+
+def fit(
+    trainer: L.Trainer,
+    module: L.LightningModule,
+    datamodule: L.LightningDataModule,
+    ckpt: str | None,
+    weights_only: bool,
+    output_dir: Path,
+) -> None:
+    """`trainer.fit`; a SIGTERM (callbacks.preemption saved last.ckpt) exits like a process
+    killed by SIGTERM would, with the line that says how to resume."""
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=weights_only)
     except SIGTERMException:
-        # callbacks.preemption saved last.ckpt; exit like a process killed by SIGTERM would
         if trainer.is_global_zero:
             print(
                 f"stopped by SIGTERM at step {trainer.global_step}; resume with the same "
@@ -220,44 +272,30 @@ def _train(cfg: DictConfig) -> dict[str, Any]:
                 flush=True,
             )
         raise SystemExit(EXIT_SIGTERM) from None
-    metrics: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
+
+def saved_checkpoints(trainer: L.Trainer) -> tuple[str | None, str | None, dict[str, Any]]:
+    """(best, last, the kept top-k {path: score}) of the trainer's `ModelCheckpoint`.
+
+    The top-k is copied now: ``trainer.test(ckpt_path=best)`` restores the callbacks' state
+    from `best`, whose ``best_k_models`` is the top-k as it stood when `best` was saved
+    (files since deleted).
+    """
     checkpoint_cb = trainer.checkpoint_callback
     best = getattr(checkpoint_cb, "best_model_path", "") or None
     last = getattr(checkpoint_cb, "last_model_path", "") or None
     best = best if best and Path(best).is_file() else None
     last = last if last and Path(last).is_file() else None
-    # copy now: trainer.test(ckpt_path=best) restores the callbacks' state from `best`, whose
-    # best_k_models is the top-k as it stood when `best` was saved (files since deleted)
-    kept = dict(getattr(checkpoint_cb, "best_k_models", {}))
-    if cfg.get("test_after_training") and not trainer.interrupted:
-        results = trainer.test(
-            module, datamodule=datamodule, ckpt_path=best or None, weights_only=weights_only
-        )
-        metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
-        if best and trainer.is_global_zero and cfg.get("finalize"):
-            # average the best checkpoints, choose beam/length penalty on valid, score test
-            report = finalize(
-                cfg.finalize,
-                best_k_models=kept,
-                best=best,
-                corpus=datamodule.scored_corpora(),  # one per direction of a multilingual run
-                output_dir=output_dir,
-                extra_test=datamodule.extra_test,
-            )
-            metrics.update(flat_metrics(report))
-            for line in summary_lines(report):
-                print(line)
-    metrics["best_checkpoint"] = best
-    metrics["last_checkpoint"] = last
-    metrics["output_dir"] = str(output_dir)
-    if trainer.is_global_zero:
-        print(f"run directory: {output_dir}")
-        if best:
-            print(f"best checkpoint: {best}")
-        if last:
-            print(f"last checkpoint: {last}")
-        for key in ("test/bleu", "test/chrf", "test/loss"):
-            if key in metrics:
-                print(f"{key}: {metrics[key]:.2f}")
-    return metrics
+    return best, last, dict(getattr(checkpoint_cb, "best_k_models", {}))
+
+
+def print_summary(metrics: dict[str, Any]) -> None:
+    """The run's last lines on stdout: its directory, checkpoints and test scores."""
+    print(f"run directory: {metrics['output_dir']}")
+    if metrics["best_checkpoint"]:
+        print(f"best checkpoint: {metrics['best_checkpoint']}")
+    if metrics["last_checkpoint"]:
+        print(f"last checkpoint: {metrics['last_checkpoint']}")
+    for key in ("test/bleu", "test/chrf", "test/loss"):
+        if key in metrics:
+            print(f"{key}: {metrics[key]:.2f}")

@@ -16,21 +16,24 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
-from litmt.checkpoint.paths import checkpoint_paths
+from litmt.config import renamed_keys
 from litmt.data.text import open_output, read_lines
 from litmt.decoding.alignment import AlignConfig
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.translator import Aligned, NBest
-from litmt.deploy.engines import direction_options, engine_options, load_translator
+from litmt.deploy.engines import LoadConfig
 from litmt.errors import ConfigError, DataError
+
+# translate.yaml keys that changed their name: the old spelling works for one release.
+RENAMES = {"scores": "return_scores"}
 
 
 def format_result(
-    result: str | NBest | Aligned, index: int, n_best: int, scores: bool
+    result: str | NBest | Aligned, index: int, n_best: int, return_scores: bool
 ) -> list[str]:
     """Output lines for one input line.
 
-    - ``n_best == 1``: ``hypothesis``, or ``score<TAB>hypothesis`` with `scores`.
+    - ``n_best == 1``: ``hypothesis``, or ``score<TAB>hypothesis`` with `return_scores`.
     - ``n_best > 1``: exactly `n_best` lines ``index<TAB>score<TAB>hypothesis`` (index =
       0-based input line), best first; missing hypotheses (empty input) are padded with
       empty text and score ``-inf``.
@@ -45,7 +48,7 @@ def format_result(
     lines = []
     for text, score, *alignment in entries[:n_best]:
         cols = [str(index)] if n_best > 1 else []
-        cols += [f"{score:.4f}"] if scores else []
+        cols += [f"{score:.4f}"] if return_scores else []
         lines.append("\t".join([*cols, text, *alignment]))
     return lines
 
@@ -126,6 +129,13 @@ def translate_jsonl(
         yield from run()
 
 
+def wants_scores(cfg: DictConfig) -> bool:
+    """``return_scores`` (or its old name ``scores``, with a deprecation line)."""
+    given = {key: cfg.get(key) for key in ("scores", "return_scores")}
+    given = {key: value for key, value in given.items() if value}  # false = null = the default
+    return bool(renamed_keys(given, RENAMES, "translate").get("return_scores"))
+
+
 def translate(cfg: DictConfig) -> int:
     """Translate `text=[...]`, `input=FILE` or stdin to `output=FILE` or stdout.
 
@@ -134,19 +144,17 @@ def translate(cfg: DictConfig) -> int:
     Returns:
         Number of input lines translated.
     """
-    ckpt = checkpoint_paths(
-        cfg.get("ckpt_path"), run_dir=cfg.get("run_dir"), average_last=cfg.get("average_last")
-    )
+    load = LoadConfig.from_cfg(cfg, "translate")
     text, input_path, output_path = cfg.get("text"), cfg.get("input"), cfg.get("output")
     if text is not None and input_path is not None:
         raise ConfigError("give either text=[...] or input=FILE, not both")
     if input_path is not None and not Path(str(input_path)).is_file():
         raise DataError(f"input file not found: {input_path}")
-    translator = load_translator(ckpt, **engine_options(cfg))
+    translator = load.translator(cfg)
     # null keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
     config = DecodeConfig.from_options(cfg.decoding, base=translator.default_config)
-    n_best, scores = config.n_best, bool(cfg.scores) or config.n_best > 1
-    direction = direction_options(cfg)
+    n_best, scores = config.n_best, wants_scores(cfg) or config.n_best > 1
+    direction = load.direction()
     route = translator.route(**direction)  # an unknown direction fails before any input is read
     if route.zero_shot:
         print(f"note: {route.src_lang}-{route.tgt_lang} is zero-shot", file=sys.stderr)

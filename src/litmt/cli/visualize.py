@@ -10,10 +10,15 @@ from omegaconf import DictConfig, ListConfig
 
 from litmt.attention import backend_support
 from litmt.decoding.attention_maps import KINDS, collect_attention, plot_attention
+from litmt.deploy.engines import LoadConfig
 from litmt.errors import ConfigError
 from litmt.models import ATTENTION_SITES, Seq2SeqTransformer, TransformerConfig
 
 log = logging.getLogger(__name__)
+
+# conf/load keys the heatmaps do not read: the kernels are chosen per site
+# (`restore_weight_kernels`), one model is drawn, and the sentence is the direction.
+VISUALIZE_IGNORES = ("attention", "ensemble", "src_lang", "tgt_lang", "allow_zero_shot")
 
 
 def restore_weight_kernels(model: Seq2SeqTransformer, trained: dict[str, Any]) -> None:
@@ -43,18 +48,16 @@ def visualize(cfg: DictConfig) -> list[Path]:
         suffix).
     """
     from litmt.checkpoint.load import load_model
-    from litmt.checkpoint.paths import checkpoint_paths
 
-    ckpt = checkpoint_paths(
-        cfg.get("ckpt_path"), run_dir=cfg.get("run_dir"), average_last=cfg.get("average_last")
-    )
+    load = LoadConfig.from_cfg(cfg, "visualize_attention", ignores=VISUALIZE_IGNORES)
+    ckpt = load.paths()
     if not cfg.get("sentence") or not str(cfg.sentence).strip():
         raise ConfigError('no sentence given: pass sentence="A man is walking."')
     kinds = [str(k) for k in cfg.kind] if isinstance(cfg.kind, ListConfig) else [str(cfg.kind)]
     for kind in kinds:
         if kind not in KINDS:
             raise ConfigError(f"unknown attention kind '{kind}'; valid kinds: {', '.join(KINDS)}")
-    loaded = load_model(ckpt, map_location=cfg.get("device") or "cpu", attention="math")
+    loaded = load_model(ckpt, map_location=load.device, attention="math")
     restore_weight_kernels(loaded.model, loaded.meta["model_config"])
     maps = collect_attention(
         loaded.model, loaded.tokenizer, str(cfg.sentence), target=cfg.get("target")

@@ -3,8 +3,9 @@ beam size and length penalty on the valid split, score test, write ``scores.json
 
 Order, so that test never influences a choice:
 
-1. average the `average_best` checkpoints with the highest validation BLEU
-   (`litmt.checkpoint.average.average_checkpoints`) into ``<checkpoints>/avg_best{N}.ckpt``;
+1. average the `average_best` checkpoints with the highest validation BLEU, each set of
+   weights once (`best_checkpoints`; `litmt.checkpoint.average.average_checkpoints`) into
+   ``<checkpoints>/avg_best{N}.ckpt``;
 2. choose the model on **valid**: the average unless its greedy BLEU is below the best
    checkpoint's (an average that includes early checkpoints of a short run can be worse);
 3. decode **valid** with every (beam size, length penalty) of the grid, using that model,
@@ -16,7 +17,7 @@ Order, so that test never influences a choice:
 
 Data come from the training datamodule's corpus (`ParallelCorpus.load`); decoding is
 `Translator.translate`, BLEU and chrF `litmt.metrics.corpus_scores` (sacreBLEU), in
-`bleu_on_split`. A multilingual model (`data.directions`) is scored on every direction's
+`bleu_on_split`; the report's text and metrics are `litmt.training.finalize_report`'s. A multilingual model (`data.directions`) is scored on every direction's
 split (``bleu_en-fr``, ...); its ``bleu``/``chrf`` are the means over the directions, which
 the valid choice maximises.
 """
@@ -35,10 +36,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 from litmt.checkpoint.average import average_checkpoints
+from litmt.checkpoint.io import weights_digest
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.translator import Translator
 from litmt.errors import ConfigError, DataError
 from litmt.metrics import corpus_scores
+from litmt.training.finalize_report import flat_metrics, summary_lines
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +94,30 @@ def check_finalize_config(cfg: DictConfig) -> None:
 
 
 def best_checkpoints(best_k_models: Mapping[str, Any], n: int) -> list[str]:
-    """The `n` existing checkpoints with the highest validation score, best first.
+    """The `n` existing checkpoints with the highest validation score, best first, each with
+    other weights than the ones before it.
+
+    A checkpoint whose weights equal a better-ranked one's (a run stopped by the clock could
+    validate and save the same weights twice, one step apart; `StopAtTimeBudget` prevents it
+    now) is skipped with a log line, so the average counts each set of weights once.
 
     Args:
         best_k_models: `ModelCheckpoint.best_k_models` ({path: monitored score}, mode max).
         n: how many.
     """
     ranked = sorted(best_k_models.items(), key=lambda kv: float(kv[1]), reverse=True)
-    return [str(p) for p, _ in ranked if Path(p).is_file()][:n]
+    chosen: list[str] = []
+    seen: dict[str, str] = {}  # weights digest -> the first checkpoint with those weights
+    for path in (str(p) for p, _ in ranked if Path(p).is_file()):
+        if len(chosen) == n:
+            break
+        digest = weights_digest(path)
+        if digest in seen:
+            log.info("finalize: %s has the weights of %s; counted once", path, seen[digest])
+            continue
+        seen[digest] = path
+        chosen.append(path)
+    return chosen
 
 
 def bleu_on_split(
@@ -200,25 +219,12 @@ def finalize(
             decoding; one the data lacks is skipped with a warning.
     """
     max_tokens = int(fin.get("max_tokens") or 4096)
-    n = int(fin.get("average_best") or 0)
     beams, penalties = list(fin.get("beam_sizes") or []), list(fin.get("length_penalties") or [])
-    models: dict[str, list[str]] = {"best": [best]}
-    average: str | None = None
-    if n > 1:
-        paths = best_checkpoints(best_k_models, n)
-        if len(paths) < 2:
-            log.info("finalize: %d checkpoint(s) kept, nothing to average", len(paths))
-        else:
-            if len(paths) < n:
-                log.info("finalize: only %d checkpoints kept; averaging those", len(paths))
-            average = str(Path(best).parent / f"avg_best{n}.ckpt")
-            average_checkpoints(paths, average)
-            log.info("finalize: averaged %s → %s", ", ".join(paths), average)
-            models["average"] = paths
+    average, averaged = average_best(best_k_models, best, int(fin.get("average_best") or 0))
     report: dict[str, Any] = {
         "best_checkpoint": best,
         "average_checkpoint": average,
-        "averaged_from": models.get("average", []),
+        "averaged_from": averaged,
         "valid_models": {},
         "chosen_model": "best",
         "valid_grid": [],
@@ -227,36 +233,17 @@ def finalize(
         "final": None,
         "extra_test": {},
     }
-    if len(models) == 1 and not beams and not extra_test:
+    if average is None and not beams and not extra_test:
         log.info("finalize: no averaging, an empty beam grid and no extra test; nothing to do")
         return report
-
-    def one(c: Any, name: str, multi: bool) -> Split:
-        ds = c.load(name)
-        langs = (c.src_lang, c.tgt_lang) if multi else (None, None)
-        return Split(name, list(ds["src"]), list(ds["tgt"]), *langs)
-
-    def split(name: str) -> Split | list[Split]:
-        if isinstance(corpus, list | tuple):
-            return [one(c, name, True) for c in corpus]
-        return one(corpus, name, False)
-
-    translators = {
-        key: Translator.from_checkpoint(average if key == "average" else best) for key in models
-    }
-    chosen_model, greedy = "best", None
-    if "average" in translators:  # choose the model on valid, never on test
-        chosen_model, report["valid_models"] = choose_model(translators, split("valid"), max_tokens)
-        greedy = report["valid_models"][chosen_model]
-    report["chosen_model"] = chosen_model
-    chosen: DecodeConfig | None = None
-    if beams:
-        chosen, report["valid_grid"] = choose_decoding(
-            translators[chosen_model], split("valid"), beams, penalties, max_tokens, greedy
-        )
-        report["chosen"] = dataclasses.asdict(chosen)
-    test = split("test")
+    translators = {"best": Translator.from_checkpoint(best)}
+    if average is not None:
+        translators["average"] = Translator.from_checkpoint(average)
+    chosen_model, chosen = choose_on_valid(
+        report, translators, corpus, beams, penalties, max_tokens
+    )
     decodings = {"greedy": GREEDY, **({"chosen": chosen} if chosen is not None else {})}
+    test = read_split(corpus, "test")
     for key, translator in translators.items():
         report["test"][key] = {
             name: bleu_on_split(translator, test, config, max_tokens)
@@ -275,6 +262,74 @@ def finalize(
     path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     report["scores_file"] = str(path)
     return report
+
+
+def average_best(
+    best_k_models: Mapping[str, Any], best: str, n: int
+) -> tuple[str | None, list[str]]:
+    """Step 1: average the `n` best distinct checkpoints (`best_checkpoints`) into
+    ``avg_best{n}.ckpt`` next to `best`.
+
+    Returns:
+        (the average's path, the checkpoints averaged); (None, []) when `n` <= 1 or fewer than
+        two checkpoints are kept.
+    """
+    if n <= 1:
+        return None, []
+    paths = best_checkpoints(best_k_models, n)
+    if len(paths) < 2:
+        log.info("finalize: %d checkpoint(s) kept, nothing to average", len(paths))
+        return None, []
+    if len(paths) < n:
+        log.info("finalize: only %d checkpoints kept; averaging those", len(paths))
+    average = str(Path(best).parent / f"avg_best{n}.ckpt")
+    average_checkpoints(paths, average)
+    log.info("finalize: averaged %s → %s", ", ".join(paths), average)
+    return average, paths
+
+
+def read_split(corpus: Any, name: str) -> Split | list[Split]:
+    """Split `name` of `corpus`: one `Split`, or one per direction (a list of corpora)."""
+
+    def one(c: Any, multi: bool) -> Split:
+        ds = c.load(name)
+        langs = (c.src_lang, c.tgt_lang) if multi else (None, None)
+        return Split(name, list(ds["src"]), list(ds["tgt"]), *langs)
+
+    if isinstance(corpus, list | tuple):
+        return [one(c, True) for c in corpus]
+    return one(corpus, False)
+
+
+def choose_on_valid(
+    report: dict[str, Any],
+    translators: Mapping[str, Translator],
+    corpus: Any,
+    beams: Sequence[int],
+    penalties: Sequence[float],
+    max_tokens: int,
+) -> tuple[str, DecodeConfig | None]:
+    """Steps 2 and 3, on valid only: the model (`choose_model`, when there is an average) and
+    the decoding (`choose_decoding`, when there is a grid); fills `report`'s ``valid_models``,
+    ``chosen_model``, ``valid_grid`` and ``chosen``.
+
+    Returns:
+        (the chosen model's key, the chosen decoding or None without a grid)
+    """
+    chosen_model, greedy, chosen = "best", None, None
+    if "average" not in translators and not beams:
+        return chosen_model, chosen
+    valid = read_split(corpus, "valid")
+    if "average" in translators:  # choose the model on valid, never on test
+        chosen_model, report["valid_models"] = choose_model(translators, valid, max_tokens)
+        greedy = report["valid_models"][chosen_model]
+    report["chosen_model"] = chosen_model
+    if beams:
+        chosen, report["valid_grid"] = choose_decoding(
+            translators[chosen_model], valid, beams, penalties, max_tokens, greedy
+        )
+        report["chosen"] = dataclasses.asdict(chosen)
+    return chosen_model, chosen
 
 
 def score_extra_test(
@@ -312,87 +367,18 @@ def score_extra_test(
     return out
 
 
-def _score_lines(prefix: str, s: Mapping[str, float]) -> list[str]:
-    lines = [f"{prefix}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}"]
-    for key in sorted(k for k in s if k.startswith("bleu_")):  # per direction
-        lines.append(f"{prefix} {key[5:]}: BLEU {s[key]:.2f}")
-    return lines
-
-
-def summary_lines(report: Mapping[str, Any]) -> list[str]:
-    """The final log lines: the model and decoding chosen on valid, one line of test scores
-    per model and decoding, the final score, then the extra test sets."""
-    lines = []
-    valid_models = report.get("valid_models") or {}
-    if "average" in valid_models:
-        v = {k: s["bleu"] for k, s in valid_models.items()}
-        lines.append(
-            f"model chosen on valid: {report['chosen_model']} (greedy BLEU average "
-            f"{v['average']:.2f}, best checkpoint {v['best']:.2f})"
-        )
-    if report.get("chosen"):
-        c = report["chosen"]
-        grid = report.get("valid_grid") or []
-        # the choice is the grid's highest valid BLEU (choose_decoding)
-        valid = f" (valid BLEU {max(g['bleu'] for g in grid):.2f})" if grid else ""
-        lines.append(
-            f"chosen on valid: beam {c['beam_size']}, length penalty {c['length_penalty']}{valid}"
-        )
-    for model, by_decoding in report.get("test", {}).items():
-        for decoding, s in by_decoding.items():
-            lines.extend(_score_lines(f"test {model} {decoding}", s))
-    if final := report.get("final"):
-        lines.extend(_score_lines(f"final test ({final['model']}, {final['decoding']})", final))
-    for name, by_decoding in (report.get("extra_test") or {}).items():
-        for decoding, s in by_decoding.items():
-            if decoding == "skipped":
-                lines.extend(f"extra test {name} {d}: skipped (not in the data)" for d in s)
-            else:
-                lines.extend(_score_lines(f"extra test {name} {decoding}", s))
-    if report.get("scores_file"):
-        lines.append(f"scores: {report['scores_file']}")
-    return lines
-
-
-def flat_metrics(report: Mapping[str, Any]) -> dict[str, Any]:
-    """`train()`'s extra metrics: ``final/<model>/<decoding>/<metric>``, ``final/bleu`` (the
-    model and decoding chosen on valid), ``final/extra/<split>/<decoding>/<metric>`` and the
-    paths."""
-    out: dict[str, Any] = {
-        f"final/{model}/{decoding}/{metric}": value
-        for model, by_decoding in report.get("test", {}).items()
-        for decoding, scores in by_decoding.items()
-        for metric, value in scores.items()
-    }
-    out.update(
-        {
-            f"final/extra/{name}/{decoding}/{metric}": value
-            for name, by_decoding in (report.get("extra_test") or {}).items()
-            for decoding, scores in by_decoding.items()
-            if decoding != "skipped"
-            for metric, value in scores.items()
-        }
-    )
-    if final := report.get("final"):
-        out["final/bleu"], out["final/chrf"] = final["bleu"], final["chrf"]
-        out["final/model"] = final["model"]
-    if report.get("chosen"):
-        out["final/beam_size"] = report["chosen"]["beam_size"]
-        out["final/length_penalty"] = report["chosen"]["length_penalty"]
-    out["average_checkpoint"] = report.get("average_checkpoint")
-    out["scores_file"] = report.get("scores_file")
-    return out
-
-
 __all__ = [
     "Split",
+    "average_best",
     "best_checkpoints",
     "bleu_on_split",
     "check_finalize_config",
     "choose_decoding",
     "choose_model",
+    "choose_on_valid",
     "finalize",
     "flat_metrics",
+    "read_split",
     "score_extra_test",
     "summary_lines",
 ]

@@ -373,11 +373,11 @@ def test_ct2_only_options_on_the_torch_engine_are_logged(ckpt, tmp_path, caplog,
     assert "ignored by engine=torch" not in caplog.text  # defaults: nothing to report
     assert threads == []  # threads=0: torch's own setting stays
     load_translator(
-        ckpt, engine="torch", device="cpu", cache_dir=tmp_path, quantization="int8", threads=2
+        ckpt, engine="torch", device="cpu", ct2_cache_dir=tmp_path, quantization="int8", threads=2
     )
     lines = [r.getMessage() for r in caplog.records if "ignored by engine=torch" in r.getMessage()]
     assert len(lines) == 1
-    assert "ct2_cache=" in lines[0] and "quantization=int8" in lines[0]
+    assert "ct2_cache_dir=" in lines[0] and "quantization=int8" in lines[0]
     # threads means the same on every engine (litmt.runtime.threads): torch's threads here
     assert "threads" not in lines[0] and threads == [2]
 

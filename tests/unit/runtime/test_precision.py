@@ -15,13 +15,11 @@ from torch import nn
 from train_utils import compose_train, tiny_overrides, write_toy_corpus
 
 from litmt.errors import ConfigError
+from litmt.runtime.fp8 import drop_fp8_extra_state, fp8_disabled, hide_tied_linears
 from litmt.runtime.precision import (
     InferencePlan,
     compute_dtype,
     configure_precision,
-    drop_fp8_extra_state,
-    fp8_disabled,
-    hide_tied_linears,
     inference_plan,
     resolve_precision,
 )
@@ -240,7 +238,7 @@ def fake_te(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_fp8_conversion_keeps_the_output_projection_tied(fake_te) -> None:
-    from litmt.runtime.precision import fp8_precision_plugin
+    from litmt.runtime.fp8 import fp8_precision_plugin
 
     model = _Tied()
     plugin = fp8_precision_plugin("transformer-engine")
@@ -259,7 +257,8 @@ def test_fp8_training_keeps_float32_master_weights(fake_te, name, compute) -> No
     """Lightning's plugin casts the module to `weights_dtype` (bf16 / fp16), so the optimizer
     updates half-precision weights and an update below their spacing is lost; litmt's plugin
     keeps float32 weights and computes in bf16 / fp16 (`fallback_compute_dtype`)."""
-    from litmt.runtime.precision import fp8_precision_plugin, precision_name
+    from litmt.runtime.fp8 import fp8_precision_plugin
+    from litmt.runtime.precision import precision_name
 
     plugin = fp8_precision_plugin(name)
     assert plugin.weights_dtype == torch.float32
@@ -280,7 +279,7 @@ def test_fp8_training_keeps_float32_master_weights(fake_te, name, compute) -> No
 def test_fp8_refuses_a_linear_lightning_converts_but_te_cannot_run(fake_te) -> None:
     """in_features 24: Lightning's rule (in % 8, out % 16) converts it; TE's FP8 GEMM needs
     the last input dimension % 16 and would assert on the first batch."""
-    from litmt.runtime.precision import fp8_precision_plugin
+    from litmt.runtime.fp8 import fp8_precision_plugin
 
     model = nn.Sequential(nn.Linear(16, 24), nn.ReLU(), nn.Linear(24, 32))
     with pytest.raises(ConfigError, match=r"^FP8: layer 2 has in_features=24, which Transformer"):
@@ -325,7 +324,7 @@ def test_hide_tied_linears_restores_the_layers() -> None:
 
 
 def test_fp8_state_dict_loads_into_a_plain_model(fake_te) -> None:
-    from litmt.runtime.precision import fp8_precision_plugin
+    from litmt.runtime.fp8 import fp8_precision_plugin
 
     converted = fp8_precision_plugin("transformer-engine").convert_module(_Tied())
     state = converted.state_dict()

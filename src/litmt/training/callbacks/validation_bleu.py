@@ -19,7 +19,7 @@ from torch import Tensor
 
 from litmt.decoding.config import decoding_options
 from litmt.metrics import corpus_scores
-from litmt.runtime.precision import fp8_disabled
+from litmt.runtime.fp8 import fp8_disabled
 
 log = logging.getLogger(__name__)
 
@@ -177,24 +177,12 @@ class ValidationBleu(L.Callback):
         self._start(trainer, "test")
 
     def on_validation_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: dict[str, Tensor],
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, trainer: L.Trainer, pl_module: L.LightningModule, _: Any, batch: Any, *__: Any
     ) -> None:
         self._batch(trainer, pl_module, batch, "valid")
 
     def on_test_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: dict[str, Tensor],
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, trainer: L.Trainer, pl_module: L.LightningModule, _: Any, batch: Any, *__: Any
     ) -> None:
         self._batch(trainer, pl_module, batch, "test")
 
