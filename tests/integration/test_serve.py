@@ -491,6 +491,21 @@ def test_serve_yaml_leaves_every_server_setting_at_its_dataclass_default(monkeyp
     assert (run["host"], run["port"], run["limit_concurrency"]) == ("127.0.0.1", 5000, 512)
 
 
+def test_serve_reads_the_shared_load_group_and_refuses_what_it_cannot_serve(monkeypatch):
+    """ckpt_path and device come from conf/load/default.yaml; a load key the server cannot
+    honour is one line, never silently dropped."""
+    _, keywords, _ = _serve_job(monkeypatch, ["ckpt_path=m.ckpt", "device=cpu"])
+    assert (keywords["model"], keywords["device"]) == ("m.ckpt", "cpu")
+    with pytest.raises(ConfigError, match=r"^serve does not read ensemble=True; drop it$"):
+        _serve_job(monkeypatch, ["ckpt_path=m.ckpt", "ensemble=true"])
+    with pytest.raises(ConfigError, match=r"^serve does not read tgt_lang=fr; drop it$"):
+        _serve_job(monkeypatch, ["ckpt_path=m.ckpt", "tgt_lang=fr"])
+    with pytest.raises(ConfigError, match=r"^serve takes one model, got ckpt_path=\['a.ckpt', "):
+        _serve_job(monkeypatch, ["ckpt_path=[a.ckpt,b.ckpt]"])
+    with pytest.raises(ConfigError, match=r"^no model given: pass ckpt_path="):
+        _serve_job(monkeypatch, [])
+
+
 @pytest.mark.parametrize(
     ("old", "new", "read"),
     [

@@ -42,7 +42,7 @@ CASES = [
     Case(
         "serve.yaml",
         "litmt.deploy.serve_config:ServeConfig",
-        others=frozenset({"ckpt_path", "device", "explorer", "max_tokens", "hydra"}),
+        others=frozenset({"explorer", "max_tokens", "hydra"}),
     ),
 ]
 

@@ -1,7 +1,8 @@
 """The serve command: the HTTP translation server (conf/serve.yaml).
 
 The server's keys are the fields of `litmt.deploy.serve_config.ServeConfig` (their defaults
-and docs live there); the other keys of serve.yaml say what to load (`NOT_SERVER_KEYS`).
+and docs live there); what to load comes from the shared load group (`LoadConfig`:
+``ckpt_path``, ``device``; the load keys serve cannot honour are refused, `SERVE_IGNORES`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 from litmt.config import build, plain, renamed_keys
 from litmt.deploy.access import exposure_warning, load_keys
-from litmt.deploy.engines import engine_options
+from litmt.deploy.engines import LoadConfig, engine_options
 from litmt.deploy.serve_config import RENAMES, ServeConfig, old_serve_keys
 from litmt.deploy.server import build_server_app
 from litmt.errors import ConfigError
@@ -23,7 +24,11 @@ OLD_KEYS = {"model_path": "ckpt_path"}
 # serve.yaml's keys that say what to load and how to decode, not how to serve (the engine
 # keys are conf/engine/'s; max_tokens joins the decoding options).
 NOT_SERVER_KEYS = ("ckpt_path", "device", "explorer", "max_tokens", "hydra", "engine",
-                   "threads", "compute_type", "ct2_cache", "ct2_cache_dir", "quantization")  # fmt: skip
+                   "threads", "compute_type", "ct2_cache", "ct2_cache_dir", "quantization",
+                   "run_dir", "average_last", "attention", "ensemble", "src_lang", "tgt_lang")  # fmt: skip
+# The load keys (conf/load/default.yaml) serve does not read: set, each is one line and exit 2.
+# allow_zero_shot is read, as the server's policy (ServeConfig.allow_zero_shot).
+SERVE_IGNORES = ("run_dir", "average_last", "attention", "ensemble", "src_lang", "tgt_lang")
 
 
 def serve_config(values: dict[str, Any]) -> ServeConfig:
@@ -52,9 +57,15 @@ def serve(cfg: Any) -> None:
 
     values = plain(cfg)
     values = renamed_keys({k: v for k, v in values.items() if v is not None}, OLD_KEYS, "serve")
-    if not values.get("ckpt_path"):
+    load = LoadConfig.from_cfg(values, "serve", ignores=SERVE_IGNORES)
+    if not load.ckpt_path:
         raise ConfigError(
             "no model given: pass ckpt_path=<a .ckpt file or a CTranslate2 export directory>"
+        )
+    if not isinstance(load.ckpt_path, str):
+        raise ConfigError(
+            f"serve takes one model, got ckpt_path={load.ckpt_path}; average the checkpoints "
+            "first (scripts/average_checkpoints.py) or export them (scripts/export.py)"
         )
     # first: a bad limit or decoding option is one line and exit 2, before the model loads
     settings = serve_config(values)
@@ -62,13 +73,13 @@ def serve(cfg: Any) -> None:
     if warning:  # before the model loads; a missing key file is one line and exit 2 here too
         log.warning(warning)
     app = build_server_app(
-        str(values["ckpt_path"]),
-        device=values.get("device"),
+        load.ckpt_path,
+        device=load.device,
         explorer=bool(values.get("explorer", True)),
         settings=settings,
         **engine_options(cfg),
     )
-    log.info("serving %s on http://%s:%d", values["ckpt_path"], settings.host, settings.port)
+    log.info("serving %s on http://%s:%d", load.ckpt_path, settings.host, settings.port)
     uvicorn.run(
         app,
         host=settings.host,

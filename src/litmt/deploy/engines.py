@@ -48,7 +48,7 @@ class LoadConfig:
     """What a command loads: the checkpoint(s), the device and kernel, the direction.
 
     The keys of conf/load/default.yaml, which translate, evaluate, score, visualize_attention,
-    export and average_checkpoints include (``# @package _global_``: users type
+    export, average_checkpoints and serve include (``# @package _global_``: users type
     ``ckpt_path=...``, not ``load.ckpt_path=...``).
     """
 
