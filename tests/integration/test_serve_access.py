@@ -215,3 +215,116 @@ def test_keys_guard_every_libretranslate_route(tmp_path):
     with _serve() as running, _client(running) as c:
         settings = c.get("/frontend/settings").json()
         assert (settings["apiKeys"], settings["keyRequired"]) == (False, False)
+
+
+# --- issue 43, item 5: keys and origins ---
+
+
+def _request(ip: str = "10.0.0.1", origin: str | None = None):
+    """A stand-in for a Starlette request: what `AccessGuard.check` reads."""
+    from types import SimpleNamespace
+
+    headers = {"origin": origin} if origin is not None else {}
+    return SimpleNamespace(headers=headers, client=SimpleNamespace(host=ip))
+
+
+def test_require_api_key_origin_is_matched_in_full(tmp_path):
+    access = _keys(tmp_path, "good\n", require_api_key_origin=r"https://ui\.example")
+    with _serve(access) as running, _client(running) as c:
+        r = c.post("/translate", json=Q, headers={"Origin": "https://ui.example.evil.net"})
+        assert r.status_code == 403, r.text
+        assert r.json() == {"error": "Please contact the server operator to get an API key"}
+        r = c.post("/translate", json=Q, headers={"Origin": "https://ui.example"})
+        assert r.status_code == 200
+
+
+def test_a_wrong_key_counts_against_its_address_so_guesses_get_429(tmp_path):
+    clock = _Clock()
+    access = _keys(tmp_path, "good\n", req_limit=3)
+    with _serve(access, clock=clock) as running, _client(running) as c:
+        codes = [
+            c.post("/translate", json={**Q, "api_key": f"guess-{i}"}).status_code for i in range(5)
+        ]
+        assert codes == [403, 403, 403, 429, 429]
+        r = c.post("/translate", json=Q)  # the address itself is spent too
+        assert r.status_code == 429 and r.json() == {"error": "Slowdown: 3 per 1 minute"}
+        # the right key is counted apart, so its owner is not locked out by the guesses
+        assert c.post("/translate", json={**Q, "api_key": "good"}).status_code == 200
+
+
+def test_api_keys_are_redacted_from_log_lines(tmp_path):
+    """uvicorn's access line (a key in the query string) and any litmt line carry no key."""
+    secret = "k-s3cret-alice"
+    records: list[logging.LogRecord] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    keep = _Keep()
+    access_log = logging.getLogger("uvicorn.access")
+    access = _keys(tmp_path, f"{secret}\n")
+    with _serve(access) as running, _client(running) as c:
+        level = access_log.level
+        access_log.addHandler(keep)
+        access_log.setLevel(logging.INFO)
+        try:
+            r = c.post(f"/translate?api_key={secret}", data=Q)
+            assert r.status_code == 200
+            r = c.post("/translate?api_key=not-a-key-at-all", data=Q)
+            assert r.status_code == 403
+        finally:
+            access_log.removeHandler(keep)
+            access_log.setLevel(level)
+    caught: list[logging.LogRecord] = []
+
+    class _Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            caught.append(record)
+
+    test_log = logging.getLogger("litmt.deploy.test")
+    test_log.addHandler(catch := _Catch())
+    try:
+        test_log.warning("body: %s", {"api_key": secret})
+        test_log.warning(f"params api_key={secret} q=hi")
+    finally:
+        test_log.removeHandler(catch)
+    lines = [r.getMessage() for r in records + caught]
+    assert any("/translate?api_key=" in line for line in lines), lines
+    assert len(caught) == 2, lines
+    assert not any(secret in line or "not-a-key-at-all" in line for line in lines), lines
+
+
+def test_the_limiter_table_is_bounded_and_forgets_idle_clients():
+    clock = _Clock()
+    guard = AccessGuard(AccessConfig(api_keys_env=None, req_limit=5), clock=clock)
+    for i in range(100):  # idle clients leave the table on the next request, not past 10,000
+        assert guard.check(_request(f"10.0.{i // 256}.{i % 256}"), {}) is None
+    clock.now += 61
+    assert guard.check(_request("10.9.9.9"), {}) is None
+    assert len(guard._hits) == 1
+    for i in range(10_050):  # all live in the same minute: the table still has a bound
+        assert guard.check(_request(f"fd00::{i:x}"), {}) is None
+    assert len(guard._hits) <= 10_000
+
+
+def test_the_window_slides_rather_than_resets():
+    """At its limit a client is served again when its oldest hit leaves the minute; a fixed
+    window (reset 60 s after the first hit) would serve both requests after 60 s."""
+    clock = _Clock()
+    guard = AccessGuard(AccessConfig(api_keys_env=None, req_limit=2), clock=clock)
+    start = clock.now
+    assert guard.check(_request(), {}) is None  # t = 0
+    clock.now = start + 30
+    assert guard.check(_request(), {}) is None  # t = 30
+    clock.now = start + 45
+    r = guard.check(_request(), {})
+    assert r.status_code == 429 and r.headers["retry-after"] == "15"
+    clock.now = start + 60.5
+    assert guard.check(_request(), {}) is None  # the t = 0 hit left the minute
+    clock.now = start + 61
+    r = guard.check(_request(), {})  # t = 30 and t = 60.5 are still in it
+    assert r is not None and r.status_code == 429
+    assert r.headers["retry-after"] == "29"  # the t = 30 hit leaves at t = 90
+    clock.now = start + 90.5
+    assert guard.check(_request(), {}) is None

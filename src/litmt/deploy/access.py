@@ -8,25 +8,32 @@ Behaviour and messages follow LibreTranslate (``libretranslate/app.py``, ``acces
   LibreTranslate reads it). A key that is not known → 403 ``{"error": "Invalid API key"}``.
   A request without one is served at the default limit (``--api-keys``), unless keys are
   required (``require_api_key``, or ``require_api_key_origin`` and an ``Origin`` header that
-  does not match that regex) → 403 ``{"error": "Please contact the server operator to get an
-  API key"}``. (LibreTranslate answers that one with 400; issue 24 asks for 403.)
+  the regex does not match in full) → 403 ``{"error": "Please contact the server operator to get an
+  API key"}``. (LibreTranslate answers that one with 400; issue 24 asks for 403.) A wrong key
+  counts as a hit of its client IP, so guessing keys runs into the 429 below.
 - Rate limit (``--req-limit``): requests per minute, counted per API key when one is given
   and per client IP otherwise, in a moving window of 60 s. A key may carry its own limit
   (LibreTranslate's ``req_limit`` column): ``KEY LIMIT`` on its line. Over it → 429
   ``{"error": "Slowdown: N per 1 minute"}`` with ``Retry-After``. ``-1`` = no limit.
 - CORS: none by default (same origin only: no ``Access-Control-*`` headers); ``"*"`` (or
   ``true``) for every origin as LibreTranslate does; or a list of allowed origins.
+- Logs: once a guard exists, ``api_key=...`` (query string, form, JSON or dict text) and every
+  known key are written as ``***`` in every log record of the process, uvicorn's access
+  line included (`redact_keys_in_logs`).
 
-The counts live in memory, per server process.
+The counts live in memory, per server process, for at most `MAX_CLIENTS` keys and addresses
+(the least recently seen are forgotten first).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
+import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +46,8 @@ INVALID_KEY = "Invalid API key"  # LibreTranslate's message
 NEED_KEY = "Please contact the server operator to get an API key"  # LibreTranslate's message
 WINDOW_S = 60.0  # req_limit is per minute
 ANY_HOST = ("0.0.0.0", "::", "")
+MAX_CLIENTS = 10_000  # keys and addresses the limiter remembers; the least recently seen go first
+REDACTED = "***"
 
 
 @dataclass
@@ -48,7 +57,7 @@ class AccessConfig:
 
     api_keys_file: str | None = None
     """API keys, one per line ("KEY" or "KEY LIMIT": its own requests/minute); null = none. A
-    bad api_key gets 403"""
+    bad api_key gets 403 and counts against its IP's req_limit"""
     api_keys_env: str | None = "LITMT_API_KEYS"
     """environment variable with more keys (comma- or space-separated); '' = none. Keys are on
     when the file or the variable gives any"""
@@ -56,7 +65,7 @@ class AccessConfig:
     """true: a request without api_key gets 403; false: it is served at req_limit per IP"""
     require_api_key_origin: str | None = None
     """regex (LibreTranslate's --require-api-key-origin): a request needs a key unless its
-    Origin matches"""
+    Origin matches it in full"""
     req_limit: int = -1
     """requests per minute per API key (or per client IP without one), else 429 "Slowdown: N
     per 1 minute"; -1 = no limit"""
@@ -139,7 +148,11 @@ class AccessGuard:
             if self.settings.require_api_key_origin
             else None
         )
-        self._hits: dict[str, deque[float]] = {}
+        # who → times of its hits in the window; ordered by last hit, the idlest first
+        self._hits: OrderedDict[str, deque[float]] = OrderedDict()
+        self.max_clients = MAX_CLIENTS
+        self._lock = threading.Lock()
+        redact_keys_in_logs(self.keys)
 
     @property
     def keys_on(self) -> bool:
@@ -161,6 +174,10 @@ class AccessGuard:
         limit = int(self.settings.req_limit)
         if self.keys_on:
             if key is not None and key not in self.keys:
+                # a guess is a hit of its address: guessing keys runs into the IP's 429
+                wait = self._hit(f"ip:{self.client_ip(request)}", limit) if limit >= 0 else None
+                if wait is not None:
+                    return _slowdown(limit, wait)
                 return JSONResponse({"error": INVALID_KEY}, status_code=403)
             if key is None and self._key_required(request):
                 return JSONResponse({"error": NEED_KEY}, status_code=403)
@@ -172,35 +189,132 @@ class AccessGuard:
             return None
         who = f"key:{key}" if key is not None else f"ip:{self.client_ip(request)}"
         wait = self._hit(who, limit)
-        if wait is None:
-            return None
-        return JSONResponse(
-            {"error": f"Slowdown: {limit} per 1 minute"},
-            status_code=429,
-            headers={"Retry-After": str(max(1, math.ceil(wait)))},
-        )
+        return None if wait is None else _slowdown(limit, wait)
 
     def _key_required(self, request: Any) -> bool:
         if self.settings.require_api_key:
             return True
         if self._origin is not None:
-            return not self._origin.match(request.headers.get("origin", ""))
+            return not self._origin.fullmatch(request.headers.get("origin", ""))
         return False
 
     def _hit(self, who: str, limit: int) -> float | None:
-        """Count one request of `who` in the moving window: None if allowed, else the
-        seconds until the oldest counted request leaves the window."""
-        now = self.clock()
-        if len(self._hits) > 10_000:  # forget idle clients: memory stays bounded
-            for name in [n for n, q in self._hits.items() if not q or q[-1] <= now - WINDOW_S]:
-                del self._hits[name]
-        hits = self._hits.setdefault(who, deque())
-        while hits and hits[0] <= now - WINDOW_S:
-            hits.popleft()
-        if len(hits) >= limit:
-            return hits[0] + WINDOW_S - now
-        hits.append(now)
-        return None
+        """Count one request of `who` in the sliding window: None if allowed, else the
+        seconds until its oldest counted request leaves the window.
+
+        The table is ordered by last counted hit, so forgetting idle clients pops from its
+        front: amortised O(1) per request. Past `max_clients` the least recently seen goes
+        too (its count is lost: the price of a bounded table)."""
+        with self._lock:
+            now = self.clock()
+            while self._hits:  # the idlest first: stop at the first one still in the window
+                oldest, oldest_hits = next(iter(self._hits.items()))
+                if oldest_hits and oldest_hits[-1] > now - WINDOW_S:
+                    break
+                del self._hits[oldest]
+            hits = self._hits.get(who, deque())
+            while hits and hits[0] <= now - WINDOW_S:
+                hits.popleft()
+            if len(hits) >= limit:  # refused: not a hit, so its place in the order stays
+                return hits[0] + WINDOW_S - now
+            hits.append(now)
+            self._hits[who] = hits
+            self._hits.move_to_end(who)  # the most recently seen
+            while len(self._hits) > self.max_clients:
+                self._hits.popitem(last=False)
+            return None
+
+
+def _slowdown(limit: int, wait: float) -> Any:
+    """The 429 of a client over `limit`; `wait`: seconds until its oldest hit leaves."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(
+        {"error": f"Slowdown: {limit} per 1 minute"},
+        status_code=429,
+        headers={"Retry-After": str(max(1, math.ceil(wait)))},
+    )
+
+
+# api_key=..., "api_key": "...", 'api_key': '...' (query strings, form bodies, JSON, dicts)
+_KEY_FIELD = re.compile(r"""(api_key['"]?\s*[=:]\s*['"]?)([^\s&'",;}\]]+)""", re.IGNORECASE)
+_MIN_KEY_CHARS = 4  # shorter known keys are not searched for in log text (only api_key=...)
+
+
+class _Redacted:
+    """A log argument shown redacted by both %s and %r."""
+
+    def __init__(self, text: str, representation: str) -> None:
+        self.text, self.representation = text, representation
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return self.representation
+
+
+class _KeyRedactor:
+    """Writes API keys as ``***`` in every log record made after `install` (a log record
+    factory, so uvicorn's access line and records of every logger and handler are covered)."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+        self.known: re.Pattern[str] | None = None
+        self.installed = False
+        self.lock = threading.Lock()
+
+    def add(self, keys: Any) -> None:
+        with self.lock:
+            self.keys.update(k for k in keys if len(k) >= _MIN_KEY_CHARS)
+            if self.keys:  # the longest first, so a key that contains another goes whole
+                ordered = sorted(self.keys, key=len, reverse=True)
+                self.known = re.compile("|".join(map(re.escape, ordered)))
+
+    def install(self) -> None:
+        with self.lock:
+            if self.installed:
+                return
+            make = logging.getLogRecordFactory()
+
+            def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+                return self.record(make(*args, **kwargs))
+
+            logging.setLogRecordFactory(factory)
+            self.installed = True
+
+    def text(self, text: str) -> str:
+        if "api_key" in text.lower():
+            text = _KEY_FIELD.sub(lambda m: m.group(1) + REDACTED, text)
+        known = self.known
+        return known.sub(REDACTED, text) if known is not None else text
+
+    def value(self, value: Any) -> Any:
+        if value is None or isinstance(value, (bool, int, float)):
+            return value
+        if isinstance(value, str):
+            return self.text(value)
+        shown = str(value)
+        redacted = self.text(shown)
+        return value if redacted == shown else _Redacted(redacted, self.text(repr(value)))
+
+    def record(self, record: logging.LogRecord) -> logging.LogRecord:
+        record.msg = self.value(record.msg)
+        if isinstance(record.args, Mapping):
+            record.args = {k: self.value(v) for k, v in record.args.items()}
+        elif record.args:
+            record.args = tuple(self.value(a) for a in record.args)
+        return record
+
+
+_REDACTOR = _KeyRedactor()
+
+
+def redact_keys_in_logs(keys: Any = ()) -> None:
+    """From now on, write ``api_key=...`` values and the given `keys` (of 4 characters or
+    more) as ``***`` in every log record of this process, uvicorn's access line included."""
+    _REDACTOR.add(keys)
+    _REDACTOR.install()
 
 
 def cors_origins(cors: Any) -> list[str]:
