@@ -58,16 +58,33 @@ def attention_maps(
         )
 
 
-def _index(value: Any, n: int, what: str) -> int | None:
+def _index(value: Any, n: int | None, what: str) -> int | None:
+    """`value` (a request's ``layer`` or ``head``) as an index into `n` (None: not checked
+    against a count), None for the mean; 400 for anything else."""
     if value is None or value == "mean":
         return None
     try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise TypeError(value)  # true/false, 1.5, NaN, infinity: not an index
         i = int(value)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ApiError(400, f"Invalid request: {what} must be an integer or 'mean'") from exc
+    if n is None:
+        return i
     if not -n <= i < n:
         raise ApiError(400, f"Invalid request: {what} {i} does not exist (the model has {n})")
     return i % n
+
+
+def check_choice(translator: Any, layer: Any, head: Any) -> None:
+    """400 for a ``layer``/``head`` that `attention_payload` would refuse, checked before
+    any decoding: against the model's decoder layers and heads when its config tells them."""
+    config = getattr(getattr(translator, "model", None), "config", None)
+    n_layers = getattr(config, "n_decoder_layers", None)
+    n_heads = getattr(config, "n_heads", None)
+    if layer != "all":
+        _index(layer, n_layers, "layer")
+        _index(head, n_heads, "head")
 
 
 def attention_payload(maps: Any, layer: Any, head: Any) -> dict[str, Any]:

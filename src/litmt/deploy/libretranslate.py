@@ -55,6 +55,7 @@ SURE = 100.0  # LibreTranslate's confidence for a language it is sure of
 FILE_FORMATS = [".txt"]  # /translate_file
 FILE_TTL_S = 1800  # translated files are deleted after this long (LibreTranslate: 30 min)
 NO_TRANSLATE = {"script", "style"}  # elements whose text is not prose
+MAX_FILE_NAME = 200  # bytes of a translated file's kept name (a file system takes 255)
 
 
 def iso2model(code: Any) -> Any:
@@ -94,9 +95,9 @@ def text_format(params: dict[str, Any]) -> str:
 
 def num_alternatives(params: dict[str, Any]) -> int:
     """``alternatives`` as LibreTranslate reads it: an int, negative = 0; else 400."""
-    try:
+    try:  # OverflowError: JSON's 1e999 (infinity)
         return max(0, int(params.get("alternatives", 0) or 0))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ApiError(400, "Invalid request: alternatives parameter is not a number") from None
 
 
@@ -329,6 +330,11 @@ def register_routes(app: FastAPI, svc: Service) -> None:
             raise ApiError(400, "Invalid request: empty file")
         if Path(filename).suffix not in FILE_FORMATS:
             raise ApiError(400, "Invalid request: file format not supported")
+        safe = "".join(c for c in Path(filename).name if c.isalnum() or c in "._-") or "file.txt"
+        if len(safe.encode("utf-8")) > MAX_FILE_NAME:  # refused before it is translated
+            raise ApiError(
+                400, f"Invalid request: the file name is too long (over {MAX_FILE_NAME} bytes)"
+            )
         source, target = iso2model(str(params["source"])), iso2model(str(params["target"]))
         pair = svc.route(source, target)
         try:
@@ -342,7 +348,6 @@ def register_routes(app: FastAPI, svc: Service) -> None:
             return out
         svc.upload_dir.mkdir(parents=True, exist_ok=True)
         _clean(svc.upload_dir)
-        safe = "".join(c for c in Path(filename).name if c.isalnum() or c in "._-") or "file.txt"
         name = f"{uuid.uuid4()}.{safe}"
         (svc.upload_dir / name).write_text(out[0] + ("\n" if ends_with_newline else ""), "utf-8")
         url = str(request.url_for("download_file", filename=name))

@@ -53,11 +53,40 @@ def _json_object(body: bytes) -> dict[str, Any]:
         data = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"Invalid JSON format: {exc}") from exc
+    except ValueError:  # an integer past Python's digit limit (sys.get_int_max_str_digits)
+        raise ApiError(400, "Invalid JSON format: a number has too many digits") from None
     except RecursionError:  # [[[[... within the body limit
         raise ApiError(400, "Invalid JSON format: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "Invalid JSON format: expected an object")
     return data
+
+
+def _valid_unicode(text: str) -> bool:
+    """Whether `text` encodes to UTF-8: no lone surrogate (JSON's ``"\\ud800"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_unicode(params: dict[str, Any]) -> None:
+    """400 naming the first field of `params` with a lone surrogate in a key or a string,
+    at any depth: no tokenizer can read it, and no answer can quote it."""
+    for name, value in params.items():
+        label = name if _valid_unicode(name) else "a field name"
+        stack: list[Any] = [name, value]
+        while stack:  # iterative: as deep as the JSON parser allowed
+            item = stack.pop()
+            if isinstance(item, str) and not _valid_unicode(item):
+                raise ApiError(
+                    400, f"Invalid request: {label} is not valid Unicode (a lone surrogate)"
+                )
+            if isinstance(item, list):
+                stack.extend(item)
+            elif isinstance(item, dict):
+                stack.extend([*item.keys(), *item.values()])
 
 
 async def read_params(
@@ -70,12 +99,15 @@ async def read_params(
     `files` (name → (filename, content)) when it is given.
 
     Raises:
-        ApiError: 413 over `max_body_bytes`; 400 malformed JSON or not a JSON object.
+        ApiError: 413 over `max_body_bytes`; 400 malformed JSON, not a JSON object, or a
+            string with a lone surrogate (`check_unicode`).
     """
     body = await read_body(request, max_body_bytes)
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype == "application/json" or ctype.endswith("+json"):
-        return _json_object(body)
+        data = _json_object(body)
+        check_unicode(data)
+        return data
     params: dict[str, Any] = {}
     for key, value in urllib.parse.parse_qsl(request.url.query, keep_blank_values=True):
         params[key] = value
@@ -88,6 +120,7 @@ async def read_params(
             upload = form.get(key)
             if files is not None and not isinstance(upload, str) and upload is not None:
                 files[key] = (upload.filename or "", await upload.read())
+    check_unicode(params)
     return params
 
 
@@ -136,4 +169,4 @@ def request_texts(
     return texts, batch
 
 
-__all__ = ["read_body", "read_params", "request_texts"]
+__all__ = ["check_unicode", "read_body", "read_params", "request_texts"]

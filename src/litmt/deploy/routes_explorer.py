@@ -19,7 +19,7 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from litmt.deploy import libretranslate as lt
-from litmt.deploy.attention_view import attention_maps, attention_payload
+from litmt.deploy.attention_view import attention_maps, attention_payload, check_choice
 from litmt.deploy.http_errors import ApiError
 from litmt.deploy.server_context import ServerContext
 from litmt.errors import LitmtError
@@ -88,6 +88,7 @@ def register_explorer_routes(app: FastAPI, ctx: ServerContext) -> None:
             return denied
         q = checked_sentence(ctx, params)
         layer, head = params.get("layer"), params.get("head")
+        check_choice(ctx.attention_model, layer, head)  # 400 before the decoding
         pair = attention_route(ctx, params)
 
         def compute() -> bytes:  # maps, payload and JSON in the model's thread: the loop is free
