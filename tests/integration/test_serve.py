@@ -512,8 +512,6 @@ def test_serve_reads_the_shared_load_group_and_refuses_what_it_cannot_serve(monk
         ("model_path=m.ckpt", "ckpt_path", lambda s, k: k["model"] == "m.ckpt"),
         ("max_batch_texts=3", "max_batch_sentences", lambda s, k: s.max_batch_sentences == 3),
         ("req_limit=7", "access.req_limit", lambda s, k: s.access.req_limit == 7),
-        ("trust_forwarded_for=true", "access.trust_forwarded_for",
-         lambda s, k: s.access.trust_forwarded_for),
     ],
 )  # fmt: skip
 def test_an_old_key_spelling_still_works_with_a_deprecation_line(

@@ -48,7 +48,7 @@ def _serve(access: AccessConfig | None = None, cors=False, clock=None):
     app = create_app(_Upper(), settings)
     if clock is not None:
         app.state.access_guard.clock = clock
-    return ServerThread(app)
+    return ServerThread(app, proxy_headers=False)  # as litmt.cli.serve runs uvicorn
 
 
 def _keys(tmp_path, text: str, **access) -> AccessConfig:
@@ -328,3 +328,102 @@ def test_the_window_slides_rather_than_resets():
     assert r.headers["retry-after"] == "29"  # the t = 30 hit leaves at t = 90
     clock.now = start + 90.5
     assert guard.check(_request(), {}) is None
+
+
+def _forged_burst(access: AccessConfig, n: int = 20) -> list[int]:
+    """`n` requests from this host (127.0.0.1) as a proxy sends them: each with a different
+    forged leftmost X-Forwarded-For address and the same real client appended by the proxy."""
+    with _serve(access, clock=_Clock()) as running, _client(running) as c:
+        return [
+            c.post(
+                "/translate", json=Q, headers={"X-Forwarded-For": f"10.9.{i}.1, 203.0.113.7"}
+            ).status_code
+            for i in range(n)
+        ]
+
+
+def test_a_forged_x_forwarded_for_behind_a_trusted_proxy_does_not_escape_the_limit():
+    codes = _forged_burst(
+        AccessConfig(api_keys_env=None, req_limit=5, forwarded_allow_ips="127.0.0.1")
+    )
+    assert codes == [200] * 5 + [429] * 15  # the client is 203.0.113.7, what the proxy saw
+
+
+def test_x_forwarded_for_from_an_untrusted_peer_is_ignored():
+    access = AccessConfig(api_keys_env=None, req_limit=5, forwarded_allow_ips=["10.0.0.0/8"])
+    guard = AccessGuard(access, keys={})
+    with _serve(access, clock=_Clock()) as running, _client(running) as c:
+        codes = [
+            c.post("/translate", json=Q, headers={"X-Forwarded-For": f"198.51.100.{i}"}).status_code
+            for i in range(8)
+        ]
+    assert codes == [200] * 5 + [429] * 3  # counted on the peer, 127.0.0.1
+    peer = type(
+        "Request",
+        (),
+        {
+            "client": type("C", (), {"host": "192.0.2.1"}),
+            "headers": {"x-forwarded-for": "198.51.100.1"},
+        },
+    )
+    assert guard.client_ip(peer) == "192.0.2.1"
+
+
+def test_forwarded_allow_ips_reads_as_uvicorns():
+    from litmt.deploy.access import TrustedProxies
+
+    proxies = TrustedProxies("127.0.0.1, 10.0.0.0/8")
+    assert proxies.client("10.1.2.3", "6.6.6.6, 1.2.3.4, 10.0.0.9") == "1.2.3.4"  # proxy chain
+    assert proxies.client("10.1.2.3", "1.2.3.4:5678") == "1.2.3.4"  # a port is dropped
+    assert proxies.client("10.1.2.3", "[2001:db8::1]:80") == "2001:db8::1"
+    assert proxies.client("10.1.2.3", "10.0.0.1, 127.0.0.1") == "10.0.0.1"  # all proxies: first
+    assert proxies.client("192.0.2.1", "1.2.3.4") == "192.0.2.1"  # not from a proxy
+    assert proxies.client("127.0.0.1", None) == "127.0.0.1"
+    assert TrustedProxies(["*"]).client("192.0.2.1", "6.6.6.6, 1.2.3.4") == "6.6.6.6"  # uvicorn's
+    assert TrustedProxies(None).client("127.0.0.1", "1.2.3.4") == "127.0.0.1"  # the default
+    with pytest.raises(ConfigError, match=r"^forwarded_allow_ips: 'proxy\.local' is not an IP"):
+        AccessConfig(forwarded_allow_ips="127.0.0.1,proxy.local")
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"trust_forwarded_for": True}, {"access": {"trust_forwarded_for": True}}],
+    ids=["flat", "access"],
+)
+def test_the_old_trust_forwarded_for_trusts_the_peer_only_with_a_deprecation_line(values, caplog):
+    from litmt.cli.serve import serve_config
+
+    with caplog.at_level(logging.WARNING):
+        access = serve_config(values).access
+    assert [r.getMessage() for r in caplog.records] == [
+        "serve: access.trust_forwarded_for is deprecated and will be removed in the next "
+        "release; use access.forwarded_allow_ips (your proxies' addresses). Until then "
+        "trust_forwarded_for=true trusts the direct peer as one proxy: the client is the last "
+        "X-Forwarded-For address"
+    ]
+    access.req_limit, access.api_keys_env = 5, None
+    assert _forged_burst(access) == [200] * 5 + [429] * 15  # the forged probe of issue 43
+    with pytest.raises(ConfigError, match=r"trust_forwarded_for is the old form"):
+        AccessConfig(trust_forwarded_for=True, forwarded_allow_ips="127.0.0.1")
+
+
+def test_a_batch_costs_what_libretranslate_charges():
+    """LibreTranslate charges len(q) for a list of texts (its app.py); counting a batch as one
+    request would let it walk past req_limit. (A file costs its bytes / char_limit, at least
+    1; litmt refuses a file over char_limit characters, so only multi-byte text costs more.)"""
+    clock = _Clock()
+    with (
+        _serve(AccessConfig(api_keys_env=None, req_limit=5), clock=clock) as running,
+        _client(running) as c,
+    ):
+        batch = {**Q, "q": ["a", "b", "c"]}
+        assert c.post("/translate", json=batch).status_code == 200  # 3 of 5
+        r = c.post("/translate", json=batch)  # 3 more would make 6
+        assert r.status_code == 429 and r.json() == {"error": "Slowdown: 5 per 1 minute"}
+        assert c.post("/translate", json=Q).status_code == 200  # one text still fits: 4
+        assert c.post("/translate", json={**Q, "q": ["a"]}).status_code == 200  # 5
+        assert c.post("/translate", json=Q).status_code == 429
+        clock.now += 61  # the window is empty again
+        assert c.post("/translate", json={**Q, "q": ["a"] * 5}).status_code == 200
+        r = c.post("/translate", json={**Q, "q": ["a"] * 6})  # more than the limit at once
+        assert r.status_code == 429

@@ -48,7 +48,7 @@ def test_auto_source_answers_detected_language(client, reference):
         client.post("/translate", json={"q": SENTENCES[0], "source": "auto", "target": "de"})
     )
     assert body == {"translatedText": expected[0], "detectedLanguage": SURE}
-    body = _ok(client.post("/translate", data={"q": SENTENCES, "source": "auto", "target": "de"}))
+    body = _ok(client.post("/translate", json={"q": SENTENCES, "source": "auto", "target": "de"}))
     assert body == {"translatedText": expected, "detectedLanguage": [SURE] * 3}
     # a named source has no detectedLanguage, as in LibreTranslate
     body = _ok(client.post("/translate", json={"q": SENTENCES[0], "source": "en", "target": "de"}))
@@ -73,7 +73,7 @@ def test_alternatives_are_the_beam_nbest_capped_by_beam_size(client, reference):
     assert body == {"translatedText": best[0], "alternatives": others[0][:1]}
     body = _ok(client.post("/translate", json={**q, "alternatives": 10}))  # beam_size=3 caps it
     assert body == {"translatedText": best[0], "alternatives": others[0]}
-    body = _ok(client.post("/translate", data={**q, "q": SENTENCES, "alternatives": "5"}))
+    body = _ok(client.post("/translate", json={**q, "q": SENTENCES, "alternatives": "5"}))
     assert body == {"translatedText": best, "alternatives": others}
     assert _ok(client.post("/translate", json={**q, "alternatives": 0})) == {
         "translatedText": best[0]
@@ -141,7 +141,7 @@ def test_language_codes_are_lowercased_and_aliases_accepted(client, reference):
 # -- /frontend/settings, /suggest, /translate_file --------------------------------------
 def test_frontend_settings_has_what_the_web_ui_reads(client):
     assert _ok(client.get("/frontend/settings")) == {
-        "charLimit": 300,
+        "charLimit": 200,  # per text, as LibreTranslate's char_limit (max_text_chars here)
         "frontendTimeout": 500,
         "apiKeys": False,
         "keyRequired": False,
@@ -247,3 +247,64 @@ def test_lt_api_get_frontend_settings_and_languages(client):
 def test_lt_api_get_health(client):
     # LibreTranslate answers exactly {"status": "ok"}; litmt adds its batching counters
     assert _ok(client.get("/health"))["status"] == "ok"
+
+
+# -- parity gaps of issue 43 ------------------------------------------------------------
+def test_char_limit_is_the_per_text_limit_as_in_libretranslate(client):
+    # LibreTranslate checks char_limit against each text of q (app.py, commit e9e58e6);
+    # the UI's charLimit is litmt's per-text bound: min(max_text_chars, max_chars)
+    assert _ok(client.get("/frontend/settings"))["charLimit"] == 200
+    r = client.post("/translate", json={"q": ["a" * 201], "source": "en", "target": "de"})
+    assert r.status_code == 413 and "max_text_chars=200" in r.json()["error"]
+
+
+def test_repeated_form_field_takes_the_first_value_as_libretranslate(client, reference):
+    # LibreTranslate reads forms with werkzeug's request.values.get: the first value
+    r = client.post(
+        "/translate",
+        content="q=A+red+dog+runs.&q=A+small+cat+eats+today.&source=en&target=de&target=fr",
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert _ok(r) == {"translatedText": reference.translate(["A red dog runs."], **DECODING)[0]}
+
+
+@pytest.fixture(scope="module")
+def multi_client(tmp_path_factory):
+    """A multilingual server whose first direction's source (fr) is not the checkpoint's
+    ``src_lang`` (en): the tiny en→de/en→fr model, its directions listed fr-de first."""
+    from fastapi.testclient import TestClient
+    from tiny_checkpoint import build_tiny_multilingual_checkpoint
+
+    from litmt.data.directions import parse_directions
+    from litmt.decoding.languages import Languages
+    from litmt.decoding.translator import Translator
+    from litmt.deploy.server import create_app
+
+    path = build_tiny_multilingual_checkpoint(tmp_path_factory.mktemp("lt_multi"))
+    translator = Translator.from_checkpoint(path, device="cpu")
+    languages = translator.languages
+    translator.languages = Languages(
+        languages.src_lang,
+        languages.tgt_lang,
+        parse_directions(["fr-de", "en-de", "en-fr"]),
+        languages.placement,
+    )
+    with TestClient(create_app(translator, ServeConfig(decoding={"beam_size": 1}))) as c:
+        yield c
+
+
+def test_auto_source_reports_the_language_it_translated_from(multi_client):
+    r = multi_client.post("/translate", json={"q": "A dog.", "source": "auto", "target": "de"})
+    assert _ok(r)["detectedLanguage"] == {"confidence": 100.0, "language": "fr"}
+    r = multi_client.post("/translate", json={"q": ["A", "B"], "source": "auto", "target": "fr"})
+    assert _ok(r)["detectedLanguage"] == [SURE, SURE]  # no fr→fr: the first source to fr
+
+
+@pytest.mark.parametrize(
+    "source, target, unsupported", [("en", "zz", "zz"), ("zz", "de", "zz"), ("xx", "yy", "xx")]
+)
+def test_unknown_language_on_a_multilingual_model_is_libretranslates_400(
+    multi_client, source, target, unsupported
+):
+    r = multi_client.post("/translate", data={"q": "Hello", "source": source, "target": target})
+    _error(r, 400, f"{unsupported} is not supported")

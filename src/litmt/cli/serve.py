@@ -87,4 +87,7 @@ def serve(cfg: Any) -> None:
         log_level=settings.log_level,
         limit_concurrency=settings.limit_concurrency or None,  # over it: 503 from uvicorn
         timeout_graceful_shutdown=settings.timeout_graceful_shutdown,  # SIGTERM: drain
+        # the client address is access.forwarded_allow_ips's alone: uvicorn's own proxy
+        # headers (on for 127.0.0.1 by default) would rewrite it before the rate limit
+        proxy_headers=False,
     )

@@ -15,6 +15,11 @@ Behaviour and messages follow LibreTranslate (``libretranslate/app.py``, ``acces
   and per client IP otherwise, in a moving window of 60 s. A key may carry its own limit
   (LibreTranslate's ``req_limit`` column): ``KEY LIMIT`` on its line. Over it → 429
   ``{"error": "Slowdown: N per 1 minute"}`` with ``Retry-After``. ``-1`` = no limit.
+- Client IP: the TCP peer's; when the peer is one of ``forwarded_allow_ips`` (uvicorn's and
+  gunicorn's setting, same reading: `TrustedProxies`), the last ``X-Forwarded-For`` address
+  that is not one of them. The first addresses are the client's to forge, never read unless
+  every hop is trusted. The deprecated ``trust_forwarded_for: true`` trusts the direct peer
+  as the one proxy (the last address), never ``"*"``.
 - CORS: none by default (same origin only: no ``Access-Control-*`` headers); ``"*"`` (or
   ``true``) for every origin as LibreTranslate does; or a list of allowed origins.
 - Logs: once a guard exists, ``api_key=...`` (query string, form, JSON or dict text) and every
@@ -27,6 +32,7 @@ The counts live in memory, per server process, for at most `MAX_CLIENTS` keys an
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import os
@@ -35,7 +41,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +54,7 @@ WINDOW_S = 60.0  # req_limit is per minute
 ANY_HOST = ("0.0.0.0", "::", "")
 MAX_CLIENTS = 10_000  # keys and addresses the limiter remembers; the least recently seen go first
 REDACTED = "***"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -69,10 +76,15 @@ class AccessConfig:
     req_limit: int = -1
     """requests per minute per API key (or per client IP without one), else 429 "Slowdown: N
     per 1 minute"; -1 = no limit"""
-    trust_forwarded_for: bool = False
-    """per-IP limit on X-Forwarded-For's first address (only behind your own reverse proxy)"""
+    forwarded_allow_ips: str | list[str] | None = None
+    """your reverse proxies (uvicorn's and gunicorn's forwarded_allow_ips): IPs or CIDRs, a list
+    or comma-separated; "*" = any peer. X-Forwarded-For is read only from these, and the client
+    is its last address not in them; null = none: the client is the peer"""
+    trust_forwarded_for: InitVar[bool | None] = None  # deprecated: see `_old_trust_forwarded_for`
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, trust_forwarded_for: bool | None) -> None:
+        self._trust_peer = self._old_trust_forwarded_for(trust_forwarded_for)
+        self.proxies = TrustedProxies(self.forwarded_allow_ips)
         if int(self.req_limit) == 0 or int(self.req_limit) < -1:
             raise ConfigError(f"req_limit must be positive or -1 (no limit), got {self.req_limit}")
         if self.require_api_key_origin:
@@ -80,6 +92,85 @@ class AccessConfig:
                 re.compile(self.require_api_key_origin)
             except re.error as exc:
                 raise ConfigError(f"require_api_key_origin is not a regex: {exc}") from None
+
+    def _old_trust_forwarded_for(self, value: bool | None) -> bool:
+        """The deprecated boolean (until the next release), read the safe way: true = the
+        direct peer, whatever its address, is your one reverse proxy, and the client is the
+        last X-Forwarded-For address (the one that proxy appended), never the first (which the
+        client writes). Not "*", which would trust every address in the header."""
+        if value is None:
+            return False
+        log.warning(
+            "serve: access.trust_forwarded_for is deprecated and will be removed in the next "
+            "release; use access.forwarded_allow_ips (your proxies' addresses). Until then "
+            "trust_forwarded_for=%s %s",
+            str(bool(value)).lower(),
+            "trusts the direct peer as one proxy: the client is the last X-Forwarded-For address"
+            if value
+            else "reads no X-Forwarded-For",
+        )
+        if value and self.forwarded_allow_ips is not None:
+            raise ConfigError(
+                "serve: access.trust_forwarded_for is the old form of access.forwarded_allow_ips; "
+                "set only forwarded_allow_ips"
+            )
+        return bool(value)
+
+
+class TrustedProxies:
+    """The reverse proxies of ``forwarded_allow_ips``, as uvicorn's ``ProxyHeadersMiddleware``
+    reads them: addresses and networks; ``"*"`` = every peer and every forwarded address."""
+
+    def __init__(self, allow: str | list[str] | None) -> None:
+        entries = allow.split(",") if isinstance(allow, str) else list(allow or [])
+        entries = [str(e).strip() for e in entries if str(e).strip()]
+        self.every = "*" in entries
+        self.networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        for entry in entries:
+            if entry == "*":
+                continue
+            try:  # a bare address is its /32 (or /128) network
+                self.networks.append(ipaddress.ip_network(entry, strict=False))
+            except ValueError:
+                raise ConfigError(
+                    f"forwarded_allow_ips: {entry!r} is not an IP address or network "
+                    '(e.g. 127.0.0.1, 10.0.0.0/8, "*")'
+                ) from None
+
+    def __contains__(self, host: str | None) -> bool:
+        if self.every:
+            return True
+        try:
+            address = ipaddress.ip_address(host or "")
+        except ValueError:
+            return False
+        return any(address in network for network in self.networks)
+
+    def client(self, peer: str, forwarded_for: str | None, *, trust_peer: bool = False) -> str:
+        """The client's address: `peer` unless it is a proxy (or `trust_peer`) and sent
+        X-Forwarded-For; then the last address there that is not a proxy (each proxy appends
+        the address it saw), or the first one when all are ("*": the first)."""
+        if not forwarded_for or not (trust_peer or peer in self):
+            return peer
+        hosts = [_host(h) for h in forwarded_for.split(",") if h.strip()]
+        if not hosts:
+            return peer
+        if self.every:
+            return hosts[0]
+        for host in reversed(hosts):
+            if host not in self:
+                return host
+        return hosts[0]
+
+
+def _host(entry: str) -> str:
+    """The address of one X-Forwarded-For entry, without a port (``[::1]:80``, ``1.2.3.4:80``)."""
+    entry = entry.strip()
+    if entry.startswith("[") and "]" in entry:
+        return entry[1 : entry.index("]")]
+    if entry.count(":") == 1:
+        return entry.split(":", 1)[0]
+    return entry
 
 
 def parse_keys(text: str, source: str) -> dict[str, int | None]:
@@ -159,14 +250,21 @@ class AccessGuard:
         return bool(self.keys)
 
     def client_ip(self, request: Any) -> str:
-        forwarded = request.headers.get("x-forwarded-for")
-        if self.settings.trust_forwarded_for and forwarded:
-            return forwarded.split(",")[0].strip()
-        return request.client.host if request.client else "127.0.0.1"
+        """The address the rate limit counts: the peer, or behind a trusted proxy the last
+        X-Forwarded-For address that is not one (`TrustedProxies.client`)."""
+        peer = request.client.host if request.client else "127.0.0.1"
+        return self.settings.proxies.client(
+            peer,
+            request.headers.get("x-forwarded-for"),
+            trust_peer=self.settings._trust_peer,
+        )
 
-    def check(self, request: Any, params: Mapping[str, Any]) -> Any | None:
+    def check(self, request: Any, params: Mapping[str, Any], cost: int = 1) -> Any | None:
         """None when `request` (with its parsed body `params`) may go on; else the
-        403/429 JSONResponse in LibreTranslate's ``{"error": ...}`` shape."""
+        403/429 JSONResponse in LibreTranslate's ``{"error": ...}`` shape.
+
+        `cost`: how many requests it counts as, as LibreTranslate charges them: ``len(q)``
+        for a list of texts, file bytes / char_limit for a file (at least 1)."""
         from fastapi.responses import JSONResponse
 
         key = params.get("api_key") or None
@@ -188,7 +286,7 @@ class AccessGuard:
         if limit < 0:
             return None
         who = f"key:{key}" if key is not None else f"ip:{self.client_ip(request)}"
-        wait = self._hit(who, limit)
+        wait = self._hit(who, limit, cost)
         return None if wait is None else _slowdown(limit, wait)
 
     def _key_required(self, request: Any) -> bool:
@@ -198,9 +296,10 @@ class AccessGuard:
             return not self._origin.fullmatch(request.headers.get("origin", ""))
         return False
 
-    def _hit(self, who: str, limit: int) -> float | None:
-        """Count one request of `who` in the sliding window: None if allowed, else the
-        seconds until its oldest counted request leaves the window.
+    def _hit(self, who: str, limit: int, cost: int = 1) -> float | None:
+        """Count `cost` requests of `who` in the sliding window: None if allowed, else the
+        seconds until its oldest counted request leaves the window (a whole window when a
+        single request costs more than `limit`).
 
         The table is ordered by last counted hit, so forgetting idle clients pops from its
         front: amortised O(1) per request. Past `max_clients` the least recently seen goes
@@ -215,9 +314,10 @@ class AccessGuard:
             hits = self._hits.get(who, deque())
             while hits and hits[0] <= now - WINDOW_S:
                 hits.popleft()
-            if len(hits) >= limit:  # refused: not a hit, so its place in the order stays
-                return hits[0] + WINDOW_S - now
-            hits.append(now)
+            cost = max(1, int(cost))
+            if len(hits) + cost > limit:  # refused: not a hit, so its place in the order stays
+                return hits[0] + WINDOW_S - now if hits else WINDOW_S
+            hits.extend([now] * cost)
             self._hits[who] = hits
             self._hits.move_to_end(who)  # the most recently seen
             while len(self._hits) > self.max_clients:

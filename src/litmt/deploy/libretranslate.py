@@ -181,7 +181,7 @@ class Service:
     src: str
     tgt: str
     tgt_name: str  # the target language's English name
-    char_limit: int  # /frontend/settings' charLimit
+    char_limit: int  # /frontend/settings' charLimit: characters of one text
     beam_size: int  # caps alternatives
     read_params: Callable[..., Awaitable[dict[str, Any]]]  # (request, files=None) -> params
     texts: Callable[[dict[str, Any], bool], tuple[list[str], bool]]  # q, checked
@@ -192,7 +192,7 @@ class Service:
     # (request, texts, prefixes, constraints, pair=) -> list[str] or a response: litmt fields
     steered: Callable[..., Awaitable[Any]]
     upload_dir: Path
-    check: Callable[[Request, dict[str, Any]], JSONResponse | None]  # keys, rate limit
+    check: Callable[..., JSONResponse | None]  # keys, rate limit: (request, params, cost=1)
     api_keys: bool  # /frontend/settings' apiKeys: keys are on
     key_required: bool  # /frontend/settings' keyRequired
     # (source, target) -> the direction `batched`/`nbest`/`steered` take as ``pair=`` (None:
@@ -264,7 +264,7 @@ async def translate(request: Request, params: dict[str, Any], svc: Service) -> J
             return translated
     result: dict[str, Any] = {"translatedText": translated if batch else translated[0]}
     if source == "auto":
-        found_lang = detection(svc.src)
+        found_lang = detection(pair[0] if pair else svc.src)  # the source translated from
         result["detectedLanguage"] = [found_lang] * len(texts) if batch else found_lang
     if n_alt > 0:
         result["alternatives"] = alternatives if batch else alternatives[0]
@@ -318,7 +318,9 @@ def register_routes(app: FastAPI, svc: Service) -> None:
     async def translate_file(request: Request) -> JSONResponse:
         files: dict[str, tuple[str, bytes]] = {}
         params = await svc.read_params(request, files=files)
-        if denied := svc.check(request, params):  # 403 bad/missing key, 429 rate limit
+        size = len(files["file"][1]) if "file" in files else 0
+        cost = max(1, size // max(1, svc.char_limit))  # LibreTranslate: file bytes / char_limit
+        if denied := svc.check(request, params, cost):  # 403 bad/missing key, 429 rate limit
             return denied
         if "file" not in files:
             raise ApiError(400, "Invalid request: missing file parameter")

@@ -95,7 +95,8 @@ async def read_params(
     """The request's parameters: a JSON object, or form fields (urlencoded or multipart).
 
     Like LibreTranslate's ``request.values``, query-string parameters count for forms.
-    A form field given several times (``q=a&q=b``) becomes a list. Uploaded files go to
+    A form field given several times (``q=a&q=b``) is its first value, as LibreTranslate's
+    ``request.values.get`` reads it (a list ``q`` comes as JSON). Uploaded files go to
     `files` (name → (filename, content)) when it is given.
 
     Raises:
@@ -116,7 +117,7 @@ async def read_params(
         for key in form:
             values = [v for v in form.getlist(key) if isinstance(v, str)]
             if values:
-                params[key] = values[0] if len(values) == 1 else values
+                params[key] = values[0]  # q=a&q=b: the first, as werkzeug's .get
             upload = form.get(key)
             if files is not None and not isinstance(upload, str) and upload is not None:
                 files[key] = (upload.filename or "", await upload.read())

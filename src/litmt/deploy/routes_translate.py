@@ -76,7 +76,8 @@ def service(ctx: ServerContext, upload_dir: Path) -> lt.Service:
         src=ctx.src,
         tgt=ctx.tgt,
         tgt_name=language_name(ctx.tgt),
-        char_limit=ctx.settings.max_chars,
+        # per text, as LibreTranslate's char_limit; max_chars (the batch) is litmt's own
+        char_limit=min(ctx.settings.max_text_chars, ctx.settings.max_chars),
         beam_size=DecodeConfig.from_options(ctx.options).beam_size,
         read_params=ctx.params,
         texts=lambda params, is_json: request_texts(params, ctx.settings, is_json),
@@ -100,7 +101,9 @@ def register_translate_routes(app: FastAPI, ctx: ServerContext, upload_dir: Path
     @app.post("/translate")
     async def translate(request: Request) -> JSONResponse:
         params = await ctx.params(request)
-        if denied := ctx.guard.check(request, params):  # 403 bad/missing key, 429 rate limit
+        q = params.get("q")
+        cost = max(1, len(q)) if isinstance(q, list) else 1  # LibreTranslate charges len(q)
+        if denied := ctx.guard.check(request, params, cost):  # 403 bad/missing key, 429 limit
             return denied
         return await lt.translate(request, params, svc)
 

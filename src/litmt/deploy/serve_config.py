@@ -26,6 +26,9 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvico
 RENAMES = {"max_batch_texts": "max_batch_sentences"}
 # The access keys sat at serve.yaml's top level before they had their own block.
 MOVED_TO_ACCESS = tuple(f.name for f in dataclasses.fields(AccessConfig))
+# Deprecated access keys that are no longer fields: AccessConfig reads them (an InitVar) and
+# logs the deprecation line itself, since each means something new (see AccessConfig).
+OLD_ACCESS = ("trust_forwarded_for",)
 
 
 @dataclass
@@ -61,7 +64,8 @@ class ServeConfig:
     max_texts: int = 64
     """most texts in one request's q list, else 413"""
     max_chars: int = 5000
-    """most characters in one request (all of q: LibreTranslate's char_limit), else 413"""
+    """most characters in one request (all texts of q together; litmt's own batch cap:
+    LibreTranslate's char_limit is per text, see max_text_chars), else 413"""
     max_text_chars: int = 5000
     """most characters in one text of q, else 413"""
     max_lines: int = 100
@@ -91,7 +95,14 @@ class ServeConfig:
     def __post_init__(self) -> None:
         self._coerce_numbers()
         if isinstance(self.access, Mapping):  # a YAML block: null keys keep their default
-            self.access = build(AccessConfig, self.access, "serve.access")
+            old = {k: self.access[k] for k in OLD_ACCESS if self.access.get(k) is not None}
+            values = {k: v for k, v in self.access.items() if k not in OLD_ACCESS}
+            self.access = build(AccessConfig, values, "serve.access")
+            if old:  # rebuilt with the old keys, which log their own deprecation line
+                fields = {
+                    f.name: getattr(self.access, f.name) for f in dataclasses.fields(AccessConfig)
+                }
+                self.access = AccessConfig(**fields, **old)
         for name in POSITIVE:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -139,8 +150,11 @@ def old_serve_keys(values: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         ConfigError: an access key set under both its old and its new spelling.
     """
-    old = (*RENAMES, *MOVED_TO_ACCESS)
+    old = (*RENAMES, *MOVED_TO_ACCESS, *OLD_ACCESS)
     out = {k: v for k, v in values.items() if not (k in old and v is None)}
+    flat_old = {k: out.pop(k) for k in OLD_ACCESS if k in out}  # AccessConfig logs these
+    if flat_old:
+        out["access"] = {**(out.get("access") or {}), **flat_old}
     moved = renamed_keys(out, {k: f"access.{k}" for k in MOVED_TO_ACCESS}, "serve")
     access = dict(moved.get("access") or {})
     for name in MOVED_TO_ACCESS:
@@ -158,4 +172,4 @@ def old_serve_keys(values: Mapping[str, Any]) -> dict[str, Any]:
     return moved
 
 
-__all__ = ["MOVED_TO_ACCESS", "POSITIVE", "RENAMES", "ServeConfig", "old_serve_keys"]
+__all__ = ["MOVED_TO_ACCESS", "OLD_ACCESS", "POSITIVE", "RENAMES", "ServeConfig", "old_serve_keys"]

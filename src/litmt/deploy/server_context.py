@@ -57,12 +57,20 @@ class ServerContext:
 
     def route(self, source: str, target: str) -> Pair:
         """A request's direction (model codes; None: the one pair), or 400 for one the
-        model lacks."""
+        model lacks: ``"zz is not supported"`` for a language the model does not know (as
+        LibreTranslate), the translator's message for a known pair it does not translate."""
         if not self.languages.multilingual:
             lt.check_pair(source, target, self.src, self.tgt)
             return None
-        if source == "auto":
-            source = self.languages.sources()[0]
+        known = {lang for pair in self.languages.pairs() for lang in pair}
+        for code in ([] if source == "auto" else [source]) + [target]:  # source first
+            if code not in known:
+                raise ApiError(400, f"{code} is not supported")  # LibreTranslate's message
+        if source == "auto":  # the first source language the model translates to target
+            zero_shot = self.settings.allow_zero_shot
+            sources = self.languages.sources()
+            reach = [s for s in sources if target in self.languages.targets_of(s, zero_shot)]
+            source = (reach or sources)[0]
         try:
             found = self.translator.route(
                 source, target, allow_zero_shot=self.settings.allow_zero_shot
