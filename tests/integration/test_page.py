@@ -20,13 +20,14 @@ sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright (Python package) is not installed"
 )
 
+from server_thread import ServerThread  # noqa: E402
 from tiny_checkpoint import (  # noqa: E402
     build_tiny_multilingual_checkpoint,
     tiny_checkpoint_path,
 )
 
 from litmt.decoding.translator import Translator  # noqa: E402
-from litmt.deploy.server import ServeConfig, ServerThread, build_server_app  # noqa: E402
+from litmt.deploy.server import ServeConfig, build_server_app  # noqa: E402
 
 SENTENCE = "A young bird sings outside."
 

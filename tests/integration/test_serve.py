@@ -21,11 +21,11 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 from fastapi.testclient import TestClient  # noqa: E402
 from parity import assert_same_decisions  # noqa: E402
+from server_thread import ServerThread  # noqa: E402
 
 from litmt.deploy.server import (  # noqa: E402
     POSITIVE,
     ServeConfig,
-    ServerThread,
     build_server_app,
     create_app,
 )

@@ -14,13 +14,15 @@ import pytest
 httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 
+from server_thread import ServerThread  # noqa: E402
+
 from litmt.deploy.access import (  # noqa: E402
     AccessConfig,
     AccessGuard,
     exposure_warning,
     load_keys,
 )
-from litmt.deploy.server import ServeConfig, ServerThread, create_app  # noqa: E402
+from litmt.deploy.server import ServeConfig, create_app  # noqa: E402
 from litmt.errors import ConfigError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,10 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 
+from server_thread import ServerThread  # noqa: E402
+
 from litmt.deploy.libretranslate import HtmlText, filter_unique, iso2model, model2iso  # noqa: E402
-from litmt.deploy.server import ServeConfig, ServerThread, build_server_app  # noqa: E402
+from litmt.deploy.server import ServeConfig, build_server_app  # noqa: E402
 
 DECODING = {"beam_size": 3, "max_len_a": 1.2, "max_len_b": 10}
 SENTENCES = ["A red dog runs.", "A big man sleeps here.", "A small cat eats today."]

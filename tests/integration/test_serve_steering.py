@@ -8,7 +8,9 @@ httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
-from litmt.deploy.server import ServeConfig, ServerThread, build_server_app  # noqa: E402
+from server_thread import ServerThread  # noqa: E402
+
+from litmt.deploy.server import ServeConfig, build_server_app  # noqa: E402
 
 DECODING = {"beam_size": 3}
 PAIR = {"source": "en", "target": "de"}

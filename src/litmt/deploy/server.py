@@ -47,7 +47,6 @@ from litmt.deploy.routes_translate import register_translate_routes
 from litmt.deploy.sentences import segmenter_for
 from litmt.deploy.serve_config import POSITIVE, ServeConfig
 from litmt.deploy.server_context import ServerContext, language_name
-from litmt.deploy.server_thread import ServerThread
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +164,6 @@ __all__ = [
     "POSITIVE",
     "ApiError",
     "ServeConfig",
-    "ServerThread",
     "build_server_app",
     "create_app",
     "language_name",

@@ -1,4 +1,5 @@
-"""`ServerThread`: an app served by uvicorn in a background thread (tests, benchmarks)."""
+"""`ServerThread`: an app served by uvicorn in a background thread (a test helper; the
+product runs uvicorn from `litmt.cli.serve`)."""
 
 from __future__ import annotations
 
