@@ -279,6 +279,58 @@ def _clean(upload_dir: Path) -> None:
             path.unlink(missing_ok=True)
 
 
+def checked_upload(
+    files: dict[str, tuple[str, bytes]], params: dict[str, Any]
+) -> tuple[str, bytes]:
+    """The upload's safe file name and bytes, or a 400 for a missing file, language, name or
+    format, or a name over `MAX_FILE_NAME` bytes."""
+    if "file" not in files:
+        raise ApiError(400, "Invalid request: missing file parameter")
+    for name in ("source", "target"):
+        if not params.get(name):
+            raise ApiError(400, f"Invalid request: missing {name} parameter")
+    filename, data = files["file"]
+    if filename == "":
+        raise ApiError(400, "Invalid request: empty file")
+    if Path(filename).suffix not in FILE_FORMATS:
+        raise ApiError(400, "Invalid request: file format not supported")
+    safe = "".join(c for c in Path(filename).name if c.isalnum() or c in "._-") or "file.txt"
+    if len(safe.encode("utf-8")) > MAX_FILE_NAME:  # refused before it is translated
+        raise ApiError(
+            400, f"Invalid request: the file name is too long (over {MAX_FILE_NAME} bytes)"
+        )
+    return safe, data
+
+
+async def translate_file(request: Request, svc: Service) -> JSONResponse:
+    """``POST /translate_file``: a UTF-8 text file translated line by line, every check done
+    before decoding; the answer is the URL of the translated file (kept 30 minutes)."""
+    files: dict[str, tuple[str, bytes]] = {}
+    params = await svc.read_params(request, files=files)
+    size = len(files["file"][1]) if "file" in files else 0
+    cost = max(1, size // max(1, svc.char_limit))  # LibreTranslate: file bytes / char_limit
+    if denied := svc.check(request, params, cost):  # 403 bad/missing key, 429 rate limit
+        return denied
+    safe, data = checked_upload(files, params)
+    source, target = iso2model(str(params["source"])), iso2model(str(params["target"]))
+    pair = svc.route(source, target)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "Invalid request: the file is not UTF-8 text") from None
+    ends_with_newline = text.endswith("\n")
+    texts, _ = svc.texts({"q": text.rstrip("\n") or " "}, False)  # the request limits
+    out = await svc.batched(request, texts, pair=pair)
+    if isinstance(out, JSONResponse):
+        return out
+    svc.upload_dir.mkdir(parents=True, exist_ok=True)
+    _clean(svc.upload_dir)
+    name = f"{uuid.uuid4()}.{safe}"
+    (svc.upload_dir / name).write_text(out[0] + ("\n" if ends_with_newline else ""), "utf-8")
+    url = str(request.url_for("download_file", filename=name))
+    return JSONResponse({"translatedFileUrl": url})
+
+
 def register_routes(app: FastAPI, svc: Service) -> None:
     """Add ``/detect``, ``/frontend/settings``, ``/suggest``, ``/translate_file`` and
     ``/download_file/{name}`` to `app`."""
@@ -315,45 +367,8 @@ def register_routes(app: FastAPI, svc: Service) -> None:
         raise ApiError(403, "Suggestions are disabled on this server.")
 
     @app.post("/translate_file")
-    async def translate_file(request: Request) -> JSONResponse:
-        files: dict[str, tuple[str, bytes]] = {}
-        params = await svc.read_params(request, files=files)
-        size = len(files["file"][1]) if "file" in files else 0
-        cost = max(1, size // max(1, svc.char_limit))  # LibreTranslate: file bytes / char_limit
-        if denied := svc.check(request, params, cost):  # 403 bad/missing key, 429 rate limit
-            return denied
-        if "file" not in files:
-            raise ApiError(400, "Invalid request: missing file parameter")
-        for name in ("source", "target"):
-            if not params.get(name):
-                raise ApiError(400, f"Invalid request: missing {name} parameter")
-        filename, data = files["file"]
-        if filename == "":
-            raise ApiError(400, "Invalid request: empty file")
-        if Path(filename).suffix not in FILE_FORMATS:
-            raise ApiError(400, "Invalid request: file format not supported")
-        safe = "".join(c for c in Path(filename).name if c.isalnum() or c in "._-") or "file.txt"
-        if len(safe.encode("utf-8")) > MAX_FILE_NAME:  # refused before it is translated
-            raise ApiError(
-                400, f"Invalid request: the file name is too long (over {MAX_FILE_NAME} bytes)"
-            )
-        source, target = iso2model(str(params["source"])), iso2model(str(params["target"]))
-        pair = svc.route(source, target)
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ApiError(400, "Invalid request: the file is not UTF-8 text") from None
-        ends_with_newline = text.endswith("\n")
-        texts, _ = svc.texts({"q": text.rstrip("\n") or " "}, False)  # the request limits
-        out = await svc.batched(request, texts, pair=pair)
-        if isinstance(out, JSONResponse):
-            return out
-        svc.upload_dir.mkdir(parents=True, exist_ok=True)
-        _clean(svc.upload_dir)
-        name = f"{uuid.uuid4()}.{safe}"
-        (svc.upload_dir / name).write_text(out[0] + ("\n" if ends_with_newline else ""), "utf-8")
-        url = str(request.url_for("download_file", filename=name))
-        return JSONResponse({"translatedFileUrl": url})
+    async def translate_file_route(request: Request) -> JSONResponse:
+        return await translate_file(request, svc)
 
     @app.get("/download_file/{filename}")
     async def download_file(filename: str) -> FileResponse:
