@@ -69,7 +69,8 @@ def check_keys(given: Iterable[str], known: Iterable[str], where: str) -> None:
 
 
 def renamed_keys(data: Mapping[str, Any], renames: Mapping[str, str], where: str) -> dict:
-    """`data` with each old key of `renames` (old → new) moved to its new name.
+    """`data` with each old key of `renames` (old → new) moved to its new name; a dotted new
+    name (``access.req_limit``) moves the key into that block.
 
     Each old key still works for one release and logs one deprecation line naming the keys as
     the user types them, e.g. ``serve: model_path is deprecated ...; use ckpt_path``.
@@ -82,13 +83,19 @@ def renamed_keys(data: Mapping[str, Any], renames: Mapping[str, str], where: str
         if old not in out:
             continue
         value = out.pop(old)
-        if new in out and out[new] is not None and value is not None and out[new] != value:
+        *blocks, leaf = new.split(".")
+        target = out
+        for block in blocks:  # copies: the caller's nested mappings stay as they were
+            target[block] = dict(target.get(block) or {})
+            target = target[block]
+        given = target.get(leaf)
+        if given is not None and value is not None and given != value:
             raise ConfigError(
                 f"{where}: {old} is the old name of {new}; set only {new} "
-                f"(got {old}={value!r} and {new}={out[new]!r})"
+                f"(got {old}={value!r} and {new}={given!r})"
             )
-        if value is not None or new not in out:
-            out[new] = value
+        if value is not None or leaf not in target:
+            target[leaf] = value
         log.warning(
             "%s: %s is deprecated and will be removed in the next release; use %s", where, old, new
         )

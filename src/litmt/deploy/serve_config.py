@@ -155,21 +155,7 @@ def old_serve_keys(values: Mapping[str, Any]) -> dict[str, Any]:
     flat_old = {k: out.pop(k) for k in OLD_ACCESS if k in out}  # AccessConfig logs these
     if flat_old:
         out["access"] = {**(out.get("access") or {}), **flat_old}
-    moved = renamed_keys(out, {k: f"access.{k}" for k in MOVED_TO_ACCESS}, "serve")
-    access = dict(moved.get("access") or {})
-    for name in MOVED_TO_ACCESS:
-        if f"access.{name}" not in moved:
-            continue
-        value = moved.pop(f"access.{name}")
-        if access.get(name) is not None and access[name] != value:
-            raise ConfigError(
-                f"serve: {name} is the old name of access.{name}; set only "
-                f"access.{name} (got {name}={value!r} and access.{name}={access[name]!r})"
-            )
-        access[name] = value
-    if access:
-        moved["access"] = access
-    return moved
+    return renamed_keys(out, {k: f"access.{k}" for k in MOVED_TO_ACCESS}, "serve")
 
 
 __all__ = ["MOVED_TO_ACCESS", "OLD_ACCESS", "POSITIVE", "RENAMES", "ServeConfig", "old_serve_keys"]
