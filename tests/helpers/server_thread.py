@@ -16,10 +16,16 @@ class ServerThread:
     """
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, **uvicorn: Any) -> None:
-        """`uvicorn`: more `uvicorn.Config` options (``limit_concurrency``, ...)."""
+        """Run as `litmt.cli.serve` runs uvicorn (litmt's HTTP protocol, bound to the app's
+        `ServeConfig`); `uvicorn`: more or other `uvicorn.Config` options."""
         from uvicorn import Config, Server
 
-        config = Config(app, host=host, port=port, log_level="warning", lifespan="on", **uvicorn)
+        from litmt.deploy.http_protocol import uvicorn_options
+
+        context = getattr(app.state, "context", None)
+        options = uvicorn_options(context.settings) if context is not None else {}
+        options.update(uvicorn)
+        config = Config(app, host=host, port=port, log_level="warning", lifespan="on", **options)
         self.server = Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True, name="litmt-serve")
         self.host = host

@@ -488,7 +488,11 @@ def test_serve_yaml_leaves_every_server_setting_at_its_dataclass_default(monkeyp
     settings, _, run = _serve_job(monkeypatch, ["ckpt_path=m.ckpt"])
     assert settings == ServeConfig(decoding=settings.decoding)
     assert settings.decoding["max_tokens"] == 4096  # serve.yaml's max_tokens joins them
-    assert (run["host"], run["port"], run["limit_concurrency"]) == ("127.0.0.1", 5000, 512)
+    assert (run["host"], run["port"]) == ("127.0.0.1", 5000)
+    # uvicorn's own limit (plain-text 503) is off; litmt's protocol holds the settings
+    assert run["limit_concurrency"] is None and run["proxy_headers"] is False
+    assert run["http"].settings.limit_concurrency == 512
+    assert run["http"].settings.header_timeout_s == run["http"].settings.body_timeout_s == 10.0
 
 
 def test_serve_reads_the_shared_load_group_and_refuses_what_it_cannot_serve(monkeypatch):
@@ -640,23 +644,25 @@ def test_benchmark_server_smoke(ckpt, tmp_path):
 
 
 def _run_batcher(fn, requests: list[list[str]], *, max_batch_sentences: int, max_wait_ms: float):
-    """Submit `requests` at once to a RequestBatcher; (results or exceptions, batcher)."""
+    """Submit `requests` at once to a ModelQueue as jobs of one key; (results or
+    exceptions, queue)."""
     import asyncio
     from concurrent.futures import ThreadPoolExecutor as Pool
 
-    from litmt.deploy.request_batcher import RequestBatcher
+    from litmt.deploy.model_queue import Job, ModelQueue
 
     async def main():
         with Pool(1) as pool:
-            batcher = RequestBatcher(
-                fn, pool, max_batch_sentences=max_batch_sentences, max_wait_ms=max_wait_ms
-            )
-            batcher.start()
+            queue = ModelQueue(
+                pool, max_batch_sentences=max_batch_sentences, max_wait_ms=max_wait_ms,
+                max_queue=64,
+            )  # fmt: skip
+            queue.start()
             try:
-                tasks = [batcher.submit(texts) for texts in requests]
-                return await asyncio.gather(*tasks, return_exceptions=True), batcher
+                futures = [queue.submit(Job(fn, texts, key="k")) for texts in requests]
+                return await asyncio.gather(*futures, return_exceptions=True), queue
             finally:
-                await batcher.stop()
+                await queue.stop()
 
     return asyncio.run(main())
 
@@ -668,7 +674,7 @@ def test_batcher_survives_a_request_that_goes_away_while_its_batch_fails():
     import threading
     from concurrent.futures import ThreadPoolExecutor as Pool
 
-    from litmt.deploy.request_batcher import RequestBatcher
+    from litmt.deploy.model_queue import Job, ModelQueue
 
     running, release = threading.Event(), threading.Event()
 
@@ -682,18 +688,18 @@ def test_batcher_survives_a_request_that_goes_away_while_its_batch_fails():
     async def main():
         loop = asyncio.get_running_loop()
         with Pool(1) as pool:
-            batcher = RequestBatcher(fn, pool, max_batch_sentences=4, max_wait_ms=1)
-            batcher.start()
+            queue = ModelQueue(pool, max_batch_sentences=4, max_wait_ms=1, max_queue=8)
+            queue.start()
             try:
-                doomed = asyncio.ensure_future(batcher.submit(["bad"]))
+                doomed = queue.submit(Job(fn, ["bad"], key="k"))
                 await loop.run_in_executor(None, running.wait, 5)
                 doomed.cancel()  # the client goes while its batch runs
                 await asyncio.gather(doomed, return_exceptions=True)
                 release.set()  # now the batch fails
-                return await asyncio.wait_for(batcher.submit(["ok"]), 3)
+                return await asyncio.wait_for(queue.submit(Job(fn, ["ok"], key="k")), 3)
             finally:
                 release.set()
-                await batcher.stop()
+                await queue.stop()
 
     assert asyncio.run(main()) == ["OK"]
 
@@ -839,18 +845,18 @@ def test_a_request_over_its_timeout_gets_504_and_the_server_lives_on():
         assert _ask(running.url, "fine").json() == {"translatedText": "FINE"}
 
 
-def test_health_is_503_when_the_batcher_task_has_died():
+def test_health_is_503_when_the_model_queue_has_died():
     app = create_app(_Flaky(), ServeConfig(max_wait_ms=0))
     with ServerThread(app) as running, httpx.Client(base_url=running.url, timeout=30) as c:
         assert c.get("/health").status_code == 200
-        task = app.state.batcher._task
+        task = app.state.context.admission.queue._task
         task.get_loop().call_soon_threadsafe(task.cancel)  # as if it had crashed
         _until(task.done)
         r = c.get("/health")
         assert r.status_code == 503 and r.json()["status"].startswith("unavailable")
         r = c.post("/translate", json={"q": "fine", "source": "en", "target": "de"})
         assert r.status_code == 503 and "retry-after" in r.headers
-        assert r.json() == {"error": "Server unavailable: the request batcher has stopped"}
+        assert r.json() == {"error": "Server unavailable: the model queue has stopped"}
 
 
 def test_batcher_loop_survives_an_error_outside_the_model_call():
@@ -859,23 +865,24 @@ def test_batcher_loop_survives_an_error_outside_the_model_call():
     import asyncio
     from concurrent.futures import ThreadPoolExecutor as Pool
 
-    from litmt.deploy.request_batcher import RequestBatcher
+    from litmt.deploy.model_queue import Job, ModelQueue
 
     def fn(texts: list[str]) -> list[str]:
         return None if texts == ["bad"] else texts  # None[0:1]: TypeError in the loop
 
     async def main():
         with Pool(1) as pool:
-            batcher = RequestBatcher(fn, pool, max_batch_sentences=4, max_wait_ms=0)
-            batcher.start()
+            queue = ModelQueue(pool, max_batch_sentences=4, max_wait_ms=0, max_queue=8)
+            queue.start()
             try:
                 bad = await asyncio.wait_for(
-                    asyncio.gather(batcher.submit(["bad"]), return_exceptions=True), 3
+                    asyncio.gather(queue.submit(Job(fn, ["bad"], key="k")), return_exceptions=True),
+                    3,
                 )
-                good = await asyncio.wait_for(batcher.submit(["ok"]), 3)
-                return bad, good, batcher.alive
+                good = await asyncio.wait_for(queue.submit(Job(fn, ["ok"], key="k")), 3)
+                return bad, good, queue.alive
             finally:
-                await batcher.stop()
+                await queue.stop()
 
     (bad,), good, alive = asyncio.run(main())
     assert isinstance(bad, TypeError) and good == ["ok"] and alive

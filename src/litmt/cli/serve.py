@@ -13,6 +13,7 @@ from typing import Any
 from litmt.config import build, plain, renamed_keys
 from litmt.deploy.access import exposure_warning, load_keys
 from litmt.deploy.engines import LoadConfig, engine_options
+from litmt.deploy.http_protocol import uvicorn_options
 from litmt.deploy.serve_config import RENAMES, ServeConfig, old_serve_keys
 from litmt.deploy.server import build_server_app
 from litmt.errors import ConfigError
@@ -85,9 +86,7 @@ def serve(cfg: Any) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        limit_concurrency=settings.limit_concurrency or None,  # over it: 503 from uvicorn
-        timeout_graceful_shutdown=settings.timeout_graceful_shutdown,  # SIGTERM: drain
-        # the client address is access.forwarded_allow_ips's alone: uvicorn's own proxy
-        # headers (on for 127.0.0.1 by default) would rewrite it before the rate limit
-        proxy_headers=False,
+        # litmt's HTTP protocol: header/body deadlines, connections per address,
+        # limit_concurrency, JSON refusals, no proxy headers (litmt.deploy.http_protocol)
+        **uvicorn_options(settings),
     )

@@ -7,11 +7,12 @@ from typing import Any
 
 
 class ApiError(Exception):
-    """An HTTP error answered as ``{"error": message}`` with `status`."""
+    """An HTTP error answered as ``{"error": message}`` with `status` (and `headers`, e.g.
+    a 503's ``Retry-After``)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.headers = status, message, headers
 
 
 def install_error_handlers(app: Any) -> None:
@@ -27,7 +28,7 @@ def install_error_handlers(app: Any) -> None:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -27,7 +27,10 @@ of strings; for a list ``q``: one entry per text (a string or null; a list of st
 null). ``constraints`` must come as JSON (a form field cannot carry a list). A steered text
 must be one line within the model's source limit (it is not split into sentences), with
 ``format=text`` and no ``alternatives``; a malformed field or a bad combination is a 400
-with one line, and engine=ct2 refuses ``constraints`` (400).
+with one line (so is a prefix or constraint with characters the model's vocabulary lacks),
+and engine=ct2 refuses ``constraints`` (400). A steered answer adds ``constraints_met`` (a
+bool, a list for a list ``q``): false where the constraints could not all be met within the
+output budget; the text is then the best translation without them.
 
 Routes are added by `register_routes`, called once by
 `litmt.deploy.routes_translate.register_translate_routes`.
@@ -38,11 +41,9 @@ from __future__ import annotations
 import html
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
@@ -174,30 +175,42 @@ class HtmlText(HTMLParser):
 
 
 # -- routes -----------------------------------------------------------------------------
-@dataclass
-class Service:
-    """What the LibreTranslate routes need from the server (`routes_translate.service`)."""
+class Service(Protocol):
+    """What the LibreTranslate routes need from the server; implemented by
+    `litmt.deploy.routes_translate.TranslateService`. Every decoding method raises
+    `ApiError` (503, 504, 499, 500) when the request cannot be answered."""
 
     src: str
     tgt: str
     tgt_name: str  # the target language's English name
     char_limit: int  # /frontend/settings' charLimit: characters of one text
     beam_size: int  # caps alternatives
-    read_params: Callable[..., Awaitable[dict[str, Any]]]  # (request, files=None) -> params
-    texts: Callable[[dict[str, Any], bool], tuple[list[str], bool]]  # q, checked
-    batched: Callable[[Request, list[str]], Awaitable[Any]]  # list[str] or a JSONResponse
-    nbest: Callable[
-        ..., Awaitable[Any]
-    ]  # (request, texts, n, pair=) -> list[list[str]] or response
-    # (request, texts, prefixes, constraints, pair=) -> list[str] or a response: litmt fields
-    steered: Callable[..., Awaitable[Any]]
     upload_dir: Path
-    check: Callable[..., JSONResponse | None]  # keys, rate limit: (request, params, cost=1)
     api_keys: bool  # /frontend/settings' apiKeys: keys are on
     key_required: bool  # /frontend/settings' keyRequired
-    # (source, target) -> the direction `batched`/`nbest`/`steered` take as ``pair=`` (None:
-    # a one-pair model); raises ApiError 400 for a pair the model does not translate
-    route: Callable[[str, str], Any]
+
+    async def read_params(self, request: Request, files: Any = None) -> dict[str, Any]: ...
+
+    def texts(self, params: dict[str, Any], is_json: bool) -> tuple[list[str], bool]:
+        """(the texts of ``q``, whether ``q`` was a list), checked against the limits."""
+
+    def check(self, request: Request, params: dict[str, Any], cost: int = 1) -> Any:
+        """403 / 429 to answer (keys, rate limit), or None."""
+
+    def route(self, source: str, target: str) -> Any:
+        """The direction `batched` and `steered` take as ``pair=`` (None: a one-pair
+        model); ApiError 400 for a pair the model does not translate."""
+
+    async def batched(
+        self, request: Request, texts: list[str], n_best: int = 1, pair: Any = None
+    ) -> list[Any]:
+        """Translations of `texts` (n-best lists when `n_best` > 1)."""
+
+    async def steered(
+        self, request: Request, texts: list[str], prefixes: Any, constraints: Any, pair: Any = None
+    ) -> tuple[list[str], list[bool]]:
+        """Translations of `texts` with litmt's prefix and constraints fields, and whether
+        each meets all its constraints."""
 
 
 def steering(params: dict[str, Any], n: int, batch: bool) -> tuple[Any, Any] | None:
@@ -239,35 +252,29 @@ async def translate(request: Request, params: dict[str, Any], svc: Service) -> J
                 "Invalid request: prefix and constraints work with format=text only, "
                 "without alternatives",
             )
-        translated = await svc.steered(request, texts, *steer, pair=pair)
-        if isinstance(translated, JSONResponse):
-            return translated
+        translated, met = await svc.steered(request, texts, *steer, pair=pair)
     elif fmt == "html":
         docs = [HtmlText(t) for t in texts]
         nodes = [node for d in docs for node in d.texts]
         out = await svc.batched(request, nodes, pair=pair) if nodes else []
-        if isinstance(out, JSONResponse):
-            return out
         translated, start = [], 0
         for d in docs:
             translated.append(d.render(out[start : start + len(d.texts)]))
             start += len(d.texts)
     elif n_alt > 0 and min(n_alt + 1, svc.beam_size) > 1:
-        found = await svc.nbest(request, texts, min(n_alt + 1, svc.beam_size), pair=pair)
-        if isinstance(found, JSONResponse):
-            return found
+        found = await svc.batched(request, texts, min(n_alt + 1, svc.beam_size), pair=pair)
         translated = [hyps[0] for hyps in found]
         alternatives = [filter_unique(hyps[1:], hyps[0]) for hyps in found]
     else:
         translated = await svc.batched(request, texts, pair=pair)
-        if isinstance(translated, JSONResponse):
-            return translated
     result: dict[str, Any] = {"translatedText": translated if batch else translated[0]}
     if source == "auto":
         found_lang = detection(pair[0] if pair else svc.src)  # the source translated from
         result["detectedLanguage"] = [found_lang] * len(texts) if batch else found_lang
     if n_alt > 0:
         result["alternatives"] = alternatives if batch else alternatives[0]
+    if steer is not None:
+        result["constraints_met"] = met if batch else met[0]
     return JSONResponse(result)
 
 
@@ -321,8 +328,6 @@ async def translate_file(request: Request, svc: Service) -> JSONResponse:
     ends_with_newline = text.endswith("\n")
     texts, _ = svc.texts({"q": text.rstrip("\n") or " "}, False)  # the request limits
     out = await svc.batched(request, texts, pair=pair)
-    if isinstance(out, JSONResponse):
-        return out
     svc.upload_dir.mkdir(parents=True, exist_ok=True)
     _clean(svc.upload_dir)
     name = f"{uuid.uuid4()}.{safe}"

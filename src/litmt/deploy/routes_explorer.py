@@ -10,7 +10,6 @@ source/target pieces and one cross-attention map of the torch model
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,6 @@ from litmt.deploy import libretranslate as lt
 from litmt.deploy.attention_view import attention_maps, attention_payload, check_choice
 from litmt.deploy.http_errors import ApiError
 from litmt.deploy.server_context import ServerContext
-from litmt.errors import LitmtError
-
-log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -100,13 +96,8 @@ def register_explorer_routes(app: FastAPI, ctx: ServerContext) -> None:
             head_json = json.dumps(payload, ensure_ascii=False)[:-1]  # without its closing }
             return f'{head_json}, "weights": {weights}}}'.encode()
 
-        try:
-            body = await ctx.admission.run(compute, timed=False)
-        except (LitmtError, ApiError):
-            raise
-        except Exception as exc:  # this request gets a 500, the server lives on
-            log.exception("attention failed")
-            raise ApiError(500, f"Cannot compute attention: {exc}") from exc
+        # a job of its own in the model's queue: its timeout, its 503s, its cancellation
+        body = await ctx.admission.call(request, compute, "attention")
         return Response(body, media_type="application/json")
 
     @app.get("/")

@@ -33,28 +33,23 @@ def languages_payload(ctx: ServerContext) -> list[dict[str, Any]]:
 
 
 def health_payload(ctx: ServerContext) -> tuple[dict[str, Any], bool]:
-    """``/health``'s answer with the batching counters, and whether the batcher runs."""
-    batcher = ctx.admission.batcher
-    alive = batcher is not None and batcher.alive
+    """``/health``'s answer with the model queue's counters, and whether its loop runs."""
+    alive = ctx.admission.queue.alive
     payload = {
-        "status": "ok" if alive else "unavailable: the request batcher has stopped",
+        "status": "ok" if alive else "unavailable: the model queue has stopped",
         "engine": ctx.engine,
         "source": ctx.src,
         "target": ctx.tgt,
         "directions": [f"{s}-{t}" for s, t in ctx.languages.pairs()],
         "attention": ctx.attention_model is not None,
-        "batches": batcher.batches if batcher else 0,
-        "largest_batch": batcher.largest_batch if batcher else 0,
-        "queued": batcher.queue.qsize() if batcher else 0,
-        "skipped": batcher.skipped if batcher else 0,  # requests whose client went
-        "rejected": batcher.rejected if batcher else 0,  # 503: the queue was full
+        **ctx.admission.counters(),  # queued, batches, 503s, 504s, service times
         "split_lines": ctx.segmenter.split_lines,  # long lines translated by sentence
     }
     return payload, alive
 
 
 def register_info_routes(app: FastAPI, ctx: ServerContext) -> None:
-    """Add ``GET /languages`` and ``GET /health`` (503 when the batcher task has ended)."""
+    """Add ``GET /languages`` and ``GET /health`` (503 when the model queue has stopped)."""
 
     @app.get("/languages")
     async def languages_route() -> JSONResponse:

@@ -1,9 +1,10 @@
 """The LibreTranslate routes: ``POST /translate`` and those of `litmt.deploy.libretranslate`
 (``/detect``, ``/frontend/settings``, ``/suggest``, ``/translate_file``, ``/download_file``).
 
-Each text is planned into units first (`litmt.deploy.sentences`: lines, or the sentences of a
-line over the model's source limit; 413 over a limit), decoded through the admission path
-(`litmt.deploy.admission`), then rebuilt.
+`TranslateService` is the object those routes call (`litmt.deploy.libretranslate.Service`
+is its interface): each text is planned into units first (`litmt.deploy.sentences`: lines,
+or the sentences of a line over the model's source limit; 413 over a limit), decoded as one
+job of the admission path (`litmt.deploy.admission`), then rebuilt.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from litmt.decoding.config import DecodeConfig
+from litmt.decoding.requests import Translation
 from litmt.deploy import libretranslate as lt
 from litmt.deploy.admission import Pair
 from litmt.deploy.http_errors import ApiError
@@ -22,31 +24,55 @@ from litmt.deploy.request_params import request_texts
 from litmt.deploy.server_context import ServerContext, language_name
 
 
-def _batched(ctx: ServerContext) -> Any:
-    """`lt.Service.batched` and ``.nbest``: a request's texts translated by units."""
+class TranslateService:
+    """The server as the LibreTranslate routes see it (implements `lt.Service`).
+
+    Args:
+        ctx: the server's shared parts.
+        upload_dir: where ``/translate_file`` writes translated files.
+    """
+
+    def __init__(self, ctx: ServerContext, upload_dir: Path) -> None:
+        self.ctx, self.upload_dir = ctx, upload_dir
+        self.src, self.tgt = ctx.src, ctx.tgt
+        self.tgt_name = language_name(ctx.tgt)
+        # per text, as LibreTranslate's char_limit; max_chars (the batch) is litmt's own
+        self.char_limit = min(ctx.settings.max_text_chars, ctx.settings.max_chars)
+        self.beam_size = DecodeConfig.from_options(ctx.options).beam_size  # caps alternatives
+        self.api_keys = ctx.guard.keys_on  # /frontend/settings' apiKeys
+        self.key_required = bool(ctx.settings.access.require_api_key)
+
+    async def read_params(self, request: Request, files: Any = None) -> dict[str, Any]:
+        """The request's parameters within ``max_body_bytes``."""
+        return await self.ctx.params(request, files)
+
+    def texts(self, params: dict[str, Any], is_json: bool) -> tuple[list[str], bool]:
+        """(the texts of ``q``, whether ``q`` was a list), checked against the limits."""
+        return request_texts(params, self.ctx.settings, is_json)
+
+    def check(self, request: Request, params: dict[str, Any], cost: int = 1) -> Any:
+        """403 (bad or missing key) or 429 (rate limit) to answer, or None."""
+        return self.ctx.guard.check(request, params, cost)
+
+    def route(self, source: str, target: str) -> Pair:
+        """The direction of (source, target); 400 for one the model lacks."""
+        return self.ctx.route(source, target)
 
     async def batched(
-        request: Request, texts: list[str], n_best: int = 1, pair: Pair = None
-    ) -> Any:
-        """The translations of `texts` in direction `pair` (n-best lists when `n_best` > 1),
-        or the error response (503, 499) to answer."""
-        plan = ctx.segmenter.plan(texts)  # lines, or sentences of long lines; 413 over a limit
-        out = await ctx.admission.translate(request, plan.units, pair, n_best)
-        if isinstance(out, JSONResponse):
-            return out
+        self, request: Request, texts: list[str], n_best: int = 1, pair: Pair = None
+    ) -> list[Any]:
+        """The translations of `texts` in direction `pair` (n-best lists when `n_best` > 1);
+        requests of the same direction and n-best share batches."""
+        plan = self.ctx.segmenter.plan(texts)  # lines, or sentences of long lines; 413
+        out = await self.ctx.admission.translate(request, plan.units, pair, n_best)
         return plan.join(out) if n_best == 1 else plan.join_nbest(out)
 
-    return batched
-
-
-def _steered(ctx: ServerContext) -> Any:
-    """`lt.Service.steered`: texts with prefixes and constraints, one job each request."""
-
     async def steered(
-        request: Request, texts: list[str], prefixes: Any, constraints: Any, pair: Pair = None
-    ) -> Any:
-        """The translations of `texts` with their prefixes and constraints (one job in the
-        model's thread), or the error response to answer."""
+        self, request: Request, texts: list[str], prefixes: Any, constraints: Any, pair: Pair = None
+    ) -> tuple[list[str], list[bool]]:
+        """The translations of `texts` with their prefixes and constraints (a job of its own
+        in the model's queue), and whether each meets all its constraints."""
+        ctx = self.ctx
         plan = ctx.segmenter.plan(texts)  # the limits (413) as for any request
         if len(plan.units) != len(texts):
             raise ApiError(
@@ -55,8 +81,8 @@ def _steered(ctx: ServerContext) -> Any:
                 "the model's source limit",
             )
 
-        def job() -> list[str]:
-            return ctx.translator.translate(
+        def job() -> list[list[Translation]]:
+            return ctx.translator.translations(
                 plan.units,
                 prefixes=prefixes,
                 constraints=constraints,
@@ -64,38 +90,14 @@ def _steered(ctx: ServerContext) -> Any:
                 **ctx.admission.direction(pair),
             )
 
-        return plan.join(await ctx.admission.run(job))
-
-    return steered
-
-
-def service(ctx: ServerContext, upload_dir: Path) -> lt.Service:
-    """What the LibreTranslate routes need from the server."""
-    batched = _batched(ctx)
-    return lt.Service(
-        src=ctx.src,
-        tgt=ctx.tgt,
-        tgt_name=language_name(ctx.tgt),
-        # per text, as LibreTranslate's char_limit; max_chars (the batch) is litmt's own
-        char_limit=min(ctx.settings.max_text_chars, ctx.settings.max_chars),
-        beam_size=DecodeConfig.from_options(ctx.options).beam_size,
-        read_params=ctx.params,
-        texts=lambda params, is_json: request_texts(params, ctx.settings, is_json),
-        batched=batched,
-        nbest=lambda request, texts, n, pair=None: batched(request, texts, n, pair),
-        route=ctx.route,
-        steered=_steered(ctx),
-        upload_dir=upload_dir,
-        check=ctx.guard.check,
-        api_keys=ctx.guard.keys_on,
-        key_required=bool(ctx.settings.access.require_api_key),
-    )
+        found = await ctx.admission.call(request, job, "steered", len(plan.units))
+        return plan.join([f[0].text for f in found]), [f[0].constraints_met for f in found]
 
 
 def register_translate_routes(app: FastAPI, ctx: ServerContext, upload_dir: Path) -> None:
     """Add ``POST /translate`` and the other LibreTranslate routes to `app`; translated
     files go to `upload_dir`."""
-    svc = service(ctx, upload_dir)
+    svc = TranslateService(ctx, upload_dir)
     lt.register_routes(app, svc)  # /detect, /frontend/settings, /suggest, files
 
     @app.post("/translate")
@@ -108,4 +110,4 @@ def register_translate_routes(app: FastAPI, ctx: ServerContext, upload_dir: Path
         return await lt.translate(request, params, svc)
 
 
-__all__ = ["register_translate_routes", "service"]
+__all__ = ["TranslateService", "register_translate_routes"]

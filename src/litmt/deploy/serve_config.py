@@ -47,7 +47,17 @@ class ServeConfig:
     log_level: str = "info"
     """uvicorn's log level: critical | error | warning | info | debug"""
     limit_concurrency: int = 512
-    """uvicorn: open connections + tasks at most, over it uvicorn answers 503; 0 = no limit"""
+    """open connections at most; a connection past it gets 503 {"error": ...} with
+    Retry-After and is closed (litmt.deploy.http_protocol); 0 = no limit"""
+    max_connections_per_client: int = 32
+    """open connections one client address may hold (access.forwarded_allow_ips, your
+    proxies, are exempt); past it: 429 {"error": ...} with Retry-After; 0 = no cap"""
+    header_timeout_s: float = 10.0
+    """a request's headers must arrive within this many seconds of its first byte (a new
+    connection: of its opening), else 408 and the connection is closed; 0 = no deadline"""
+    body_timeout_s: float = 10.0
+    """a request's body must arrive within this many seconds once its headers are in, else
+    408 and the connection is closed; 0 = no deadline"""
     timeout_graceful_shutdown: float = 30.0
     """uvicorn: on SIGTERM, seconds in-flight requests get to finish"""
     max_batch_sentences: int = 64
@@ -56,9 +66,11 @@ class ServeConfig:
     max_wait_ms: float = 10.0
     """dynamic batching: how long a batch's first request waits for company"""
     max_queue: int = 256
-    """requests waiting for a batch; when full: 503 {"error": ...} with Retry-After"""
+    """requests waiting for the model (every kind: plain, alternatives, prefix/constraints,
+    /attention); when full: 503 {"error": ...} with Retry-After"""
     request_timeout_s: float = 60.0
-    """a request's wait for its translation (queue + decoding), else 504"""
+    """a request's wait for its answer (queue + decoding), else 504; a request the work
+    queued ahead would keep past it is refused at once: 503 with Retry-After"""
     retry_after_s: int = 1
     """the Retry-After header (seconds) of a 503"""
     max_texts: int = 64
@@ -114,10 +126,14 @@ class ServeConfig:
             raise ConfigError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
         if self.request_timeout_s <= 0:
             raise ConfigError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
-        if self.limit_concurrency < 0:
-            raise ConfigError(
-                f"limit_concurrency must be >= 0 (0 = no limit), got {self.limit_concurrency}"
-            )
+        for name in ("limit_concurrency", "max_connections_per_client"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0 (0 = no limit), got {getattr(self, name)}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(
+                    f"{name} must be >= 0 (0 = no deadline), got {getattr(self, name)}"
+                )
         if str(self.log_level) not in LOG_LEVELS:
             raise ConfigError(
                 f"log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}"

@@ -12,14 +12,17 @@
   (`litmt.deploy.sentences`), never truncated.
 - ``GET /languages`` and ``GET /health`` (`litmt.deploy.routes_info`): a multilingual model
   lists every target of each source (``target=fr`` routes to its ``<2fr>`` token); /health
-  has the batching counters and is 503 when the batcher task has ended.
+  has the model queue's counters and is 503 when its loop has ended.
 - ``GET /`` (the attention explorer page, ``litmt/deploy/static/``) and ``POST /attention``
   (`litmt.deploy.routes_explorer`).
 - Errors (`litmt.deploy.http_errors`): always ``{"error": message}``.
 
-Every decoding passes through `litmt.deploy.admission` (one model thread, one batcher per
-direction; 503 with ``Retry-After`` for a full queue, 504 past the timeout, 499 for a client
-that went). API keys, the rate limit (403/429) and CORS are `litmt.deploy.access`'s. Every
+Every decoding (plain, alternatives, prefix/constraints, /attention) is a job of one bounded
+queue (`litmt.deploy.admission`, `litmt.deploy.model_queue`: one model thread; 503 with
+``Retry-After`` for a full queue or work that could not finish in time, 504 past the
+timeout, 499 for a client that went). Slow and idle connections are the HTTP protocol's
+(`litmt.deploy.http_protocol`: header and body deadlines, connections per address, JSON
+refusals). API keys, the rate limit (403/429) and CORS are `litmt.deploy.access`'s. Every
 setting, with its default and its doc, is a field of `litmt.deploy.serve_config.ServeConfig`.
 """
 
@@ -53,11 +56,10 @@ log = logging.getLogger(__name__)
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Start the first direction's batcher; on shutdown stop the model's thread and delete
-    the translated files."""
+    """Start the model queue; on shutdown stop it and the model's thread, and delete the
+    translated files."""
     ctx: ServerContext = app.state.context
-    first = ctx.languages.pairs()[0] if ctx.languages.multilingual else None
-    app.state.batcher = ctx.admission.start(first)
+    ctx.admission.start()
     yield
     await ctx.admission.stop()
     shutil.rmtree(app.state.upload_dir, ignore_errors=True)
