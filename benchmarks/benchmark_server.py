@@ -1,28 +1,30 @@
 """Load test of scripts/serve.py on loopback: requests/s, p50/p95/p99 latency and answers by
-status code per concurrency, and a soak with the server's RSS before and after.
+status code per concurrency, and a soak with the server's RSS every `--rss-every` seconds.
 
-The server runs in its own process (as deployed); `--concurrency` client threads each keep
-one request in flight (one sentence per request, cycling through --src) until the run's
-`--requests` are answered or `--max-seconds` pass (a bounded run). `--soak S` then keeps
-`--soak-concurrency` clients busy for S seconds and reports the server's RSS (psutil) before,
-every `--rss-every` seconds, and after. Prints markdown tables.
+The server runs in its own process (as deployed). The clients are asyncio connections
+(`benchmarks.http_load`), one kept alive per client, each client on its own loopback
+address (distinct users), each with one request in flight (one sentence per request,
+cycling through --src) until the level's `--requests` are answered or `--max-seconds`
+pass. A client that gets 503/429 waits its Retry-After. `--soak S` then keeps
+`--soak-concurrency` clients busy for S seconds (`--mix`: plain, alternatives=3, prefix,
+/attention, bad input and clients that hang up) and samples the server's RSS (psutil).
+Prints markdown tables.
 
     python -m benchmarks.benchmark_server --model model.ckpt --src ../shared/data/multi30k/test2016.en
     python -m benchmarks.benchmark_server --model exports/int8 --threads 2 --concurrency 1 8 32
     python -m benchmarks.benchmark_server --model model.ckpt --src S --smoke      # seconds
-    python -m benchmarks.benchmark_server --model M --src S --concurrency 1 8 32 128 \
-        --soak 300 --soak-concurrency 32                                          # + 5-min soak
+    python -m benchmarks.benchmark_server --model M.ckpt --src S --engine ct2 --explorer \
+        --serve-arg compute_type=int8 --concurrency 1 --soak 600 --soak-concurrency 64 --mix
     python -m benchmarks.benchmark_server --url http://127.0.0.1:5000 --src S      # a running server
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import asyncio
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -34,6 +36,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.common import REPO
+from benchmarks.http_load import mixed_requests, plain_requests, run_clients, summary
 from litmt.cli.exits import cli_errors
 from litmt.data.text import read_text_file
 
@@ -53,6 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--soak-concurrency", type=int, default=32, help="clients during the soak")
     p.add_argument("--rss-every", type=float, default=30.0, help="RSS sample period (soak)")
     p.add_argument("--server-pid", type=int, default=None, help="with --url: its PID for RSS")
+    p.add_argument("--mix", action="store_true", help="soak with mixed traffic (http_load)")
+    p.add_argument("--explorer", action="store_true", help="serve /attention (a .ckpt only)")
+    p.add_argument(
+        "--serve-arg", action="append", default=[], help="more scripts/serve.py overrides"
+    )
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     p.add_argument("--smoke", action="store_true", help="concurrency 1 and 4, 8 requests each")
     args = p.parse_args(argv)
@@ -76,7 +84,8 @@ def server_process(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
     cmd = [
         sys.executable, str(REPO / "scripts" / "serve.py"), f"ckpt_path={args.model}",
         f"engine={args.engine}", f"threads={args.threads}", f"port={port}", "host=127.0.0.1",
-        "log_level=warning", f"decoding.beam_size={args.beam}", "explorer=false",
+        "log_level=warning", f"decoding.beam_size={args.beam}",
+        f"explorer={str(args.explorer).lower()}", *args.serve_arg,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}  # torch's intra-op threads
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
@@ -100,63 +109,16 @@ def server_process(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
         proc.wait(timeout=30)
 
 
-def run_level(
-    url: str, sentences: list[str], source: str, target: str, concurrency: int, n: int, bound: float
-) -> dict[str, object]:
-    """`concurrency` threads, each one request in flight, until `n` answers or `bound` s.
+def run_level(url: str, make, concurrency: int, n: int, bound: float) -> dict[str, object]:
+    """`concurrency` clients, each one request in flight, until `n` answers or `bound` s.
 
     Every answer is counted by its status code (``status``: {"200": k, "503": m, ...});
     a connection that fails without an answer counts as ``"conn"``. Latency percentiles
     are of the 200s."""
-    latencies: list[float] = []
-    status: dict[str, int] = {}
-    lock = threading.Lock()
-    counter = itertools.count()
-    stop_at = time.monotonic() + bound
-
-    def worker() -> None:
-        with httpx.Client(base_url=url, timeout=bound + 60) as client:
-            while time.monotonic() < stop_at:
-                i = next(counter)
-                if i >= n:
-                    return
-                body = {"q": sentences[i % len(sentences)], "source": source, "target": target}
-                start = time.perf_counter()
-                try:
-                    code = str(client.post("/translate", json=body).status_code)
-                except httpx.TransportError:
-                    code = "conn"
-                took = time.perf_counter() - start
-                with lock:
-                    status[code] = status.get(code, 0) + 1
-                    if code == "200":
-                        latencies.append(took)
-
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    if not latencies:
-        raise SystemExit(f"no request succeeded at concurrency {concurrency} ({status})")
-    cuts = (
-        statistics.quantiles(latencies, n=100, method="inclusive")
-        if len(latencies) > 1
-        else latencies * 99
-    )
-    return {
-        "concurrency": concurrency,
-        "requests": len(latencies),
-        "errors": sum(k for code, k in status.items() if code != "200"),
-        "status": dict(sorted(status.items())),
-        "seconds": wall,
-        "requests_per_s": len(latencies) / wall,
-        "p50_ms": 1000 * cuts[49],
-        "p95_ms": 1000 * cuts[94],
-        "p99_ms": 1000 * cuts[98],
-    }
+    tally, wall = asyncio.run(run_clients(url, make, concurrency, n, bound))
+    if not tally.latencies:
+        raise SystemExit(f"no request succeeded at concurrency {concurrency} ({tally.totals()})")
+    return summary(tally, wall, concurrency)
 
 
 def rss_mb(pid: int) -> float:
@@ -168,7 +130,7 @@ def rss_mb(pid: int) -> float:
     return sum(p.memory_info().rss for p in procs) / 2**20
 
 
-def soak(url: str, pid: int | None, sentences: list[str], src: str, tgt: str, args) -> dict:
+def soak(url: str, pid: int | None, make, args) -> dict:
     """`args.soak` seconds at `args.soak_concurrency`, sampling the server's RSS."""
     samples: list[tuple[float, float]] = []
     done = threading.Event()
@@ -181,7 +143,7 @@ def soak(url: str, pid: int | None, sentences: list[str], src: str, tgt: str, ar
     before = rss_mb(pid) if pid is not None else None
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    row = run_level(url, sentences, src, tgt, args.soak_concurrency, 10**9, args.soak)
+    row = run_level(url, make, args.soak_concurrency, 10**9, args.soak)
     done.set()
     sampler.join()
     after = rss_mb(pid) if pid is not None else None
@@ -190,6 +152,54 @@ def soak(url: str, pid: int | None, sentences: list[str], src: str, tgt: str, ar
 
 def _codes(status: dict[str, int]) -> str:
     return ", ".join(f"{code}: {k}" for code, k in status.items())
+
+
+def _answered(status: dict[str, int]) -> bool:
+    """Every request got an answer, and no 5xx but 503 (which carries Retry-After)."""
+    return all(code in ("hung up", "503") or not code.startswith(("5", "conn")) for code in status)
+
+
+def _goals(rows: list[dict]) -> str:
+    """The load goals: throughput at 128 and 512 against 32, and 32's own."""
+    by = {r["concurrency"]: r["requests_per_s"] for r in rows}
+    lines = []
+    if 32 in by:
+        lines.append(f"\nconcurrency 32: {by[32]:.1f} requests/s (goal >= 150 on 2 cores)")
+        for c in (128, 512):
+            if c in by:
+                lines.append(
+                    f"concurrency {c}: {100 * by[c] / by[32]:.0f} % of 32's (goal >= 90 %)"
+                )
+    bad = [r["concurrency"] for r in rows if not _answered(r["status"])]
+    lines.append("5xx other than 503, or unanswered: " + (f"at {bad}" if bad else "none"))
+    return "\n".join(lines)
+
+
+def _soak_report(soaked: dict, concurrency: int) -> str:
+    """The soak's table, its answers by kind, and RSS growth after the first minute."""
+    before, after = soaked["rss_before_mb"], soaked["rss_after_mb"]
+    samples = soaked["rss_samples"]
+    after_minute = next((m for t, m in samples if t >= 59), None)
+    growth = (
+        "n/a"
+        if after_minute is None or after is None
+        else f"{100 * (after - after_minute) / after_minute:+.1f} %"
+    )
+    fmt = lambda v: "n/a" if v is None else f"{v:.0f}"  # noqa: E731
+    out = [
+        f"\nSoak: {soaked['seconds']:.0f} s at concurrency {concurrency}\n",
+        "| requests (200) | 200s/s | p50 (ms) | p95 (ms) | p99 (ms) | answers by status | "
+        "RSS before (MiB) | at 1 min | after | growth after 1 min |",
+        "|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        f"| {soaked['requests']} | {soaked['requests_per_s']:.1f} | {soaked['p50_ms']:.0f} | "
+        f"{soaked['p95_ms']:.0f} | {soaked['p99_ms']:.0f} | {_codes(soaked['status'])} | "
+        f"{fmt(before)} | {fmt(after_minute)} | {fmt(after)} | {growth} |",
+        "\n| kind | answers by status |\n|---|---|",
+    ]
+    out += [f"| {kind} | {_codes(codes)} |" for kind, codes in sorted(soaked["by_kind"].items())]
+    if samples:
+        out.append("\nRSS samples (s, MiB): " + ", ".join(f"{t:.0f}: {m:.0f}" for t, m in samples))
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,14 +215,16 @@ def main(argv: list[str] | None = None) -> int:
         langs = httpx.get(url + "/languages", timeout=10).json()
         source = next(lang for lang in langs if lang["targets"])
         src, tgt = source["code"], source["targets"][0]
-        for s in sentences[:4]:  # warm-up
-            httpx.post(url + "/translate", json={"q": s, "source": src, "target": tgt}, timeout=60)
+        prefixes = []
+        for s in sentences[:8]:  # warm-up; each output's first word is a prefix of the mix
+            body = {"q": s, "source": src, "target": tgt}
+            out = httpx.post(url + "/translate", json=body, timeout=60).json()["translatedText"]
+            prefixes.append(out.split()[0] if out.split() else out)
         health = httpx.get(url + "/health", timeout=10).json()
-        rows = [
-            run_level(url, sentences, src, tgt, c, args.requests, args.max_seconds)
-            for c in args.concurrency
-        ]
-        soaked = soak(url, pid, sentences, src, tgt, args) if args.soak > 0 else None
+        plain = plain_requests(sentences, src, tgt)
+        rows = [run_level(url, plain, c, args.requests, args.max_seconds) for c in args.concurrency]
+        make = mixed_requests(sentences, prefixes, src, tgt) if args.mix else plain
+        soaked = soak(url, pid, make, args) if args.soak > 0 else None
     what = args.model or args.url
     print(
         f"{what} ({health['engine']} engine), beam {args.beam}, {args.threads} server threads, "
@@ -229,27 +241,11 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['concurrency']} | {r['requests']} | {r['requests_per_s']:.1f} | "
             f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {_codes(r['status'])} |"
         )
-    ok = all(r["errors"] == 0 for r in rows)
+    ok = all(_answered(r["status"]) for r in rows)
+    print(_goals(rows))
     if soaked is not None:
-        before, after = soaked["rss_before_mb"], soaked["rss_after_mb"]
-        growth = "n/a" if before is None else f"{100 * (after - before) / before:+.1f} %"
-        print(
-            f"\nSoak: {soaked['seconds']:.0f} s at concurrency {args.soak_concurrency}\n\n"
-            "| requests | requests/s | p50 (ms) | p95 (ms) | p99 (ms) | answers by status | "
-            "server RSS before (MiB) | after (MiB) | growth |\n|---:|---:|---:|---:|---:|---|---:|---:|---:|"
-        )
-        print(
-            f"| {soaked['requests']} | {soaked['requests_per_s']:.1f} | {soaked['p50_ms']:.0f} | "
-            f"{soaked['p95_ms']:.0f} | {soaked['p99_ms']:.0f} | {_codes(soaked['status'])} | "
-            f"{before if before is None else f'{before:.0f}'} | "
-            f"{after if after is None else f'{after:.0f}'} | {growth} |"
-        )
-        if soaked["rss_samples"]:
-            print(
-                "\nRSS samples (s, MiB): "
-                + ", ".join(f"{t:.0f}: {m:.0f}" for t, m in soaked["rss_samples"])
-            )
-        ok = ok and soaked["errors"] == 0
+        print(_soak_report(soaked, args.soak_concurrency))
+        ok = ok and _answered(soaked["status"])
     if args.json:
         out = {"args": vars(args), "rows": rows, "soak": soaked}
         Path(args.json).write_text(json.dumps(out, indent=2))

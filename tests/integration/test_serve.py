@@ -623,8 +623,8 @@ def test_benchmark_server_smoke(ckpt, tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.benchmark_server", "--smoke",
          "--model", str(ckpt), "--src", str(tmp_path / "test.en"), "--threads", "1",
-         "--json", str(tmp_path / "r.json"), "--soak", "3", "--soak-concurrency", "2",
-         "--rss-every", "1"],
+         "--json", str(tmp_path / "r.json"), "--soak", "4", "--soak-concurrency", "4",
+         "--rss-every", "1", "--mix", "--explorer"],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
@@ -636,11 +636,18 @@ def test_benchmark_server_smoke(ckpt, tmp_path):
     ]
     assert all(0 < r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] for r in rows)
     soaked = result["soak"]
-    assert soaked["seconds"] >= 3 and soaked["status"] == {"200": soaked["requests"]}
+    assert soaked["seconds"] >= 4
+    by_kind = soaked["by_kind"]  # the mix: each kind gets its answer, bad input a 400
+    assert set(by_kind) <= {"plain", "alternatives", "prefix", "attention", "bad", "hangup"}
+    assert {"plain", "bad"} <= set(by_kind)
+    for kind, codes in by_kind.items():
+        expected = {"bad": "400", "hangup": "hung up"}.get(kind, "200")
+        assert set(codes) == {expected}, (kind, codes)
     assert soaked["rss_before_mb"] > 50 and soaked["rss_after_mb"] > 50  # the server's, not 0
     assert len(soaked["rss_samples"]) >= 2
     assert "| concurrency | requests | requests/s | p50 (ms) | p95 (ms) | p99 (ms) |" in run.stdout
-    assert "Soak: " in run.stdout and "| growth |" in run.stdout
+    assert "Soak: " in run.stdout and "| growth after 1 min |" in run.stdout
+    assert "5xx other than 503, or unanswered: none" in run.stdout
 
 
 def _run_batcher(fn, requests: list[list[str]], *, max_batch_sentences: int, max_wait_ms: float):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -39,6 +40,20 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from litmt.deploy.serve_config import ServeConfig
 
 log = logging.getLogger(__name__)
+WARN_EVERY_S = 10.0  # refusals are logged at most this often (a flood must not flood the log)
+_warned: dict[str, tuple[float, int]] = {}  # reason -> (when last logged, refusals since)
+
+
+def _warn(reason: str, message: str, *args: Any) -> None:
+    """Log a refusal once per `WARN_EVERY_S` per reason, with the count of those unlogged."""
+    now = time.monotonic()
+    last, unlogged = _warned.get(reason, (-WARN_EVERY_S, 0))
+    if now - last < WARN_EVERY_S:
+        _warned[reason] = (last, unlogged + 1)
+        return
+    _warned[reason] = (now, 0)
+    more = f" ({unlogged} more since the last such line)" if unlogged else ""
+    log.warning(message + more, *args)
 
 
 def json_response(status: int, reason: str, message: str, headers: dict[str, str]) -> bytes:
@@ -98,7 +113,7 @@ class GuardedH11Protocol(H11Protocol):
         s = self.settings
         admitted = [p for p in self.connections if p is not self and getattr(p, "admitted", 0)]
         if s.limit_concurrency and len(admitted) >= s.limit_concurrency:
-            log.warning("refused a connection: %d are open (limit_concurrency)", len(admitted))
+            _warn("busy", "refused a connection: %d are open (limit_concurrency)", len(admitted))
             return refusal_app(
                 503,
                 "Server busy: too many open connections; retry later",
@@ -108,7 +123,7 @@ class GuardedH11Protocol(H11Protocol):
         if cap and host is not None and host not in s.access.proxies:
             mine = sum(1 for p in admitted if p.client and p.client[0] == host)
             if mine >= cap:
-                log.warning("refused a connection from %s: it holds %d already", host, mine)
+                _warn("per-client", "refused a connection from %s: it holds %d already", host, mine)
                 return refusal_app(
                     429,
                     f"Too many open connections from your address "
@@ -168,7 +183,7 @@ class GuardedH11Protocol(H11Protocol):
             key = "header_timeout_s" if phase == "headers" else "body_timeout_s"
             limit = getattr(self.settings, key)
             message = f"Request timed out: its {phase} did not arrive within {limit:g} s ({key})"
-            log.warning("%s from %s", message, self.client[0] if self.client else "?")
+            _warn(key, "%s from %s", message, self.client[0] if self.client else "?")
             if cycle is None or not cycle.response_started:
                 self.transport.write(json_response(408, "Request Timeout", message, {}))
         if cycle is not None:  # the route sees a disconnect; nothing more is written
