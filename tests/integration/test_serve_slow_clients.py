@@ -77,10 +77,13 @@ def test_80_stalled_sockets_do_not_lock_out_a_well_behaved_client(caplog):
     protocol._warned.clear()
     settings = ServeConfig(limit_concurrency=64, header_timeout_s=30)
     app = create_app(_Upper(), settings)
-    with ServerThread(app) as running, _stalled(running.port, 80, spread=False):
-        with httpx.Client(base_url=running.url, timeout=10) as c:
-            assert c.get("/health").status_code == 200
-            assert c.post("/translate", json=ASK).json() == {"translatedText": "FINE"}
+    with (
+        ServerThread(app) as running,
+        _stalled(running.port, 80, spread=False),
+        httpx.Client(base_url=running.url, timeout=10) as c,
+    ):
+        assert c.get("/health").status_code == 200
+        assert c.post("/translate", json=ASK).json() == {"translatedText": "FINE"}
     refusals = [r for r in caplog.records if r.name == protocol.__name__]
     assert len(refusals) == 1  # 48 refused connections, one log line (WARN_EVERY_S)
     assert refusals[0].getMessage() == "refused a connection from 127.0.0.2: it holds 32 already"

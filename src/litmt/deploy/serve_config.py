@@ -65,9 +65,10 @@ class ServeConfig:
     own)"""
     max_wait_ms: float = 10.0
     """dynamic batching: how long a batch's first request waits for company"""
-    max_queue: int = 256
+    max_queue: int = 512
     """requests waiting for the model (every kind: plain, alternatives, prefix/constraints,
-    /attention); when full: 503 {"error": ...} with Retry-After"""
+    /attention); when full: 503 {"error": ...} with Retry-After. The default matches
+    limit_concurrency, so overload is refused by request_timeout_s's estimate, not by count"""
     request_timeout_s: float = 60.0
     """a request's wait for its answer (queue + decoding), else 504; a request the work
     queued ahead would keep past it is refused at once: 503 with Retry-After"""

@@ -31,7 +31,7 @@ def _run(main):
 
 
 def test_jobs_of_one_key_share_a_batch_and_other_keys_run_apart():
-    fn, gate, entered, calls = _gated()
+    fn, gate, _entered, calls = _gated()
     gate.set()
 
     async def main(pool):
@@ -57,7 +57,7 @@ def test_jobs_of_one_key_share_a_batch_and_other_keys_run_apart():
 
 
 def test_every_kind_meets_the_one_bound():
-    fn, gate, entered, calls = _gated()
+    fn, gate, entered, _calls = _gated()
 
     async def main(pool):
         q = ModelQueue(pool, max_batch_sentences=1, max_wait_ms=0, max_queue=2)
@@ -85,7 +85,7 @@ def test_every_kind_meets_the_one_bound():
 
 
 def test_work_that_could_not_finish_before_the_deadline_is_refused_at_once():
-    fn, gate, entered, calls = _gated()
+    fn, gate, entered, _calls = _gated()
 
     async def main(pool):
         q = ModelQueue(pool, max_batch_sentences=1, max_wait_ms=0, max_queue=100, deadline_s=2.5)
