@@ -32,16 +32,27 @@ def test_prefix_and_constraints_fields(client, reference):
         "/translate", json={"q": q, "prefix": prefixes, "constraints": constraints, **PAIR}
     )
     assert r.status_code == 200, r.text
-    assert r.json()["translatedText"] == want
+    assert r.json() == {"translatedText": want, "constraints_met": [True, True, True]}
     assert want[0].startswith("Ein alter") and "heute" in want[0] and "Vogel" in want[2]
     r = client.post(
         "/translate", json={"q": q[0], "prefix": "Ein alter", "constraints": ["heute"], **PAIR}
     )
-    assert r.json()["translatedText"] == want[0]
+    assert r.json() == {"translatedText": want[0], "constraints_met": True}
     r = client.post("/translate", data={"q": q[0], "prefix": "Ein alter", **PAIR})  # a form
     assert r.status_code == 200 and r.json()["translatedText"].startswith("Ein alter")
-    plain = client.post("/translate", json={"q": q, **PAIR}).json()["translatedText"]
-    assert plain == reference.translate(q, **DECODING)  # no fields: the batched path
+    plain = client.post("/translate", json={"q": q, **PAIR}).json()
+    assert plain == {"translatedText": reference.translate(q, **DECODING)}  # the batched path
+
+
+def test_unmet_constraints_are_flagged(client):
+    """An empty text cannot hold its constraint: its answer is flagged, never passed off."""
+    r = client.post(
+        "/translate",
+        json={"q": ["", "A red dog runs."], "constraints": [["Hund"], ["Hund"]], **PAIR},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["constraints_met"] == [False, True]
+    assert r.json()["translatedText"][0] == "" and "Hund" in r.json()["translatedText"][1]
 
 
 @pytest.mark.parametrize(
@@ -50,6 +61,11 @@ def test_prefix_and_constraints_fields(client, reference):
         ({"q": "A dog.", "constraints": "Hund"}, "the constraints of a sentence must be a list"),
         ({"q": "A dog.", "constraints": [""]}, "a constraint must not be empty"),
         ({"q": "A dog.", "prefix": 3}, "a prefix must be a string, got int"),
+        (
+            {"q": "A dog.", "constraints": ["Hund €"]},
+            "the constraint 'Hund €' has characters the model's target vocabulary lacks: '€'",
+        ),
+        ({"q": "A dog.", "prefix": "€"}, "the prefix '€' has characters the model's target"),
         ({"q": ["A dog.", "A cat."], "prefix": ["Ein"]}, "prefix must be a list with one entry"),
         ({"q": "A dog.", "prefix": "Ein", "format": "html"}, "work with format=text only"),
         ({"q": "A dog.", "prefix": "Ein", "alternatives": 2}, "without alternatives"),

@@ -2,17 +2,21 @@
 
 ``input=FILE.jsonl`` (the name ends with ``.jsonl``) reads one JSON object per line,
 ``{"src": "A dog runs.", "prefix": "Ein Hund", "constraints": ["rennt"]}``, ``prefix`` and
-``constraints`` optional (`litmt.decoding.steering`); the output is as for a text file.
+``constraints`` optional (`litmt.decoding.steering`), and writes one JSON object per line
+(`jsonl_result`): ``{"translation": ..., "constraints_met": true}``. A line whose constraints
+could not all be met within the output budget gets its best translation with
+``"constraints_met": false``, and the run one warning line on stderr.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from omegaconf import DictConfig, ListConfig
 
@@ -20,9 +24,11 @@ from litmt.config import renamed_keys
 from litmt.data.text import open_output, read_lines
 from litmt.decoding.alignment import AlignConfig
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.translator import Aligned, NBest
+from litmt.decoding.translator import Aligned, NBest, Translation
 from litmt.deploy.engines import LoadConfig
 from litmt.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
 
 # translate.yaml keys that changed their name: the old spelling works for one release.
 RENAMES = {"scores": "return_scores"}
@@ -89,6 +95,25 @@ def jsonl_record(line: str, where: str) -> tuple[str, Any, Any]:
     return src, record.get("prefix"), record.get("constraints")
 
 
+def jsonl_result(found: list[Translation], n_best: int, return_scores: bool) -> str:
+    """The output line of one ``input=FILE.jsonl`` line: ``{"translation": text,
+    "constraints_met": bool}`` (+ ``"score"`` with `return_scores`, + ``"alignment"`` when
+    asked for); with ``n_best > 1``, ``{"n_best": [...]}`` of such objects, best first (each
+    with its score; fewer than `n_best` where the search finished fewer)."""
+
+    def entry(t: Translation, score: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {"translation": t.text, "constraints_met": t.constraints_met}
+        if score:
+            out["score"] = round(t.score, 4)
+        if t.alignment:
+            out["alignment"] = t.alignment
+        return out
+
+    if n_best == 1:
+        return json.dumps(entry(found[0], return_scores), ensure_ascii=False)
+    return json.dumps({"n_best": [entry(t, True) for t in found]}, ensure_ascii=False)
+
+
 def translate_jsonl(
     translator: Any,
     lines: Iterable[str],
@@ -96,19 +121,21 @@ def translate_jsonl(
     chunk_lines: int,
     max_tokens: int,
     **options: Any,
-) -> Iterator[Any]:
-    """Translate ``input=FILE.jsonl`` records in chunks of `chunk_lines`, one result per line."""
+) -> Iterator[list[Translation]]:
+    """Translate ``input=FILE.jsonl`` records in chunks of `chunk_lines`, one result per line
+    (`litmt.decoding.translator_base.BaseTranslator.translations`)."""
     chunk: list[tuple[str, Any, Any]] = []
     first = 1
+    options.pop("return_scores", None)  # the output line carries the scores it needs
 
-    def run() -> list[Any]:
+    def run() -> list[list[Translation]]:
         where = (
             f"{name} line {first}"
             if len(chunk) == 1
             else f"{name} lines {first}-{first + len(chunk) - 1}"
         )
         try:
-            return translator.translate(
+            return translator.translations(
                 [c[0] for c in chunk],
                 prefixes=[c[1] for c in chunk],
                 constraints=[c[2] for c in chunk],
@@ -127,6 +154,29 @@ def translate_jsonl(
             chunk = []
     if chunk:
         yield from run()
+
+
+def write_jsonl(
+    found: Iterable[list[Translation]], out: TextIO, name: str, n_best: int, scores: bool
+) -> int:
+    """Write the results of ``input=FILE.jsonl`` records to `out` (`jsonl_result`), each as
+    soon as it is ready, with one warning line at the end when some could not meet their
+    constraints; the number of lines."""
+    count = missed = 0
+    for row in found:
+        out.write(jsonl_result(row, n_best, scores) + "\n")
+        out.flush()
+        count += 1
+        missed += not row[0].constraints_met
+    if missed:
+        log.warning(
+            "%s: %d of %d line(s) could not meet all their constraints within the output "
+            'budget; their best translations are marked "constraints_met": false',
+            name,
+            missed,
+            count,
+        )
+    return count
 
 
 def wants_scores(cfg: DictConfig) -> bool:
@@ -179,13 +229,14 @@ def translate(cfg: DictConfig) -> int:
         out = stack.enter_context(open_output(None if output_path is None else str(output_path)))
         count = 0
         if input_path is not None and str(input_path).endswith(".jsonl"):
-            results: Iterable[Any] = translate_jsonl(
-                translator, lines, str(input_path), chunk_lines, int(cfg.max_tokens), **options
+            name = str(input_path)
+            found = translate_jsonl(
+                translator, lines, name, chunk_lines, int(cfg.max_tokens), **options
             )
-        else:
-            results = translator.translate_stream(
-                lines, chunk_lines=chunk_lines, max_tokens=int(cfg.max_tokens), **options
-            )
+            return write_jsonl(found, out, name, n_best, scores)
+        results = translator.translate_stream(
+            lines, chunk_lines=chunk_lines, max_tokens=int(cfg.max_tokens), **options
+        )
         for i, result in enumerate(results):
             out.write("\n".join(format_result(result, i, n_best, scores)) + "\n")
             count += 1

@@ -150,17 +150,28 @@ class FinishedBuffer:
         enough = self.final[sentences].sum(dim=1).ge(n_best)
         return enough & self.score[sentences, n_best - 1].ge(reachable)
 
-    def best(self, n_best: int) -> list[list[Hypothesis]]:
-        """Per sentence, its `n_best` best hypotheses (fewer if fewer finished), best first."""
+    def best(self, n_best: int, final_only: bool = False) -> list[list[Hypothesis]]:
+        """Per sentence, its `n_best` best hypotheses (fewer if fewer finished), best first.
+
+        With `final_only` (the constrained search): only final ones (meeting every
+        constraint); a sentence with none gives its best one, ``constraints_met=False``.
+        """
         score, log_prob = self.score.tolist(), self.log_prob.tolist()
-        length = self.length.tolist()
+        length, final = self.length.tolist(), self.final.tolist()
         results: list[list[Hypothesis]] = []
         for i in range(len(score)):
             n = sum(1 for s in score[i][:n_best] if s != NEG_INF)
+            if final_only:  # the final ones come first (`add`)
+                n = min(n, sum(final[i])) or min(n, 1)
             tokens = self.tokens[i, :n].tolist()
             results.append(
                 [
-                    Hypothesis(tokens[j][: length[i][j]], score[i][j], log_prob[i][j])
+                    Hypothesis(
+                        tokens[j][: length[i][j]],
+                        score[i][j],
+                        log_prob[i][j],
+                        constraints_met=final[i][j] or not final_only,
+                    )
                     for j in range(n)
                 ]
             )
@@ -174,6 +185,7 @@ def beam_done(
     at_budget: Tensor,
     step: int,
     n_best: int,
+    constrained: bool = False,
 ) -> Tensor:
     """The stop test: (b,) bool, which of `sentences` (b,) are done after `step`.
 
@@ -183,13 +195,19 @@ def beam_done(
     to lp(budget + 1) when alpha > 0; with alpha <= 0 the next step's lp is the most
     favourable), or (c) it reached its budget (`at_budget` (b,)), or (d) it has no live beam
     (`best_live` (b,), the best live cumulative log-probability, is -inf).
+
+    `constrained` (the constrained search): no rule (a), as hypotheses that met their
+    constraints early and badly can fill the buffer before the good ones finish; in (b) a
+    live beam is scored as if it finished at the next step, whatever alpha: the beams of
+    the lower banks, fluent but without their constraints, would otherwise keep a sentence
+    going to its budget.
     """
-    if finished.alpha > 0:
+    if finished.alpha > 0 and not constrained:
         reachable = best_live / finished.lp_max[sentences]
     else:
         reachable = best_live / length_penalty_factor(float(step + 2), finished.alpha)
-    beaten = finished.beats(sentences, reachable, n_best)
-    return finished.full(sentences) | beaten | at_budget | ~torch.isfinite(best_live)
+    done = finished.beats(sentences, reachable, n_best) | at_budget | ~torch.isfinite(best_live)
+    return done if constrained else done | finished.full(sentences)
 
 
 def beam_rows(sentences: Tensor, kk: int, beams: Tensor) -> Tensor:

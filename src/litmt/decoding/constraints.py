@@ -6,13 +6,15 @@ from the papers, for litmt's search conventions (`litmt.decoding.search` module 
 budgets, GNMT scores, forced eos, prefixes).
 
 Each sentence has a list of constraints, target id sequences that must appear in its output
-(contiguously, anywhere, in any order; they may overlap: "roter Hund" and "Hund rennt" are
-both met by "roter Hund rennt").
+(contiguously, anywhere, in any order; a phrase listed twice must appear twice; different
+phrases may overlap: "roter Hund" and "Hund rennt" are both met by "roter Hund rennt"; a
+phrase is also met by its glued form after „ ( l' ...: `litmt.decoding.constraint_tracker`).
 
-Constraint state of a hypothesis (`litmt.decoding.constraint_tracker.Tracker`): per
-constraint, met or the length of its longest prefix that ends the hypothesis. Its *bank* is
-the number of constraint tokens it has produced (0 .. C, C = all constraint tokens of the
-sentence; C exactly when every constraint is met).
+Constraint state of a hypothesis (`litmt.decoding.constraint_tracker.Tracker`): per phrase,
+its occurrences met and the length of each form's longest prefix that ends the hypothesis.
+Its *bank* is the number of constraint tokens it has produced (0 .. C, C = all constraint
+tokens of the sentence; C exactly when every constraint is met). The search runs with at
+least C + 1 beams (`litmt.decoding.steering.constrained_beam`), one per bank.
 
 One step, per sentence with K live beams:
 
@@ -30,20 +32,24 @@ One step, per sentence with K live beams:
    first): the best of every bank, then the second best of every bank, and so on. So
    hypotheses that have placed more constraint tokens keep a place in the beam although
    their log-probability is lower.
-5. A sentence is done when K hypotheses have finished, when its n_best-th finished score
-   already beats what any live beam can reach, or at its budget: `beam_search`'s stop test
-   (`litmt.decoding.beam_parts.beam_done`), over the same finished buffer
-   (`FinishedBuffer`, its hypotheses that meet every constraint marked final).
+5. A sentence is done when its n_best-th finished score already beats the best live beam
+   scored as if it finished at the next step, or at its budget: `beam_search`'s stop test
+   (`litmt.decoding.beam_parts.beam_done`, ``constrained=True``: without its "K finished"
+   rule, as hypotheses that met their constraints early and badly would fill the buffer
+   before the good ones finish), over the same finished buffer (`FinishedBuffer`, its
+   hypotheses that meet every constraint marked final).
 
-Whole words (``word_continuation``, given by `Translator` from the target pieces): a
+Whole words (``words.continuation``, given by `Translator` from the target pieces): a
 constraint is tokenised as a word sequence (``"Hund"`` is ``▁Hund``), but the model could
 extend its last word ("Hund" + "e"). At the step after a hypothesis completes a constraint,
 pieces that continue a word (no leading ``▁``, starting with a letter or digit) are blocked,
 unless one of them advances another unmet constraint; so a constraint ends at a word end.
 
 The budget of a constrained sentence is raised to hold its prefix and all its constraints
-(`litmt.decoding.steering.budget_floor`), so the constraints can always be met: DBA keeps
-beams in the top banks, and eos stays blocked until they are met.
+(`litmt.decoding.steering.budget_floor`), so the constraints can be met: DBA keeps beams in
+the top banks, and eos stays blocked until they are met. `beam_search` returns only the
+hypotheses that meet them all, or, where none does (eos forced at the budget first), the best
+one flagged ``constraints_met=False`` (`FinishedBuffer.best`).
 
 The model runs batched (all live beams of all sentences in one `decode_step`); the candidate
 bookkeeping is per sentence in Python (a few dozen candidates per sentence and step). It is
@@ -65,7 +71,7 @@ from torch import Tensor
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.decoding.beam_parts import FinishedBuffer, beam_done, topk_rows, update_scores
-from litmt.decoding.constraint_tracker import MET, State, Tracker
+from litmt.decoding.constraint_tracker import State, Tracker, WordPieces
 from litmt.decoding.search_rules import NEG_INF, StepModel, StepRules
 from litmt.errors import ConfigError
 
@@ -111,7 +117,7 @@ def constrained_beam_search(
     rules: StepRules,
     finished: FinishedBuffer,
     n_best: int,
-    word_continuation: Tensor | None = None,
+    words: WordPieces | None = None,
 ) -> None:
     """The constrained search's steps (module docstring), filling `finished`.
 
@@ -126,13 +132,13 @@ def constrained_beam_search(
         rules: the budgets (raised to hold prefix and constraints), min_len and prefixes.
         finished: the finished buffer, float64 (the bookkeeping's Python floats, exactly).
         n_best: for the stop test.
-        word_continuation: (V,) bool, the target pieces that continue a word; blocked right
-            after a constraint is completed (module docstring). None = no such rule.
+        words: the target pieces: those that continue a word, blocked right after a
+            constraint is completed, and the glued forms (module docstring). None = neither.
     """
     bsz, device = src.size(0), src.device
-    trackers = [Tracker(c) for c in constraints]
+    trackers = [Tracker(c, words) for c in constraints]
     budgets = rules.budget.tolist()
-    words = None if word_continuation is None else word_continuation.nonzero()[:, 0].to(device)
+    cont = None if words is None else words.continuation.nonzero()[:, 0].to(device)  # (W,)
     memory, mask = model.encode(src)
     state = model.init_state(memory, mask, capacity=rules.steps)
     beams = _Beams(
@@ -151,8 +157,8 @@ def constrained_beam_search(
         logp = F.log_softmax(model.decode_step(beams.last, state).float(), dim=-1)  # (b*kk, V)
         rules.apply(logp, step, sentences.repeat_interleave(kk))
         _block_eos(logp, beams, trackers, at_budget)
-        if words is not None and any(beams.just_met):
-            _end_words(logp, beams, trackers, words, rules, step)
+        if cont is not None and any(beams.just_met):
+            _end_words(logp, beams, trackers, cont, rules, step)
         update_scores(logp, beams.scores.view(b, kk))  # logp (b*kk, V) now cumulative
         ends, lives = _split(_candidates(logp, beams, trackers, finished.k), beams, trackers)
         _finish(finished, ends, lives, beams, trackers, at_budget)
@@ -165,11 +171,12 @@ def constrained_beam_search(
             torch.tensor(at_budget, device=device),
             step,
             n_best,
+            constrained=True,
         ).tolist()
         keep = [i for i in range(b) if not done[i]]
         if not keep:
             break
-        reorder, beams = _advance(beams, chosen, keep, finished.k)
+        reorder, beams = _advance(beams, chosen, keep, finished.k, trackers)
         state.reorder(reorder.to(device), cross=step == 0 or len(keep) < b)
 
 
@@ -318,7 +325,7 @@ def allocate(live: list[Candidate], k: int) -> list[Candidate]:
 
 
 def _advance(
-    beams: _Beams, chosen: list[list[Candidate]], keep: list[int], k: int
+    beams: _Beams, chosen: list[list[Candidate]], keep: list[int], k: int, trackers: list[Tracker]
 ) -> tuple[Tensor, _Beams]:
     """The K beams of each kept sentence (padded with dead copies of its best): the rows of the
     old layout they come from (b'*K,), and the new live beams."""
@@ -329,6 +336,7 @@ def _advance(
     cstate: list[State] = []
     just_met: list[bool] = []
     for i in keep:
+        tr = trackers[beams.active[i]]
         picked = list(chosen[i])
         while len(picked) < k:  # pad with dead copies to keep K rows
             bank, _, j, t, ns = picked[0]
@@ -340,7 +348,7 @@ def _advance(
             scores.append(v)
             history.append([*beams.history[r], t])
             cstate.append(ns)
-            just_met.append(ns.count(MET) > beams.cstate[r].count(MET))
+            just_met.append(tr.completed(beams.cstate[r], ns))
     device = beams.last.device
     new = _Beams(
         active=[beams.active[i] for i in keep],

@@ -19,9 +19,10 @@ Methods:
 Steering (`litmt.decoding.steering`): ``prefixes`` (target ids each output starts with) work
 with every method; ``constraints`` (target id sequences each output must contain) run the
 lexically constrained beam search (`beam_search` with ``constraints``,
-`litmt.decoding.constraints`) with ``beam_size`` beams (greedy: 1) on the sentences that
-have any, while the others of the batch take the ordinary search, so their results are
-those of a batch without constraints. Sampling refuses constraints.
+`litmt.decoding.constraints`) with ``beam_size`` beams (greedy: 1), raised for a sentence
+to its constraint pieces + 1 where that is more (`litmt.decoding.steering.constrained_beam`),
+on the sentences that have any, while the others of the batch take the ordinary search, so
+their results are those of a batch without constraints. Sampling refuses constraints.
 
 `models` is one `Seq2SeqTransformer` or a list of them (an `litmt.decoding.ensemble.Ensemble`: the
 log of the mean of the models' probabilities at every step).
@@ -32,12 +33,14 @@ vocabulary.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from litmt.decoding.config import DecodeConfig
+from litmt.decoding.constraint_tracker import WordPieces
 from litmt.decoding.constraints import check_constraint_ids
 from litmt.decoding.ensemble import Ensemble
 from litmt.decoding.sampling_search import make_generator, sample_search
@@ -48,8 +51,11 @@ from litmt.decoding.search import (
     greedy_search,
     shared_limits,
 )
+from litmt.decoding.steering import constrained_beam
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
+
+log = logging.getLogger(__name__)
 
 _D = DecodeConfig()  # keyword defaults of the functions below
 
@@ -70,7 +76,7 @@ def decode(
     sync_steps: bool = False,
     prefixes: Sequence[Sequence[int]] | None = None,
     constraints: Sequence[Sequence[Sequence[int]]] | None = None,
-    word_continuation: Tensor | None = None,
+    words: WordPieces | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode a batch of sources with one model or an ensemble.
 
@@ -85,8 +91,9 @@ def decode(
             steps (needed under FSDP; see `litmt.decoding.search`).
         prefixes: B lists of target ids (possibly empty) each output starts with; None = none.
         constraints: B lists of constraints (target id lists); None = none.
-        word_continuation: (V,) bool, target pieces that continue a word: blocked right
-            after a constraint is completed, so it ends a word (`litmt.decoding.constraints`).
+        words: the target pieces that continue a word (blocked right after a constraint is
+            completed, so it ends a word) and the constraints' glued forms
+            (`litmt.decoding.constraint_tracker.WordPieces`); None = neither.
 
     Returns:
         For each source row, its hypotheses best first: ``n_best`` of them for beam and
@@ -97,9 +104,7 @@ def decode(
     if prefixes is not None and len(prefixes) != src.size(0):
         raise ConfigError(f"{len(prefixes)} prefixes for {src.size(0)} sentences")
     if constraints is not None and any(constraints):
-        return _decode_constrained(
-            model, src, config, prefixes, constraints, sync_steps, word_continuation
-        )
+        return _decode_constrained(model, src, config, prefixes, constraints, sync_steps, words)
     prefixes = prefixes if prefixes is not None and any(prefixes) else None
     if config.effective_method == "sample":
         generator = generator or make_generator(config, src.device)
@@ -119,35 +124,43 @@ def _decode_constrained(
     prefixes: Sequence[Sequence[int]] | None,
     constraints: Sequence[Sequence[Sequence[int]]],
     sync_steps: bool,
-    word_continuation: Tensor | None,
+    words: WordPieces | None,
 ) -> list[list[Hypothesis]]:
     """`decode` of a batch where some sentences have constraints: those run the constrained
-    search (`beam_search` with ``constraints``), the others `decode` without constraints;
-    input order kept."""
+    search (`beam_search` with ``constraints``), grouped by their beam size (`constrained_beam`:
+    at least their constraint pieces + 1), the others `decode` without constraints; input
+    order kept."""
     check_constraint_ids(constraints, src.size(0))
     if config.effective_method == "sample":
         raise ConfigError("constraints need beam search; method=sample cannot apply them")
-    with_c = [i for i, c in enumerate(constraints) if c]
+    beam = config.beam_size if config.method == "beam" else 1
+    groups: dict[int, list[int]] = {}
+    for i, c in enumerate(constraints):
+        if c:
+            groups.setdefault(constrained_beam(beam, c), []).append(i)
     without = [i for i, c in enumerate(constraints) if not c]
     out: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
-    found = beam_search(
-        model,
-        src.index_select(0, torch.tensor(with_c, device=src.device)),
-        beam_size=config.beam_size if config.method == "beam" else 1,
-        n_best=config.n_best,
-        **shared_limits(
-            config, sync_steps, None if prefixes is None else [prefixes[i] for i in with_c]
-        ),
-        constraints=[constraints[i] for i in with_c],
-        word_continuation=word_continuation,
-    )
-    for i, hyps in zip(with_c, found, strict=True):
-        out[i] = hyps
+    for k, rows in sorted(groups.items()):
+        if k > beam:
+            log.debug("beam %d raised to %d for %d constrained sentence(s)", beam, k, len(rows))
+        found = beam_search(
+            model,
+            src.index_select(0, torch.tensor(rows, device=src.device)),
+            beam_size=k,
+            n_best=config.n_best,
+            **shared_limits(
+                config, sync_steps, None if prefixes is None else [prefixes[i] for i in rows]
+            ),
+            constraints=[constraints[i] for i in rows],
+            words=words,
+        )
+        for i, hyps in zip(rows, found, strict=True):
+            out[i] = hyps
     if without:
-        rows = torch.tensor(without, device=src.device)
+        rows_t = torch.tensor(without, device=src.device)
         found = decode(
             model,
-            src.index_select(0, rows),
+            src.index_select(0, rows_t),
             config,
             prefixes=None if prefixes is None else [prefixes[i] for i in without],
         )

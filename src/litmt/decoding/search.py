@@ -54,6 +54,7 @@ from litmt.decoding.beam_parts import (
     update_scores,
 )
 from litmt.decoding.config import DecodeConfig
+from litmt.decoding.constraint_tracker import WordPieces
 from litmt.decoding.constraints import check_constraint_ids, constrained_beam_search
 from litmt.decoding.search_rules import (
     NEG_INF,
@@ -189,7 +190,7 @@ def beam_search(
     sync_steps: bool = False,
     prefixes: Sequence[Sequence[int]] | None = None,
     constraints: Sequence[Sequence[Sequence[int]]] | None = None,
-    word_continuation: Tensor | None = None,
+    words: WordPieces | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search with per-layer decode caches, GNMT length penalty and n-best output.
 
@@ -218,12 +219,14 @@ def beam_search(
             a sentence is inside its prefix, only its best beam is alive (the others are -inf).
         constraints: B lists of target id sequences each output must contain: the lexically
             constrained search (`litmt.decoding.constraints`); None = none.
-        word_continuation: with `constraints`, (V,) bool, the target pieces that continue a
-            word, blocked right after a constraint is completed; None = no such rule.
+        words: with `constraints`, the target pieces that continue a word (blocked right
+            after a constraint is completed) and the glued forms of the constraints
+            (`litmt.decoding.constraint_tracker.WordPieces`); None = neither.
 
     Returns:
-        For each source row, `n_best` hypotheses sorted by decreasing score (with
-        constraints: those meeting every constraint first).
+        For each source row, `n_best` hypotheses sorted by decreasing score. With
+        constraints, only those meeting every constraint; a sentence where none does within
+        its budget gives its best hypothesis, ``constraints_met=False``.
     """
     check_search_args(model, src, min_len=min_len, beam_size=beam_size, n_best=n_best)
     if constraints is not None:
@@ -235,10 +238,10 @@ def beam_search(
     rules = StepRules.build(model, src, max_len_a, max_len_b, min_len, prefixes, constraints)
     if constraints is not None:
         finished = FinishedBuffer(rules.budget, beam_size, length_penalty, torch.float64)
-        constrained_beam_search(model, src, constraints, rules, finished, n_best, word_continuation)
-    else:
-        finished = FinishedBuffer(rules.budget, beam_size, length_penalty)
-        _beam_loop(model, src, rules, finished, n_best, sync_steps)
+        constrained_beam_search(model, src, constraints, rules, finished, n_best, words)
+        return finished.best(n_best, final_only=True)
+    finished = FinishedBuffer(rules.budget, beam_size, length_penalty)
+    _beam_loop(model, src, rules, finished, n_best, sync_steps)
     return finished.best(n_best)
 
 

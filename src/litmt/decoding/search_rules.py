@@ -54,11 +54,15 @@ class Hypothesis:
         tokens: target ids without bos/eos.
         score: length-normalised log-probability (the ranking score).
         log_prob: total log-probability of tokens + eos.
+        constraints_met: it holds every constraint of its sentence (always, without
+            constraints); False only for a constrained search's fallback, the best
+            hypothesis when none within the budget meets them all.
     """
 
     tokens: list[int]
     score: float
     log_prob: float
+    constraints_met: bool = True
 
     @classmethod
     def normalised(cls, tokens: list[int], log_prob: float, alpha: float) -> Hypothesis:

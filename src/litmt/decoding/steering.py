@@ -13,6 +13,12 @@ so a bad one is the same one-line `ConfigError` everywhere (a 400 on the server)
   a target phrase that must appear in the output, tokenised the same way (a phrase is a
   word sequence: ``"Hund"`` is ``▁Hund``, the form a word takes inside a sentence).
 
+Unknown pieces (`check_known_pieces`): a prefix or constraint with characters the target
+vocabulary lacks would become ``<unk>`` (and vanish from an imported Marian model's output),
+so it is refused with one line naming the phrase and the characters. A tokenizer with byte
+fallback has no unknown characters; there the phrase must decode back to itself (as
+sentencepiece normalises it) instead.
+
 The length budget: a sentence must be able to hold its prefix and every constraint, so its
 output budget (`litmt.decoding.search_rules.output_budgets`) is raised to at least
 ``len(prefix) + sum(len(constraint))`` tokens (`budget_floor`); more than the model's
@@ -21,13 +27,25 @@ output budget (`litmt.decoding.search_rules.output_budgets`) is raised to at lea
 
 from __future__ import annotations
 
+import logging
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
+import sentencepiece as spm
 import torch
 
-from litmt.data.tokenizer import Tokenizer
+from litmt.data.segmentation import model_proto
+from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from litmt.decoding.constraint_tracker import WordPieces
 from litmt.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# A word follows these without its space: opening brackets and quotes (Unicode Ps, Pi), the
+# straight quotes and apostrophes (l'homme), ¿ ¡, and a lone ▁ (the space itself).
+GLUE_CATEGORIES = ("Ps", "Pi")
+GLUE_CHARS = "'\u2019\"\u00bf\u00a1\u2581"
 
 Ids = list[int]
 
@@ -117,6 +135,70 @@ def budget_floor(
     return floor
 
 
+def _normalised(tokenizer: Tokenizer, text: str) -> str:
+    """`text` as the target sentencepiece model normalises it, as decoded text."""
+    return tokenizer.tgt.normalize(text).replace("\u2581", " ").strip()
+
+
+def _lost_characters(tokenizer: Tokenizer, text: str) -> list[str]:
+    """The characters of `text` (each once, in order) that do not survive encoding alone."""
+    out: list[str] = []
+    for c in dict.fromkeys(text):
+        if c.isspace():
+            continue
+        ids = tokenizer.encode_tgt([c])[0]
+        if UNK_ID in ids or tokenizer.decode_tgt([ids])[0] != _normalised(tokenizer, c):
+            out.append(c)
+    return out
+
+
+def byte_fallback(tokenizer: Tokenizer) -> bool:
+    """The target sentencepiece model spells unknown characters as bytes (no ``<unk>``)."""
+    return bool(model_proto(tokenizer.tgt.serialized_model_proto()).trainer_spec.byte_fallback)
+
+
+def check_known_pieces(tokenizer: Tokenizer, text: str, ids: Sequence[int], what: str) -> None:
+    """Refuse a target phrase (a prefix or a constraint) whose ids `ids` (its encoding with
+    `tokenizer`) lose some of its characters: ids holding ``<unk>``, or, with a byte-fallback
+    tokenizer (`byte_fallback`), ids that do not decode back to `text` as sentencepiece
+    normalises it. Every engine checks its steering here (`encode_steering`).
+
+    Args:
+        tokenizer: the model's tokenizer (a litmt one or an imported Marian piece vocabulary).
+        text: the phrase as the user wrote it.
+        ids: its target ids, ``tokenizer.encode_tgt([text])[0]``.
+        what: names the phrase in the message, e.g. ``"constraint (sentence 2)"``.
+
+    Raises:
+        ConfigError: a `LitmtError`, so the scripts print it and exit 2 and the server answers
+            400; one line naming the phrase and the characters, e.g. ``the constraint '5 €'
+            has characters the model's target vocabulary lacks: '€'; ...``.
+    """
+    decoded = tokenizer.decode_tgt([ids])[0]
+    if decoded == _normalised(tokenizer, text):
+        return
+    if UNK_ID in ids:
+        lost = _lost_characters(tokenizer, text)
+        if lost:
+            found = (
+                f"has characters the model's target vocabulary lacks: {', '.join(map(repr, lost))}"
+            )
+        else:  # every character alone is known, but a piece of the phrase is not
+            pieces = tokenizer.tgt.encode(text, out_type=str)
+            unknown = [p for p, i in zip(pieces, ids, strict=False) if i == UNK_ID] or pieces
+            found = (
+                f"has pieces the model's target vocabulary lacks: {', '.join(map(repr, unknown))}"
+            )
+        raise ConfigError(
+            f"the {what} {text!r} {found}; they would be lost (<unk>): remove or replace them"
+        )
+    if byte_fallback(tokenizer):
+        raise ConfigError(
+            f"the {what} {text!r} does not decode back to itself (the model's tokenizer gives "
+            f"{decoded!r}): remove or replace the characters that differ"
+        )
+
+
 def encode_steering(
     tokenizer: Tokenizer, n: int, prefixes: Any = None, constraints: Any = None
 ) -> tuple[list[list[int]] | None, list[list[list[int]]] | None]:
@@ -131,6 +213,9 @@ def encode_steering(
         texts = check_prefixes(prefixes, n)
         encoded = tokenizer.encode_tgt([t or "" for t in texts]) if n else []
         prefix_ids = [ids if t else [] for t, ids in zip(texts, encoded, strict=True)]
+        for i, (t, ids) in enumerate(zip(texts, prefix_ids, strict=True)):
+            if t:
+                check_known_pieces(tokenizer, t, ids, f"prefix{_where(i, n)}")
     constraint_ids = None
     if constraints is not None:
         phrases = check_constraints(constraints, n)
@@ -138,7 +223,30 @@ def encode_steering(
         for i, ids in enumerate(constraint_ids):
             if any(not c for c in ids):
                 raise ConfigError(f"a constraint of sentence {i + 1} encodes to no target tokens")
+            for text, c in zip(phrases[i], ids, strict=True):
+                check_known_pieces(tokenizer, text, c, f"constraint{_where(i, n)}")
     return prefix_ids, constraint_ids
+
+
+def constrained_beam(beam_size: int, constraints: Sequence[Sequence[int]]) -> int:
+    """The beam a sentence with these constraints (target id lists) is searched with: at least
+    its constraint pieces C + 1, one beam for each bank of the dynamic beam allocation (0 .. C
+    constraint tokens placed; `litmt.decoding.constraints`); else `beam_size`."""
+    return max(beam_size, sum(len(c) for c in constraints) + 1 if constraints else 0)
+
+
+def log_raised_beams(beam_size: int, constraints: Sequence[Sequence[Sequence[int]]]) -> None:
+    """One info line when `constrained_beam` raises the beam of any of these sentences."""
+    beams = [constrained_beam(beam_size, c) for c in constraints if c]
+    raised = [k for k in beams if k > beam_size]
+    if raised:
+        log.info(
+            "beam size %d is smaller than the constraint pieces + 1 of %d sentence(s): their "
+            "beams are raised to fit (up to %d)",
+            beam_size,
+            len(raised),
+            max(raised),
+        )
 
 
 def word_continuation(tokenizer: Tokenizer) -> torch.Tensor:
@@ -149,11 +257,61 @@ def word_continuation(tokenizer: Tokenizer) -> torch.Tensor:
     return torch.tensor(mask, dtype=torch.bool)
 
 
+def _glued_splitter(tokenizer: Tokenizer) -> spm.SentencePieceProcessor:
+    """The target sentencepiece model without its dummy prefix: it splits ``"Hund"`` as the
+    word is split after ``„`` (``Hund``, not ``▁Hund``)."""
+    proto = model_proto(tokenizer.tgt.serialized_model_proto())
+    proto.normalizer_spec.add_dummy_prefix = False
+    proc = spm.SentencePieceProcessor()
+    proc.LoadFromSerializedProto(proto.SerializeToString())
+    return proc
+
+
+def word_pieces(
+    tokenizer: Tokenizer, constraints: Sequence[Sequence[Sequence[int]]] | None = None
+) -> WordPieces:
+    """What the constrained search needs of the target pieces (`WordPieces`): the pieces that
+    continue a word, the glue pieces (ending in an opening bracket or quote, a straight quote,
+    an apostrophe or ``▁``: ``▁„``, ``(``, ``l'``, ``▁``; a word may follow them without its
+    ``▁``, but not a full stop or a hyphen), and the glued form of each constraint (its text
+    split by `_glued_splitter`; none where that has unknown pieces or equals the
+    constraint)."""
+    pieces = tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size))
+    special = {PAD_ID, UNK_ID, BOS_ID, EOS_ID}
+    glue = frozenset(
+        i
+        for i, p in enumerate(pieces)
+        if i not in special
+        and p
+        and (p[-1] in GLUE_CHARS or unicodedata.category(p[-1]) in GLUE_CATEGORIES)
+    )
+    glued: dict[tuple[int, ...], tuple[int, ...]] = {}
+    distinct = {tuple(c) for phrases in constraints or [] for c in phrases}
+    if distinct:
+        splitter = _glued_splitter(tokenizer)
+        ids_of = tokenizer.vocab.ids if tokenizer.vocab is not None else None
+        for c in distinct:
+            text = tokenizer.decode_tgt([c])[0]
+            split = splitter.encode(text, out_type=str)
+            ids = tuple(
+                ids_of.get(p, UNK_ID) if ids_of is not None else tokenizer.tgt.piece_to_id(p)
+                for p in split
+            )
+            if ids and UNK_ID not in ids and ids != c:
+                glued[c] = ids
+    return WordPieces(word_continuation(tokenizer), glue, glued)
+
+
 __all__ = [
     "Ids",
     "budget_floor",
+    "byte_fallback",
     "check_constraints",
+    "check_known_pieces",
     "check_prefixes",
+    "constrained_beam",
     "encode_steering",
+    "log_raised_beams",
     "word_continuation",
+    "word_pieces",
 ]

@@ -28,7 +28,14 @@ from litmt.decoding.dispatch import decode
 from litmt.decoding.languages import Languages
 from litmt.decoding.sampling_search import make_generator
 from litmt.decoding.search_rules import Hypothesis
-from litmt.decoding.translator_base import Aligned, BaseTranslator, DecodeRequest, NBest
+from litmt.decoding.steering import constrained_beam
+from litmt.decoding.translator_base import (
+    Aligned,
+    BaseTranslator,
+    DecodeRequest,
+    NBest,
+    Translation,
+)
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 from litmt.runtime.precision import autocast_context, plan_model_inference
@@ -152,16 +159,16 @@ class Translator(BaseTranslator):
         self, request: DecodeRequest
     ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
         """The torch engine: `decode` of the sentences ``request.todo`` in token-budget
-        batches. Sampling draws from one generator seeded with ``config.seed`` per call."""
+        batches (with constraints, batches of sentences that need the same beam:
+        `by_beam`). Sampling draws from one generator seeded with ``config.seed`` per call."""
         config, sources = request.config, request.sources
         models = self.models if len(self.models) > 1 else self.model
         sampling = config.effective_method == "sample"
         generator = make_generator(config, self.device) if sampling else None
-        words = self.word_continuation() if request.constraints else None
-        lengths = [len(sources[i]) for i in request.todo]
+        words = self.word_pieces(request.constraints) if request.constraints else None
         with autocast_context(self.device, self.autocast):
-            for batch in token_batches(lengths, request.max_tokens):
-                idx = [request.todo[j] for j in batch]
+            for group, batch in _batches(request):
+                idx = [group[j] for j in batch]
                 found = decode(
                     models,
                     padded([sources[i] for i in idx], self.model.pad_id).to(self.device),
@@ -169,9 +176,30 @@ class Translator(BaseTranslator):
                     generator=generator,
                     prefixes=request.rows(request.prefixes, idx),
                     constraints=request.rows(request.constraints, idx),
-                    word_continuation=words,
+                    words=words,
                 )
                 yield idx, found
 
 
-__all__ = ["Aligned", "NBest", "Translator"]
+def by_beam(request: DecodeRequest) -> list[list[int]]:
+    """``request.todo`` grouped by the beam each sentence is searched with (its constraints'
+    `constrained_beam`; one group without constraints), so a batch is one constrained search
+    (`litmt.decoding.dispatch` runs one per beam size)."""
+    if not request.constraints:
+        return [request.todo]
+    config = request.config
+    beam = config.beam_size if config.method == "beam" else 1
+    groups: dict[int, list[int]] = {}
+    for i in request.todo:
+        groups.setdefault(constrained_beam(beam, request.constraints[i]), []).append(i)
+    return [groups[k] for k in sorted(groups)]
+
+
+def _batches(request: DecodeRequest) -> Iterator[tuple[list[int], list[int]]]:
+    """(group, a token-budget batch of positions in it) for every group of `by_beam`."""
+    for group in by_beam(request):
+        for batch in token_batches([len(request.sources[i]) for i in group], request.max_tokens):
+            yield group, batch
+
+
+__all__ = ["Aligned", "NBest", "Translation", "Translator", "by_beam"]

@@ -17,8 +17,10 @@ with a warning. Warnings go to the ``litmt`` logger (the scripts print them on s
 Steering (`litmt.decoding.steering`): ``translate(sentences, prefixes=[...],
 constraints=[[...], ...])`` gives each sentence a target prefix (its output begins with it)
 and terminology constraints (target phrases its output must contain); ``search_ids`` takes
-them as target ids. An empty source gives its prefix (score 0) without running the model,
-whatever its constraints.
+them as target ids; ``translations`` returns each hypothesis with ``constraints_met``
+(False: the best one, when none within the budget met them all). An empty source gives its
+prefix (score 0) without running the model, whatever its constraints (flagged unmet when it
+has any).
 
 Directions (`litmt.decoding.languages`): ``translate(sentences, src_lang="en", tgt_lang="fr")``
 routes to a multilingual model's language token (a one-pair model refuses any other pair);
@@ -30,8 +32,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -41,43 +42,19 @@ from litmt.data.tokenizer import Tokenizer
 from litmt.decoding.alignment import AlignConfig, align_ids, pharaoh
 from litmt.decoding.batching import check_max_tokens, token_batches
 from litmt.decoding.config import DecodeConfig, decoding_options
+from litmt.decoding.constraint_tracker import WordPieces
 from litmt.decoding.languages import Languages, Route
+from litmt.decoding.requests import DecodeRequest, Translation
 from litmt.decoding.search_rules import Hypothesis
-from litmt.decoding.steering import budget_floor, encode_steering, word_continuation
+from litmt.decoding.steering import budget_floor, encode_steering, log_raised_beams, word_pieces
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 from litmt.runtime.precision import autocast_context
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 NBest = list[tuple[str, float]]
 Aligned = list[tuple[str, float, str]]  # (text, score, Pharaoh alignment)
-
-
-@dataclass(frozen=True)
-class DecodeRequest:
-    """One `BaseTranslator.search_ids` call, as the engine decodes it.
-
-    Attributes:
-        sources: source ids per sentence.
-        todo: the sentences to decode (the non-empty sources), indices into `sources`.
-        config: the decoding settings.
-        max_tokens: padded source tokens per batch.
-        prefixes, constraints: per sentence (indexed as `sources`), or None.
-    """
-
-    sources: Sequence[Sequence[int]]
-    todo: list[int]
-    config: DecodeConfig
-    max_tokens: int
-    prefixes: Sequence[Sequence[int]] | None
-    constraints: Sequence[Sequence[Sequence[int]]] | None
-
-    @staticmethod
-    def rows(values: Sequence[T] | None, idx: Sequence[int]) -> list[T] | None:
-        """``values`` of the sentences `idx` (None stays None)."""
-        return None if values is None else [values[i] for i in idx]
 
 
 class BaseTranslator:
@@ -158,10 +135,12 @@ class BaseTranslator:
         """
         return encode_steering(self.tokenizer, n, prefixes, constraints)
 
-    def word_continuation(self) -> torch.Tensor:
-        """(V,) bool: the target pieces that continue a word
-        (`litmt.decoding.steering.word_continuation`)."""
-        return word_continuation(self.tokenizer)
+    def word_pieces(
+        self, constraints: Sequence[Sequence[Sequence[int]]] | None = None
+    ) -> WordPieces:
+        """The target pieces that continue a word, the glue pieces and the glued forms of
+        `constraints` (`litmt.decoding.steering.word_pieces`)."""
+        return word_pieces(self.tokenizer, constraints)
 
     # -- decoding -----------------------------------------------------------------------
     def search_ids(
@@ -195,8 +174,12 @@ class BaseTranslator:
         todo = [i for i, ids in enumerate(sources) if len(ids) > 0]
         request = DecodeRequest(sources, todo, config, max_tokens, prefixes, constraints)
         self.check_request(request)  # refused before any decoding
-        results: list[list[Hypothesis]] = [
-            [Hypothesis(list(prefixes[i]) if prefixes else [], 0.0, 0.0)]
+        if constraints is not None and config.method != "sample":
+            log_raised_beams(config.beam_size if config.method == "beam" else 1, constraints)
+        results: list[list[Hypothesis]] = [  # an empty source holds no constraint
+            [Hypothesis(list(prefixes[i]) if prefixes else [], 0.0, 0.0, not constraints[i])]
+            if constraints
+            else [Hypothesis(list(prefixes[i]) if prefixes else [], 0.0, 0.0)]
             for i in range(len(sources))
         ]
         with tqdm(total=len(sources), disable=not progress, file=sys.stderr, unit="sent") as bar:
@@ -263,13 +246,12 @@ class BaseTranslator:
                     out[i][j] = pharaoh(link)
         return out
 
-    def translate(
+    def translations(
         self,
         sentences: Sequence[str],
         config: DecodeConfig | None = None,
         *,
         max_tokens: int = 4096,
-        return_scores: bool = False,
         progress: bool = False,
         first_line: int = 1,
         alignment: AlignConfig | None = None,
@@ -279,17 +261,16 @@ class BaseTranslator:
         tgt_lang: str | None = None,
         allow_zero_shot: bool = False,
         **options: Any,
-    ) -> list[str] | list[NBest] | list[Aligned]:
+    ) -> list[list[Translation]]:
         """Translate sentences (any order of lengths; output order = input order).
 
         Args:
             sentences: source texts.
             config: decoding settings (`DecodeConfig`; None = the defaults).
             max_tokens: padded source tokens per batch.
-            return_scores: return (text, score) pairs.
             progress: show a tqdm bar on stderr.
             first_line: number of the first sentence in warnings ("line N").
-            alignment: also return Pharaoh word alignments built this way.
+            alignment: also give Pharaoh word alignments built this way.
             prefixes: one string (or None) per sentence: its translation begins with it.
             constraints: one list of target phrases (or None) per sentence: its translation
                 contains each (constrained beam search; not on the ct2 engine).
@@ -300,10 +281,10 @@ class BaseTranslator:
                 ``method="sample", n_best=3``).
 
         Returns:
-            With ``n_best == 1``, not ``return_scores`` and no `alignment`: one string per
-            sentence. Otherwise, per sentence, a best-first list of (text, length-normalised
-            log-prob score), or (text, score, alignment) with `alignment`; an empty input
-            gives ``[("", 0.0)]``.
+            Per sentence, its `Translation` list best first (``n_best`` of them, or fewer;
+            one for greedy); an empty input gives ``[Translation("", 0.0)]``. With
+            constraints only translations meeting them all, or, where none does within the
+            budget, the best one with ``constraints_met=False``.
         """
         if isinstance(sentences, str):
             raise ConfigError("translate() takes a list of sentences, not one string")
@@ -314,32 +295,67 @@ class BaseTranslator:
         if route.tag_id is not None and route.placement == "target":
             given = prefix_ids or [[] for _ in sentences]
             prefix_ids = [route.prefix_ids(p) or [] for p in given]
-        config = decoding_options(config or self.default_config, options)
         found = self.search_ids(
             ids,
-            config,
+            decoding_options(config or self.default_config, options),
             max_tokens=max_tokens,
             progress=progress,
             prefixes=prefix_ids,
             constraints=constraint_ids,
         )
-        if not found:
-            return []
-        if alignment is not None:
+        links = [["" for _ in hyps] for hyps in found]
+        if alignment is not None and found:
             links = self.alignments(ids, found, alignment, max_tokens=max_tokens)
             links = [[route.untagged_alignment(a) for a in row] for row in links]
-            aligned: list[Aligned] = []
-            for hyps, link in zip(found, links, strict=True):
-                texts = self.tokenizer.decode_tgt([h.tokens for h in hyps])
-                aligned.append([(t, h.score, a) for t, h, a in zip(texts, hyps, link, strict=True)])
-            return aligned
-        if config.n_best == 1 and not return_scores:
-            return self.tokenizer.decode_tgt([hyps[0].tokens for hyps in found])
-        out: list[NBest] = []
-        for hyps in found:
+        out: list[list[Translation]] = []
+        for hyps, link in zip(found, links, strict=True):
             texts = self.tokenizer.decode_tgt([h.tokens for h in hyps])
-            out.append([(t, h.score) for t, h in zip(texts, hyps, strict=True)])
+            out.append(
+                [
+                    Translation(t, h.score, h.constraints_met, a)
+                    for t, h, a in zip(texts, hyps, link, strict=True)
+                ]
+            )
         return out
+
+    def translate(
+        self,
+        sentences: Sequence[str],
+        config: DecodeConfig | None = None,
+        *,
+        return_scores: bool = False,
+        alignment: AlignConfig | None = None,
+        **options: Any,
+    ) -> list[str] | list[NBest] | list[Aligned]:
+        """Translate sentences: `translations` (its arguments; `options` are its keyword
+        arguments and DecodeConfig fields) as plain text.
+
+        A sentence whose constraints could not all be met within the budget gives its best
+        hypothesis, with one warning line per call (`translations` flags it).
+
+        Returns:
+            With ``n_best == 1``, not ``return_scores`` and no `alignment`: one string per
+            sentence. Otherwise, per sentence, a best-first list of (text, length-normalised
+            log-prob score), or (text, score, alignment) with `alignment`; an empty input
+            gives ``[("", 0.0)]``.
+        """
+        decoding = {k: v for k, v in options.items() if k in DecodeConfig.__dataclass_fields__}
+        config = decoding_options(config or self.default_config, decoding)
+        keywords = {k: v for k, v in options.items() if k not in decoding}
+        found = self.translations(sentences, config, alignment=alignment, **keywords)
+        missed = sum(1 for row in found if row and not row[0].constraints_met)
+        if missed:
+            log.warning(
+                "%d of %d sentence(s) could not meet all their constraints within the output "
+                "budget: their best hypotheses are returned without them",
+                missed,
+                len(found),
+            )
+        if alignment is not None:
+            return [[(t.text, t.score, t.alignment) for t in row] for row in found]
+        if config.n_best == 1 and not return_scores:
+            return [row[0].text for row in found]
+        return [[(t.text, t.score) for t in row] for row in found]
 
     def translate_stream(
         self,
@@ -376,4 +392,4 @@ class BaseTranslator:
             yield from self.translate(chunk, max_tokens=max_tokens, first_line=first, **options)
 
 
-__all__ = ["Aligned", "BaseTranslator", "DecodeRequest", "NBest"]
+__all__ = ["Aligned", "BaseTranslator", "DecodeRequest", "NBest", "Translation"]

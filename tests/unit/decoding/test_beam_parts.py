@@ -172,3 +172,26 @@ def test_dynamic_beam_allocation_takes_the_best_of_every_bank_first():
     assert [c[3] for c in chosen] == [9, 10, 5, 8]
     assert [c[3] for c in allocate(live, 2)] == [9, 10]
     assert allocate([], 3) == []
+
+
+def test_stop_test_of_the_constrained_search():
+    """`constrained=True`: K final hypotheses do not stop a sentence whose live beam could
+    still beat them, and a live beam is scored as if it finished at the next step (alpha > 0:
+    not at the budget's length)."""
+    alpha = 1.0
+    buf = FinishedBuffer(torch.tensor([10]), k=2, alpha=alpha)
+    buf.add(torch.tensor([0]), torch.tensor([[-9.0, -10.0]]), history(), torch.tensor([[0, 1]]))
+    sent, budget = torch.tensor([0]), torch.tensor([False])
+
+    def stop(live: float, constrained: bool) -> bool:
+        return beam_done(buf, sent, torch.tensor([live]), budget, 2, 1, constrained).item()
+
+    assert stop(-0.5, constrained=False)  # K final: done
+    assert not stop(-0.5, constrained=True)  # a live beam far better than both
+    # best final -9 / lp(3); a live beam at -14 reaches -14 / lp(11) at the budget (better),
+    # but -14 / lp(4) at the next step (worse): the constrained search stops
+    assert -14 / lp(11, alpha) > -9 / lp(3, alpha) > -14 / lp(4, alpha)
+    assert stop(-14.0, constrained=True)
+    # n_best 2: the second final, -10 / lp(3), must beat it too: not against -11 / lp(4)
+    assert beam_done(buf, sent, torch.tensor([-11.0]), budget, 2, 1, True).item()
+    assert not beam_done(buf, sent, torch.tensor([-11.0]), budget, 2, 2, True).item()

@@ -10,7 +10,7 @@ from tiny_checkpoint import corpus, tiny_checkpoint_path
 
 from litmt.data.tokenizer import BOS_ID, EOS_ID
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.constraint_tracker import MET, Tracker
+from litmt.decoding.constraint_tracker import Tracker
 from litmt.decoding.dispatch import decode
 from litmt.decoding.forced import ForcedDecoder
 from litmt.decoding.translator import Translator
@@ -189,11 +189,13 @@ def test_tracker_follows_overlaps_and_partial_matches():
     state = tr.start
     for token in (5, 5, 6, 7):  # 5 5 6 7: the partial 5 5 falls back to 5, then 5 6 7
         state = tr.advance(state, token)
-    assert state == (MET, 1, 0)  # [7, 8] has its first token; [5, 5, 9] was broken by 6
+    # [5, 6, 7] met once; [7, 8] has its first token; [5, 5, 9] was broken by 6
+    assert state.phrases == ((1, 0), (0, 1), (0, 0))
     assert tr.bank(state) == 3 + 1
     assert tr.wanted(state) == {8, 7, 5}
-    state = tr.advance(state, 8)
-    assert state[:2] == (MET, MET) and not tr.done(state)
+    after = tr.advance(state, 8)
+    assert tr.completed(state, after) and not tr.done(after)
+    assert tr.bank(after) == 3 + 2
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -226,7 +228,7 @@ def test_bad_prefixes_and_constraints_are_one_line_errors(translator, kwargs, me
 
 def test_a_constraint_ends_a_word(translator):
     """The model would extend "Hun" to "Hund"; after a completed constraint, pieces that
-    continue a word are blocked (`Translator.word_continuation`), so "Hun" stays a word."""
+    continue a word are blocked (`Translator.word_pieces`), so "Hun" stays a word."""
     en, _ = sentences(6)
     out = translator.translate(en, beam_size=4, constraints=[["Hun"]] * 6)
     for text in out:
@@ -236,6 +238,6 @@ def test_a_constraint_ends_a_word(translator):
         en[:2], beam_size=4, prefixes=["Ein Hund"] * 2, constraints=[["Hun"]] * 2
     )
     assert all(t.startswith("Ein Hund") for t in out), out
-    mask = translator.word_continuation()
+    mask = translator.word_pieces().continuation
     pieces = translator.tokenizer.tgt_pieces(range(len(mask)))
     assert not any(m and p.startswith("\u2581") for m, p in zip(mask, pieces, strict=True))
