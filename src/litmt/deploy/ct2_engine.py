@@ -41,20 +41,23 @@ How the CTranslate2 engine keeps litmt's semantics (``litmt.decoding.search`` mo
   log-probabilities. The engine therefore recomputes the log-probability of every hypothesis
   of a sentence with a prefix with ``score_batch`` (its tokens and eos: litmt's number,
   prefix included, also for a hypothesis cut by the budget) before the GNMT ranking.
-  One more difference in beam search: at the first step after the prefix, CTranslate2 gives
-  eos in any beam but the first -1e10 (its issue #277), where litmt may finish ``prefix +
-  eos`` from a lower candidate; it matters only when that empty continuation would win.
+  Where CTranslate2's prefix rules part from litmt's (eos refused right after the prefix in
+  all beams but the first, K copies of a prefix that fills the budget, finished hypotheses
+  ranked by a score without the prefix), the engine restores litmt's search:
+  `litmt.deploy.ct2_prefix` (a one-step search first, and a sentence with a prefix is
+  searched to the end of its budget). So a prefix that is already a whole sentence gets the
+  same 1-best (``prefix + eos``) on both engines, and the n-best holds no repeats.
 - Terminology constraints: CTranslate2 has no lexically constrained search, so the engine
   refuses them with one line (use engine=torch).
 
-What remains different (both rare, both near-ties): when more than K hypotheses have finished
-at the stopping step, CTranslate2 keeps the K best by *its* normalisation before the engine
-re-ranks them with GNMT (litmt keeps the K best by GNMT), so a GNMT-best hypothesis can be
-dropped; and at the budget's last step CTranslate2 finishes its K best candidates, litmt its
-K best non-eos ones (plus the forced eos). On 200 Multi30k test sentences (beam 5, alpha 1)
-197 translations were identical, with equal BLEU; greedy decoding was identical on all.
-Asking CTranslate2 for more hypotheses (``patience``) would remove the first difference at
-the cost of longer searches.
+What remains different (both rare): without a prefix, when more than K hypotheses have
+finished at the stopping step, CTranslate2 keeps the K best by *its* normalisation before the
+engine re-ranks them with GNMT (litmt keeps the K best by GNMT), so a GNMT-best hypothesis
+can be dropped (with a prefix the engine avoids it, `litmt.deploy.ct2_prefix` rule 4, at the
+cost of longer searches); and at the budget's last step CTranslate2 finishes its K best
+candidates, litmt its K best non-eos ones (plus the forced eos). On 200 Multi30k test
+sentences (beam 5, alpha 1) 197 translations were identical, with equal BLEU; greedy
+decoding was identical on all.
 """
 
 from __future__ import annotations
@@ -62,7 +65,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,14 @@ from litmt.decoding.steering import budget_floor
 from litmt.decoding.translator import Translator
 from litmt.decoding.translator_base import DecodeRequest
 from litmt.deploy.ct2_export import cached_export, is_export_dir, read_metadata
+from litmt.deploy.ct2_prefix import (
+    Call,
+    distinct,
+    finished_before_stop,
+    plan_calls,
+    returns_every_beam,
+    secondary_eos,
+)
 from litmt.deploy.ct2_spec import ct2_vocabulary, import_ctranslate2
 from litmt.errors import ConfigError
 from litmt.runtime.threads import ct2_thread_options
@@ -188,29 +198,64 @@ class CT2Translator(Translator):
     def decode_batches(
         self, request: DecodeRequest
     ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
-        """Decode with CTranslate2, one call per output budget (module docstring); every
-        call is submitted first, so CTranslate2 decodes them in parallel."""
-        config, sources, prefixes = request.config, request.sources, request.prefixes
-        groups: dict[int, list[int]] = defaultdict(list)
-        for i, budget in zip(request.todo, self._budgets(request), strict=True):
-            groups[budget].append(i)
+        """Decode with CTranslate2, one call per output budget (module docstring) and per
+        prefix rule (`litmt.deploy.ct2_prefix.plan_calls`); every call is submitted first, so
+        CTranslate2 decodes them in parallel."""
+        budgets = self._budgets(request)
+        blocked = self._eos_blocked(request, budgets)
         pending = [
-            (budget, idx, self._submit(request, idx, budget))
-            for budget, idx in sorted(groups.items())
+            (call, idx, self._submit(request, idx, call))
+            for call, idx in plan_calls(request, budgets, blocked).items()
         ]
-        for budget, idx, futures in pending:
-            if budget == 0:  # only eos is allowed: the empty translation
+        for call, idx, futures in pending:
+            if call.budget == 0:  # only eos is allowed: the empty translation
                 yield idx, [[Hypothesis([], 0.0, 0.0)] for _ in idx]
                 continue
-            hyps = [
-                self._log_probs(f.result(), config.length_penalty, _rescore(config), budget)
-                for f in futures
-            ]
-            self._add_forced_eos(idx, sources, hyps, budget)
-            if prefixes is not None:
-                self._rescore_prefixed(idx, sources, prefixes, hyps)
-            alpha, n_best = config.length_penalty, config.n_best
-            yield idx, [_best(sentence, alpha, n_best) for sentence in hyps]
+            yield idx, self._collect(request, call, idx, futures, blocked)
+
+    def _collect(
+        self,
+        request: DecodeRequest,
+        call: Call,
+        idx: list[int],
+        futures: list[Any],
+        blocked: set[int],
+    ) -> list[list[Hypothesis]]:
+        """The n-best of sentences `idx` from their CTranslate2 `call`, by litmt's rules."""
+        config, sources, prefixes = request.config, request.sources, request.prefixes
+        alpha, rescore = config.length_penalty, returns_every_beam(config)
+        hyps = [distinct(self._log_probs(f.result(), alpha, rescore, call.budget)) for f in futures]
+        for r, i in enumerate(idx):
+            if call.exhaustive:  # what litmt's search finishes before it stops
+                hyps[r] = finished_before_stop(hyps[r], config.beam_size, int(i in blocked))
+            if i in blocked:  # prefix + eos, its log-probability from _rescore_prefixed
+                hyps[r].append((list(prefixes[i]), 0.0))
+        self._add_forced_eos(idx, sources, hyps, call.budget)
+        if prefixes is not None:
+            self._rescore_prefixed(idx, sources, prefixes, hyps)
+        return [_best(sentence, alpha, config.n_best) for sentence in hyps]
+
+    def _eos_blocked(self, request: DecodeRequest, budgets: list[int]) -> set[int]:
+        """The sentences of ``request.todo`` (`budgets`: theirs) with a prefix after which eos
+        is a candidate CTranslate2 would replace (`secondary_eos`): beam search only, a
+        budget above the prefix, and ``min_len`` allowing eos right after it."""
+        config, prefixes = request.config, request.prefixes
+        if prefixes is None or config.beam_size == 1:
+            return set()
+        todo = [
+            i
+            for i, budget in zip(request.todo, budgets, strict=True)
+            if prefixes[i] and config.min_len <= len(prefixes[i]) < budget
+        ]
+        found = secondary_eos(
+            self.ct2,
+            [[self._src_pieces[t] for t in request.sources[i]] for i in todo],
+            [[self._tgt_pieces[t] for t in prefixes[i]] for i in todo],
+            beam_size=config.beam_size,
+            min_len=config.min_len,
+            max_batch_size=request.max_tokens,
+        )
+        return {i for i, secondary in zip(todo, found, strict=True) if secondary}
 
     def _budgets(self, request: DecodeRequest) -> list[int]:
         """The output budget of each sentence of ``request.todo`` (`output_budgets`, raised
@@ -225,10 +270,10 @@ class CT2Translator(Translator):
         )
         return budget.tolist()
 
-    def _submit(self, request: DecodeRequest, idx: list[int], budget: int) -> list[Any]:
-        """Start CTranslate2 on sentences `idx` of one output `budget`: its futures, one per
-        sentence (none for budget 0, where only eos is allowed)."""
-        if budget == 0:
+    def _submit(self, request: DecodeRequest, idx: list[int], call: Call) -> list[Any]:
+        """Start CTranslate2 on sentences `idx` with the settings of `call`: its futures, one
+        per sentence (none for budget 0, where only eos is allowed)."""
+        if call.budget == 0:
             return []
         config, sources, prefixes = request.config, request.sources, request.prefixes
         target_prefix = None
@@ -236,20 +281,15 @@ class CT2Translator(Translator):
             target_prefix = [
                 [self._tgt_pieces[t] for t in prefixes[i]] if prefixes[i] else None for i in idx
             ]
-        rescore = _rescore(config)
         return self.ct2.translate_batch(
             [[self._src_pieces[t] for t in sources[i]] for i in idx],
             target_prefix,
             max_batch_size=request.max_tokens,
             batch_type="tokens",
-            beam_size=config.beam_size,
-            num_hypotheses=config.beam_size if rescore else config.n_best,
-            length_penalty=config.length_penalty if rescore else 0.0,
             return_scores=True,
             max_input_length=0,
-            max_decoding_length=budget,
-            min_decoding_length=min(config.min_len, budget),
             asynchronous=True,
+            **call.search_options(config),
         )
 
     def _log_probs(
@@ -326,11 +366,6 @@ def _best(found: list[tuple[list[int], float]], alpha: float, n_best: int) -> li
     ranked = [Hypothesis.normalised(tokens, log_prob, alpha) for tokens, log_prob in found]
     ranked.sort(key=lambda h: h.score, reverse=True)
     return ranked[:n_best]
-
-
-def _rescore(config: DecodeConfig) -> bool:
-    """Whether CTranslate2 returns every beam, rescored here with GNMT (module docstring)."""
-    return config.beam_size > 1 and config.length_penalty != 0
 
 
 __all__ = ["CT2Translator", "default_cache_dir"]
