@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from litmt.config import renamed_attribute
-from litmt.deploy.log_redaction import redact_keys_in_logs
+from litmt.deploy.log_redaction import forget_keys_in_logs, redact_keys_in_logs
 from litmt.errors import ConfigError
 
 INVALID_KEY = "Invalid API key"  # LibreTranslate's message
@@ -248,6 +248,10 @@ class AccessGuard:
     @property
     def keys_on(self) -> bool:
         return bool(self.keys)
+
+    def close(self) -> None:
+        """The server stops: its keys are no longer redacted from log text."""
+        forget_keys_in_logs(self.keys)
 
     def client_ip(self, request: Any) -> str:
         """The address the rate limit counts: the peer, or behind a trusted proxy the last

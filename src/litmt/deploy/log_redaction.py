@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,17 +36,32 @@ class _KeyRedactor:
     factory, so uvicorn's access line and records of every logger and handler are covered)."""
 
     def __init__(self) -> None:
-        self.keys: set[str] = set()
+        self.keys: Counter[str] = Counter()  # key -> servers of this process that hold it
         self.known: re.Pattern[str] | None = None
         self.installed = False
         self.lock = threading.Lock()
 
     def add(self, keys: Any) -> None:
         with self.lock:
-            self.keys.update(k for k in keys if len(k) >= _MIN_KEY_CHARS)
-            if self.keys:  # the longest first, so a key that contains another goes whole
-                ordered = sorted(self.keys, key=len, reverse=True)
-                self.known = re.compile("|".join(map(re.escape, ordered)))
+            self.keys.update({k for k in keys if len(k) >= _MIN_KEY_CHARS})
+            self._compile()
+
+    def remove(self, keys: Any) -> None:
+        with self.lock:
+            self.keys.subtract({k for k in keys if len(k) >= _MIN_KEY_CHARS})
+            self.keys = +self.keys  # drop the keys no server holds any more
+            self._compile()
+
+    def _compile(self) -> None:
+        """One pattern of every key as a whole token (a key inside a longer word is another
+        word), the longest first, so a key that contains another goes whole."""
+        if not self.keys:
+            self.known = None
+            return
+        ordered = sorted(self.keys, key=len, reverse=True)
+        self.known = re.compile(
+            r"(?<![\w-])(?:" + "|".join(map(re.escape, ordered)) + r")(?![\w-])"
+        )
 
     def install(self) -> None:
         with self.lock:
@@ -76,8 +92,11 @@ class _KeyRedactor:
 
     def record(self, record: logging.LogRecord) -> logging.LogRecord:
         record.msg = self.value(record.msg)
-        if isinstance(record.args, Mapping):
-            record.args = {k: self.value(v) for k, v in record.args.items()}
+        if isinstance(record.args, Mapping):  # log("%s", {...}) and log("%(key)s", {...})
+            record.args = {
+                k: REDACTED if "api_key" in str(k).lower() else self.value(v)
+                for k, v in record.args.items()
+            }
         elif record.args:
             record.args = tuple(self.value(a) for a in record.args)
         return record
@@ -88,9 +107,16 @@ _REDACTOR = _KeyRedactor()
 
 def redact_keys_in_logs(keys: Any = ()) -> None:
     """From now on, write ``api_key=...`` values and the given `keys` (of 4 characters or
-    more) as ``***`` in every log record of this process, uvicorn's access line included."""
+    more, as whole tokens) as ``***`` in every log record of this process, uvicorn's access
+    line included."""
     _REDACTOR.add(keys)
     _REDACTOR.install()
 
 
-__all__ = ["REDACTED", "redact_keys_in_logs"]
+def forget_keys_in_logs(keys: Any) -> None:
+    """A server that stops: its `keys` are no longer searched for (unless another server of
+    this process holds them too); ``api_key=...`` values stay redacted."""
+    _REDACTOR.remove(keys)
+
+
+__all__ = ["REDACTED", "forget_keys_in_logs", "redact_keys_in_logs"]

@@ -62,6 +62,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     ctx.admission.start()
     yield
     await ctx.admission.stop()
+    ctx.guard.close()
     shutil.rmtree(app.state.upload_dir, ignore_errors=True)
 
 
