@@ -295,11 +295,18 @@ def multi_client(tmp_path_factory):
         yield c
 
 
-def test_auto_source_reports_the_language_it_translated_from(multi_client):
-    r = multi_client.post("/translate", json={"q": "A dog.", "source": "auto", "target": "de"})
-    assert _ok(r)["detectedLanguage"] == {"confidence": 100.0, "language": "fr"}
-    r = multi_client.post("/translate", json={"q": ["A", "B"], "source": "auto", "target": "fr"})
-    assert _ok(r)["detectedLanguage"] == [SURE, SURE]  # no fr→fr: the first source to fr
+def test_auto_source_on_several_source_languages_is_a_400_naming_them(multi_client):
+    """No language identifier runs: "A dog." is not reported as fr (the first source that
+    reaches de), as it was; the sources are named instead (tests/integration/
+    test_serve_multilingual.py has the one-source case)."""
+    refusal = (
+        "source=auto is not supported: this model translates from fr, en and does not "
+        "detect languages; give source as one of them"
+    )
+    for target in ("de", "fr"):
+        r = multi_client.post("/translate", json={"q": "A dog.", "source": "auto", "target": target})  # fmt: skip
+        _error(r, 400, refusal)
+    _error(multi_client.post("/detect", json={"q": "A dog."}), 400, refusal)
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,13 @@ Shapes, messages and status codes follow LibreTranslate's ``libretranslate/app.p
   ``zh-Hans`` → ``zh``, ``zh-Hant`` → ``zt``; `iso2model`), answered back in ISO form
   (`model2iso`). Regional codes such as ``en-US`` are refused, as LibreTranslate does.
 - ``source=auto``: the answer gains ``detectedLanguage`` (``{"confidence", "language"}``,
-  a list of them for a list ``q``). A litmt model translates one pair, so detection is
-  the model's source language, with the confidence LibreTranslate gives a sure answer
-  (100.0). ``POST /detect`` answers ``[{"confidence": 100.0, "language": src}]``.
+  a list of them for a list ``q``). litmt has no language detector: a model with one source
+  language (a one-pair model, or a multilingual one like en-de + en-fr) reads only that
+  language, so detection is it, with the confidence LibreTranslate gives a sure answer
+  (100.0), and ``POST /detect`` answers ``[{"confidence": 100.0, "language": src}]``. A
+  model with several source languages refuses ``source=auto`` and ``/detect`` with a 400
+  naming them (`litmt.deploy.server_context.ServerContext.auto_source`); LibreTranslate
+  instead guesses among its installed languages.
 - ``alternatives=N``: ``alternatives`` holds up to N other translations per text (the
   beam's n-best after the best, duplicates dropped); N is capped by the beam size
   (``decoding.beam_size``), so greedy decoding has none. Not for ``format=html``, as in
@@ -74,7 +78,7 @@ def model2iso(code: str) -> str:
 
 
 def detection(src: str) -> dict[str, Any]:
-    """The detected language of any text: a one-pair model's source, for sure."""
+    """The detected language of any text: the model's one source language, for sure."""
     return {"confidence": SURE, "language": model2iso(src)}
 
 
@@ -347,7 +351,8 @@ def register_routes(app: FastAPI, svc: Service) -> None:
             return denied
         if not params.get("q"):
             raise ApiError(400, "Invalid request: missing q parameter")
-        return JSONResponse([detection(svc.src)])
+        pair = svc.route("auto", svc.tgt)  # the one source language; 400 for several
+        return JSONResponse([detection(pair[0] if pair else svc.src)])
 
     @app.get("/frontend/settings")
     async def frontend_settings() -> JSONResponse:

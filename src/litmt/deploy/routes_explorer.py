@@ -23,6 +23,12 @@ from litmt.deploy.http_errors import ApiError
 from litmt.deploy.server_context import ServerContext
 
 STATIC_DIR = Path(__file__).parent / "static"
+# the 501 of /attention without a torch model (the page shows it as its error line)
+NO_ATTENTION = (
+    "attention maps need the torch model, which this server has not loaded: an export runs "
+    "on CTranslate2, which returns one averaged alignment, not the page's per-layer, per-head "
+    "maps; serve a .ckpt with explorer=true"
+)
 
 
 def _json_in_pieces(value: list[Any]) -> str:
@@ -78,7 +84,7 @@ def register_explorer_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/attention")
     async def attention(request: Request) -> Response:
         if ctx.attention_model is None:
-            raise ApiError(501, "attention needs the torch model: serve a .ckpt, not an export")
+            raise ApiError(501, NO_ATTENTION)
         params = await ctx.params(request)
         if denied := ctx.guard.check(request, params):  # 403 bad/missing key, 429 rate limit
             return denied
@@ -107,4 +113,4 @@ def register_explorer_routes(app: FastAPI, ctx: ServerContext) -> None:
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
 
-__all__ = ["STATIC_DIR", "register_explorer_routes"]
+__all__ = ["NO_ATTENTION", "STATIC_DIR", "register_explorer_routes"]

@@ -15,6 +15,11 @@ Modes (``split_sentences`` in ``conf/serve.yaml``):
 - ``never``: a line over the limit is a 413.
 
 A unit still over the limit after splitting is a 413 naming it, never truncated.
+
+An inline target-language token at the start of a text (``>>fra<<``: imported multilingual
+OPUS-MT models read it as their first source piece; `litmt.data.piece_vocab`) is carried to
+every unit of the text: each line after the first that does not begin with its own token,
+and each sentence of a split line, is decoded as ``">>fra<< " + unit``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,21 @@ from litmt.errors import ConfigError
 
 MODES = ("long", "always", "never")
 _EDGES = re.compile(r"^(\s*)(.*?)(\s*)$", re.DOTALL)
+_INLINE = re.compile(r"^>>[^<>\s]+<<")  # a leading OPUS-MT language token: >>fra<<
+
+
+def inline_token(text: str) -> str | None:
+    """The ``>>xxx<<`` token `text` starts with (as `litmt.data.piece_vocab` reads it), or
+    None."""
+    m = _INLINE.match(text)
+    return m.group(0) if m else None
+
+
+def _carried(token: str | None, unit: str) -> str:
+    """`unit` with the text's inline `token` in front, unless it has a token of its own."""
+    if token is None or not unit.strip() or inline_token(unit) is not None:
+        return unit  # a blank line stays blank
+    return f"{token} {unit}"
 
 
 def split_sentences(text: str, lang: str) -> list[tuple[str, str, str]]:
@@ -107,17 +127,20 @@ class Segmenter:
         k = 0
         for text in texts:
             per_text = []
+            token = inline_token(text)  # >>fra<<: carried to every line and sentence
             for line in text.split("\n"):
                 n = counts[k]
                 k += 1
                 long = over and n > int(self.model_limit)  # type: ignore[arg-type]
                 if self.mode == "always" or (self.mode == "long" and long):
-                    parts = split_sentences(line, self.lang)
+                    own = inline_token(line)  # split without it: it is no sentence
+                    body = line[len(own) :].lstrip() if own else line
+                    parts = split_sentences(body, self.lang)
                     self.split_lines += len(parts) > 1
-                    plan.units.extend(s for _, s, _ in parts)
+                    plan.units.extend(_carried(own or token, s) for _, s, _ in parts)
                     per_text.append([(a, b) for a, _, b in parts])
                 else:
-                    plan.units.append(line)
+                    plan.units.append(_carried(token, line))
                     per_text.append([("", "")])
             plan.shape.append(per_text)
         self._check(plan.units)

@@ -55,10 +55,25 @@ class ServerContext:
         """The request's parameters within ``max_body_bytes`` (`read_params`)."""
         return await read_params(request, self.settings.max_body_bytes, files)
 
+    def auto_source(self) -> str:
+        """What ``source=auto`` reads as: the model's one source language. litmt has no
+        language detector, so a model with several source languages refuses ``auto`` with a
+        400 naming them, rather than reporting a language it did not detect."""
+        sources = self.languages.sources() if self.languages.multilingual else [self.src]
+        if len(sources) > 1:
+            raise ApiError(
+                400,
+                f"source=auto is not supported: this model translates from "
+                f"{', '.join(lt.model2iso(s) for s in sources)} and does not detect "
+                f"languages; give source as one of them",
+            )
+        return sources[0]
+
     def route(self, source: str, target: str) -> Pair:
         """A request's direction (model codes; None: the one pair), or 400 for one the
         model lacks: ``"zz is not supported"`` for a language the model does not know (as
-        LibreTranslate), the translator's message for a known pair it does not translate."""
+        LibreTranslate), the translator's message for a known pair it does not translate;
+        ``source="auto"`` is `auto_source` (400 for a model with several sources)."""
         if not self.languages.multilingual:
             lt.check_pair(source, target, self.src, self.tgt)
             return None
@@ -66,11 +81,8 @@ class ServerContext:
         for code in ([] if source == "auto" else [source]) + [target]:  # source first
             if code not in known:
                 raise ApiError(400, f"{code} is not supported")  # LibreTranslate's message
-        if source == "auto":  # the first source language the model translates to target
-            zero_shot = self.settings.allow_zero_shot
-            sources = self.languages.sources()
-            reach = [s for s in sources if target in self.languages.targets_of(s, zero_shot)]
-            source = (reach or sources)[0]
+        if source == "auto":
+            source = self.auto_source()
         try:
             found = self.translator.route(
                 source, target, allow_zero_shot=self.settings.allow_zero_shot

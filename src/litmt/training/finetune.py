@@ -20,6 +20,11 @@ The choice depends on the composed config only (`finetune.model_config`), never 
 (The former ``auto`` mode picked ``config`` when the command line set a `model` key; it is
 now a one-line error naming ``finetune.model_config=config``.)
 
+Many languages (`data.directions`): the checkpoint's tokenizer must already hold every
+direction's ``<2xx>`` tag as one piece (a multilingual litmt checkpoint does); a one-pair or
+imported checkpoint's does not, and the run is refused at setup with one line naming the
+missing tags (`check_language_tags`), rather than failing after training starts.
+
 Freezing (`finetune.freeze`): parameter groups that keep their initial values. A parameter
 belongs to the group of its first name in `named_parameters()`, so a tied output projection
 (`tie_output`) is part of ``embeddings``; an untied one belongs to ``decoder``.
@@ -38,6 +43,7 @@ from torch import Tensor
 from litmt.checkpoint.compat import RUNTIME_KEYS, config_differences
 from litmt.checkpoint.hf_import import is_hf_dir, read_hf_dir
 from litmt.checkpoint.io import META_KEY, load_checkpoint, model_state_dict
+from litmt.data.directions import Direction
 from litmt.data.tokenizer import Tokenizer
 from litmt.errors import CheckpointError, ConfigError
 from litmt.models import Seq2SeqTransformer
@@ -222,6 +228,40 @@ def check_direction(init: InitCheckpoint, src_lang: str, tgt_lang: str) -> None:
         )  # fmt: skip
 
 
+def check_language_tags(
+    init: InitCheckpoint, directions: Sequence[Direction], placement: str
+) -> None:
+    """Refuse `data.directions` when `init`'s tokenizer lacks their language tags.
+
+    A one-pair or imported checkpoint's tokenizer does not hold ``<2xx>`` as one piece: the
+    tag would be split into pieces and training would fail later (a ``KeyError`` for the
+    forced first target token, an ``AssertionError`` for a source tag). Adding the tags would
+    mean new sentencepiece pieces and new embedding rows; litmt refuses instead, at setup.
+
+    Args:
+        init: the checkpoint fine-tuning starts from.
+        directions: `data.directions` ([] for a one-pair run: nothing to check).
+        placement: `data.tag_placement` (``source``: the source vocabulary needs the tags;
+            ``target``: the target vocabulary).
+
+    Raises:
+        ConfigError: one line naming the missing tags and what to do instead.
+    """
+    if not directions:
+        return
+    tok = init.tokenizer
+    have = tok.tgt_tags if placement == "target" else tok.src_tags
+    missing = [t for t in dict.fromkeys(d.tag for d in directions) if t not in have]
+    if missing:
+        side = "target" if placement == "target" else "source"
+        raise ConfigError(
+            f"init_from={init.path}: its tokenizer lacks the language tags "
+            f"{', '.join(missing)} that data.directions with data.tag_placement={placement} "
+            f"needs as {side} pieces; start from a multilingual litmt checkpoint trained with "
+            f"these directions, or train from scratch (drop init_from)"
+        )
+
+
 def freeze_groups(finetune_cfg: Any) -> Sequence[str]:
     """`finetune.freeze` as a list (absent or null: none)."""
     if not finetune_cfg:
@@ -248,7 +288,9 @@ def setup_init_from(cfg: Any, datamodule: Any) -> InitCheckpoint | None:
 
     Raises:
         CheckpointError: the checkpoint cannot be read.
-        ConfigError: `data.tokenizer.model` names another tokenizer than the checkpoint's.
+        ConfigError: `data.tokenizer.model` names another tokenizer than the checkpoint's, or
+            the tokenizer lacks the language tags of `data.directions`
+            (`check_language_tags`).
     """
     path = cfg.get("init_from")
     if not path:
@@ -260,6 +302,9 @@ def setup_init_from(cfg: Any, datamodule: Any) -> InitCheckpoint | None:
             f"data.tokenizer.model and init_from={path} name different tokenizers; drop "
             f"data.tokenizer.model (init_from reuses the checkpoint's tokenizer)"
         )
+    languages = datamodule.languages_meta() if hasattr(datamodule, "languages_meta") else {}
+    placement = str(languages.get("tag_placement", "source"))
+    check_language_tags(init, getattr(datamodule, "directions", []), placement)  # before data
     datamodule.use_tokenizer(init.tokenizer, f"init_from={path}")
     check_direction(init, datamodule.src_lang, datamodule.tgt_lang)
     return init
