@@ -2,6 +2,10 @@
 
     python -m benchmarks.hf_parity --ckpt CKPT [--out DIR] [--limit N] [--round-trip]
 
+A multilingual checkpoint is compared in each of its directions from --src (en), each with
+the model card's call (`litmt.deploy.hf_export.direction_calls`), and reported per direction
+under "directions"; the top-level figures are the worst direction's.
+
 1. Exports CKPT with ``format=hf`` (to --out, or a temporary directory).
 2. Logits: teacher-forced on litmt's greedy outputs, max |Δlogit| between litmt and
    ``AutoModelForSeq2SeqLM`` on the same ids (fp32).
@@ -10,7 +14,8 @@
    steps the pipeline ran: AutoTokenizer, ``generate``, ``decode(skip_special_tokens=True)``,
    batched by output limit)
    against litmt's greedy output, with litmt's output budget (``max_new_tokens`` = budget + 1).
-   Every differing line is printed with the two outputs.
+   Every differing line is printed with the two outputs and the smallest decision margin of
+   litmt's greedy path; one within ``NEAR_TIE`` counts as a near-tie (tests/helpers/parity.py).
 4. --round-trip: imports the export again (``scripts/import_hf.py``'s code) and checks the
    two litmt checkpoints give identical translations (beam search, the default decoding).
 
@@ -30,12 +35,12 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import multi30k_lines
+from benchmarks.decode_margins import NEAR_TIE, greedy_margin
 from litmt.checkpoint.hf_import import read_hf_dir
-from litmt.checkpoint.load import load_model
 from litmt.data.tokenizer import BOS_ID
 from litmt.decoding.search import output_budgets
 from litmt.decoding.translator import Translator
-from litmt.deploy.hf_export import export_hf
+from litmt.deploy.hf_export import direction_calls, export_hf
 from litmt.models import Seq2SeqTransformer
 
 DEFAULT = {"max_len_a": 1.2, "max_len_b": 10}  # DecodeConfig's output budget
@@ -49,15 +54,30 @@ def has_translation_pipeline() -> bool:
 
 
 def hf_translate(
-    model_dir: str | Path, texts: Sequence[str], max_new_tokens: Sequence[int], num_beams: int = 1
+    model_dir: str | Path,
+    texts: Sequence[str],
+    max_new_tokens: Sequence[int],
+    num_beams: int = 1,
+    direction: tuple[str, str] | None = None,
 ) -> list[str]:
-    """Translate with transformers alone (see the module docstring), one sentence at a time."""
+    """Translate with transformers alone (see the module docstring), one sentence at a time.
+
+    `direction`: a multilingual export's (language token, placement), the model card's call
+    (`litmt.deploy.hf_export.direction_calls`): placement "target" passes
+    ``forced_bos_token_id`` = the token's id to ``generate``; "source" starts each text with
+    ``"<2xx> "``. None: a one-pair model.
+    """
+    options: dict[str, int] = {}
+    if direction is not None and direction[1] == "source":
+        texts = [f"{direction[0]} {t}" for t in texts]
     if has_translation_pipeline():
         from transformers import pipeline
 
         translate = pipeline("translation", model=str(model_dir), device="cpu")
+        if direction is not None and direction[1] == "target":
+            options["forced_bos_token_id"] = translate.tokenizer.convert_tokens_to_ids(direction[0])
         return [
-            translate(t, num_beams=num_beams, do_sample=False, max_new_tokens=int(n))[0][
+            translate(t, num_beams=num_beams, do_sample=False, max_new_tokens=int(n), **options)[0][
                 "translation_text"
             ]
             for t, n in zip(texts, max_new_tokens, strict=True)
@@ -66,6 +86,8 @@ def hf_translate(
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
+    if direction is not None and direction[1] == "target":
+        options["forced_bos_token_id"] = tok.convert_tokens_to_ids(direction[0])
     out: list[str] = [""] * len(texts)
     by_limit: dict[int, list[int]] = {}  # sentences of one max_new_tokens decode in batches
     for i, n in enumerate(max_new_tokens):
@@ -75,7 +97,9 @@ def hf_translate(
             for start in range(0, len(rows), 32):
                 idx = rows[start : start + 32]
                 enc = tok([texts[i] for i in idx], return_tensors="pt", padding=True)
-                ids = model.generate(**enc, num_beams=num_beams, do_sample=False, max_new_tokens=n)
+                ids = model.generate(
+                    **enc, num_beams=num_beams, do_sample=False, max_new_tokens=n, **options
+                )
                 for i, text in zip(
                     idx, tok.batch_decode(ids, skip_special_tokens=True), strict=True
                 ):
@@ -104,24 +128,75 @@ def max_logit_difference(model_dir: Path, translator: Translator, sources, hyps)
     return worst
 
 
-def round_trip(ckpt: Path, model_dir: Path, lines: Sequence[str]) -> dict[str, object]:
-    """Translate `lines` with CKPT and with the re-imported export (default decoding)."""
+def round_trip(
+    ckpt: Path, model_dir: Path, lines: Sequence[str], pairs: Sequence[tuple[str, str]]
+) -> dict[str, object]:
+    """Translate `lines` with CKPT and with the re-imported export (default decoding), in
+    every direction of `pairs` (None, None: a one-pair model)."""
     first = Translator.from_checkpoint(ckpt, device="cpu")
     imported = read_hf_dir(model_dir)
     model = Seq2SeqTransformer(imported.config)
     model.load_state_dict(imported.weights)
-    second = Translator(model, imported.tokenizer, device="cpu")
-    a, b = first.translate(lines), second.translate(lines)
-    same = sum(x == y for x, y in zip(a, b, strict=True))
-    return {"round_trip_identical": same, "round_trip_lines": len(lines)}
+    second = Translator(
+        model, imported.tokenizer, device="cpu", languages=imported.languages,
+        src_lang=imported.src_lang, tgt_lang=imported.tgt_lang,
+    )  # fmt: skip
+    same = total = 0
+    for src, tgt in pairs:
+        a = first.translate(lines, src_lang=src, tgt_lang=tgt)
+        b = second.translate(lines, src_lang=src, tgt_lang=tgt)
+        same += sum(x == y for x, y in zip(a, b, strict=True))
+        total += len(lines)
+    return {"round_trip_identical": same, "round_trip_lines": total}
+
+
+def direction_parity(
+    translator: Translator, out: Path, lines: Sequence[str], pair: tuple[str | None, str | None]
+) -> dict[str, object]:
+    """Greedy and logit parity of one direction (`pair`: None, None for a one-pair model).
+
+    A differing line whose litmt greedy path has a decision margin <= `NEAR_TIE` counts as a
+    near-tie (`benchmarks.decode_margins`); the others are real differences."""
+    route = translator.languages.route(translator.tokenizer, *pair)
+    plain = translator.tokenizer.encode_src(lines)
+    sources = [route.source_ids(x, translator.max_source_tokens) for x in plain]
+    prefix = route.prefix_ids(None) or []
+    prefixes = [prefix] * len(sources) if prefix else None
+    hyps = [h[0].tokens for h in translator.search_ids(sources, method="greedy", prefixes=prefixes)]
+    ours = translator.tokenizer.decode_tgt(hyps)
+    budget = output_budgets(
+        [len(s) for s in sources], DEFAULT["max_len_a"], DEFAULT["max_len_b"], 10**9
+    )
+    calls = direction_calls(translator.languages_meta())
+    direction = calls.get(f"{route.src_lang}-{route.tgt_lang}") if calls else None
+    t0 = time.perf_counter()
+    theirs = hf_translate(out, lines, [b + 1 for b in budget.tolist()], direction=direction)
+    seconds = time.perf_counter() - t0
+    differ = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b]
+    near_ties = 0
+    for i in differ:
+        margin = greedy_margin(translator, sources[i], prefix)
+        near_ties += margin <= NEAR_TIE
+        print(
+            f"{route.src_lang}-{route.tgt_lang} line {i + 1} (margin {margin:.2e}): "
+            f"litmt={ours[i]!r} transformers={theirs[i]!r}",
+            file=sys.stderr,
+        )
+    return {
+        "lines": len(lines),
+        "greedy_identical": len(lines) - len(differ),
+        "greedy_near_ties": near_ties,
+        "greedy_agreement": round(1 - len(differ) / len(lines), 4),
+        "max_abs_logit_diff": max_logit_difference(out, translator, sources, hyps),
+        "transformers_seconds": round(seconds, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ckpt", type=Path, required=True)
     p.add_argument("--out", type=Path, default=None, help="export directory (default: a temp one)")
-    p.add_argument("--src", default="en")
-    p.add_argument("--tgt", default="de")
+    p.add_argument("--src", default="en", help="source language (file suffix)")
     p.add_argument("--split", default="test2016")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--round-trip", action="store_true")
@@ -133,30 +208,24 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.TemporaryDirectory()
     out = args.out or Path(tmp.name) / "hf"
     export_hf(args.ckpt, out, force=True)
-    loaded = load_model(args.ckpt)
-    translator = Translator(loaded.model, loaded.tokenizer, device="cpu")
-    sources = loaded.tokenizer.encode_src(lines)
-    hyps = [h[0].tokens for h in translator.search_ids(sources, method="greedy")]
-    ours = loaded.tokenizer.decode_tgt(hyps)
-    lengths = [len(s) for s in sources]
-    budget = output_budgets(lengths, DEFAULT["max_len_a"], DEFAULT["max_len_b"], 10**9)
-    t0 = time.perf_counter()
-    theirs = hf_translate(out, lines, [b + 1 for b in budget.tolist()])
-    seconds = time.perf_counter() - t0
-    differ = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b]
-    for i in differ:
-        print(f"line {i + 1}: litmt={ours[i]!r} transformers={theirs[i]!r}", file=sys.stderr)
+    translator = Translator.from_checkpoint(args.ckpt, device="cpu")
+    languages = translator.languages
+    pairs: list[tuple[str | None, str | None]] = [
+        (s, t) for s, t in languages.pairs() if s == args.src
+    ] if languages.multilingual else [(None, None)]  # fmt: skip
+    per = {f"{s}-{t}": direction_parity(translator, out, lines, (s, t)) for s, t in pairs}
     report: dict[str, object] = {
         "checkpoint": str(args.ckpt),
-        "lines": len(lines),
-        "greedy_identical": len(lines) - len(differ),
-        "greedy_agreement": round(1 - len(differ) / len(lines), 4),
-        "max_abs_logit_diff": max_logit_difference(out, translator, sources, hyps),
+        "lines": len(lines) * len(pairs),  # every direction's
+        "greedy_identical": sum(int(r["greedy_identical"]) for r in per.values()),
+        "greedy_agreement": min(float(r["greedy_agreement"]) for r in per.values()),
+        "max_abs_logit_diff": max(float(r["max_abs_logit_diff"]) for r in per.values()),
         "transformers_path": "pipeline" if has_translation_pipeline() else "generate",
-        "transformers_seconds": round(seconds, 1),
     }
+    if languages.multilingual:
+        report["directions"] = per
     if args.round_trip:
-        report.update(round_trip(args.ckpt, out, lines))
+        report.update(round_trip(args.ckpt, out, lines, pairs))
     print(json.dumps(report))
     return 0
 

@@ -3,7 +3,9 @@ output equals litmt's on >= 99 % of test2016, max |Δlogit| < 1e-4, and export -
 identical translations.
 
 Slow (the whole test set, twice): point ``LITMT_HF_PARITY_CKPT`` at a checkpoint trained with
-``experiment=multi30k_cpu`` (en->de); skipped without it or without ../shared/data/multi30k.
+``experiment=multi30k_cpu`` (en->de), or a multilingual one (every direction from en, each with
+its model-card call; the figures are the worst direction's); skipped without it or without
+../shared/data/multi30k.
 """
 
 from __future__ import annotations

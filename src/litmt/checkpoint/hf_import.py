@@ -26,7 +26,9 @@ The mapping (transformers' ``models/marian/modeling_marian.py``):
 A directory written by litmt's ``format=hf`` export (Marian or Pegasus, with ``litmt/``
 holding litmt's tokenizer and model config) is read back exactly: the stored config, the
 tokenizer byte for byte, the weights from the transformers files with the export's channel
-permutation undone (`litmt.checkpoint.hf_names.permute_channels`).
+permutation undone (`litmt.checkpoint.hf_names.permute_channels`), and a multilingual model's
+``directions`` and ``tag_placement`` (`ImportedModel.languages`), so export -> import is the
+identity.
 
 Refused with one line naming the field: another model type, separate source/target
 vocabularies, different encoder/decoder widths or heads, an activation litmt lacks, a
@@ -36,7 +38,7 @@ decoder start token other than pad.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,8 @@ class ImportedModel:
         tokenizer: sentencepiece models + piece vocabulary (litmt ids), source eos.
         src_lang, tgt_lang: the direction (tokenizer_config.json, else the arguments).
         marian_ids: litmt id -> Marian id (-1 for litmt's pad row).
+        languages: a multilingual model's ``directions`` and ``tag_placement`` (the
+            checkpoint's `litmt.checkpoint.io.LANGUAGE_KEYS`; {} for one pair).
     """
 
     config: TransformerConfig
@@ -72,6 +76,7 @@ class ImportedModel:
     src_lang: str
     tgt_lang: str
     marian_ids: list[int]
+    languages: dict[str, Any] = field(default_factory=dict)
 
 
 def is_hf_dir(path: str | Path) -> bool:
@@ -265,7 +270,10 @@ def _read_litmt_export(d: Path, hf: dict[str, Any], hf_weights: dict[str, Tensor
     weights.update(hf_layer_weights(theirs, config))
     tokenizer = Tokenizer.load(d / LITMT_DIR)
     ids = list(range(vocab))
-    return ImportedModel(config, weights, tokenizer, meta["src_lang"], meta["tgt_lang"], ids)
+    languages = dict(meta.get("languages") or {})
+    return ImportedModel(
+        config, weights, tokenizer, meta["src_lang"], meta["tgt_lang"], ids, languages
+    )
 
 
 def read_hf_dir(

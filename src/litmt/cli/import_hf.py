@@ -32,7 +32,7 @@ def import_hf(cfg: Any) -> Path:
     source = {"model_dir": str(cfg.model_dir), "format": "transformers-marian"}
     save_model_checkpoint(
         out, model, imported.tokenizer, imported.src_lang, imported.tgt_lang,
-        extra={"imported_from": source},
+        extra={"imported_from": source}, languages=imported.languages,
     )  # fmt: skip
     print(out, flush=True)
     return out

@@ -1,6 +1,8 @@
-"""The model card (``README.md``) of a ``format=hf`` export: languages, how the model was
-trained (the run directory's Hydra overrides, when the checkpoint sits in one), test scores
-(BLEU and chrF with their sacreBLEU signatures, when a test set is given), the litmt version."""
+"""The model card (``README.md``) of a ``format=hf`` export: languages, the transformers call
+(for a multilingual model, one per direction: `litmt.deploy.hf_export.direction_calls`), how
+the model was trained (the run directory's Hydra overrides, when the checkpoint sits in one),
+test scores (BLEU and chrF with their sacreBLEU signatures, when a test set is given; a
+multilingual model is scored on its first direction), the litmt version."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from litmt.checkpoint.io import languages_of
 from litmt.checkpoint.load import LoadedModel
 from litmt.data.text import read_text_file
 from litmt.decoding.translator import Translator
@@ -43,12 +46,45 @@ def run_info(ckpt: Path) -> tuple[str | None, str | None]:
 
 
 def test_scores(loaded: LoadedModel, src: str, ref: str, decoding: Mapping[str, Any]) -> list[str]:
-    """sacreBLEU report lines (BLEU, chrF) of the model on a test set (the export's decoding)."""
-    translator = Translator(loaded.model, loaded.tokenizer, device="cpu")
-    hyps = translator.translate(read_text_file(src, "card.test_src"), **dict(decoding))
+    """sacreBLEU report lines (BLEU, chrF) of the model on a test set (the export's decoding;
+    ``src_lang`` -> ``tgt_lang``, a multilingual model's first direction)."""
+    translator = Translator(
+        loaded.model, loaded.tokenizer, device="cpu", languages=languages_of(loaded.meta),
+        src_lang=loaded.src_lang, tgt_lang=loaded.tgt_lang,
+    )  # fmt: skip
+    texts = read_text_file(src, "card.test_src")
+    hyps = translator.translate(texts, tgt_lang=loaded.tgt_lang, **dict(decoding))
     refs = read_text_file(ref, "card.test_ref")
     results = corpus_scores(hyps, refs, metrics=("bleu", "chrf"))
     return [r.line for r in results.values()]
+
+
+def usage(directions: Mapping[str, tuple[str, str]]) -> list[str]:
+    """The card's Python block: load, then one call (one per direction of a multilingual
+    model, `directions` as `litmt.deploy.hf_export.direction_calls` gives them)."""
+    lines = [
+        "```python",
+        "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
+        'tok = AutoTokenizer.from_pretrained("PATH/TO/THIS/DIRECTORY")',
+        'model = AutoModelForSeq2SeqLM.from_pretrained("PATH/TO/THIS/DIRECTORY")',
+    ]
+    if not directions:
+        lines += [
+            'out = model.generate(**tok(["..."], return_tensors="pt"))',
+            "print(tok.batch_decode(out, skip_special_tokens=True))",
+            '# transformers 4.x also: pipeline("translation", model="PATH/TO/THIS/DIRECTORY")',
+        ]
+    for name, (tag, placement) in directions.items():
+        lines.append(f"# {name}")
+        if placement == "target":
+            lines += [
+                'enc = tok(["..."], return_tensors="pt")',
+                f'out = model.generate(**enc, forced_bos_token_id=tok.convert_tokens_to_ids("{tag}"))',
+            ]  # fmt: skip
+        else:
+            lines.append(f'out = model.generate(**tok(["{tag} ..."], return_tensors="pt"))')
+        lines.append("print(tok.batch_decode(out, skip_special_tokens=True))")
+    return [*lines, "```"]
 
 
 def write_model_card(
@@ -58,39 +94,40 @@ def write_model_card(
     class_name: str,
     decoding: Mapping[str, Any],
     card: Mapping[str, Any],
+    directions: Mapping[str, tuple[str, str]] | None = None,
 ) -> Path:
     """Write ``out/README.md``.
 
     Args:
+        directions: a multilingual model's per-direction calls (`usage`); None = one pair.
         card: ``test_src``, ``test_ref`` (files: scored with the export's decoding
             defaults), ``test_name`` (how the card names that test set).
     """
     src, tgt = loaded.src_lang, loaded.tgt_lang
+    directions = dict(directions or {})
+    names = ", ".join(directions) or f"{src}-{tgt}"
+    langs = list(dict.fromkeys(lang for n in directions for lang in n.split("-"))) or [src, tgt]
     command, data = run_info(Path(paths[0]))
     cfg = loaded.model.config
     lines = [
         "---",
-        f"language: [{src}, {tgt}]",
+        f"language: [{', '.join(langs)}]",
         "library_name: transformers",
         "pipeline_tag: translation",
         "tags: [litmt, translation]",
         "---",
         "",
-        f"# litmt {src}-{tgt} ({class_name})",
+        f"# litmt {names} ({class_name})",
         "",
-        f"A Transformer translating {src} to {tgt}, trained with litmt {_version()} and "
-        "exported with `scripts/export.py format=hf`. It loads with transformers alone:",
+        f"A Transformer translating {names}, trained with litmt {_version()} and "
+        "exported with `scripts/export.py format=hf`. It loads with transformers alone"
+        + (" (say the direction in every call, as below):" if directions else ":"),
         "",
-        "```python",
-        "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
-        'tok = AutoTokenizer.from_pretrained("PATH/TO/THIS/DIRECTORY")',
-        'model = AutoModelForSeq2SeqLM.from_pretrained("PATH/TO/THIS/DIRECTORY")',
-        'out = model.generate(**tok(["..."], return_tensors="pt"))',
-        "print(tok.batch_decode(out, skip_special_tokens=True))",
-        '# transformers 4.x also: pipeline("translation", model="PATH/TO/THIS/DIRECTORY")',
-        "```",
+        *usage(directions),
         "",
-        f"- Languages: source `{src}`, target `{tgt}`.",
+        f"- Languages: source `{src}`, target `{tgt}`."
+        if not directions
+        else f"- Directions: {names}; the language token of each is an added special token.",
         f"- Model: d_model={cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, "
         f"{cfg.n_heads} heads, FFN {cfg.d_ff}, {cfg.activation}, "
         f"{'pre' if cfg.norm_first else 'post'}-norm, vocabulary {cfg.tgt_vocab_size}.",
@@ -106,7 +143,8 @@ def write_model_card(
     ]
     if card.get("test_src") and card.get("test_ref"):
         name = card.get("test_name") or Path(str(card["test_src"])).name
-        lines += [f"## Scores on {name}", "", "```"]
+        on = f" ({src}-{tgt})" if directions else ""
+        lines += [f"## Scores on {name}{on}", "", "```"]
         lines += test_scores(loaded, str(card["test_src"]), str(card["test_ref"]), decoding)
         lines += ["```", ""]
     path = out / "README.md"

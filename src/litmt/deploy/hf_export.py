@@ -28,8 +28,22 @@ sentencepiece tokenizer (joint vocabulary, no eos on the source) becomes a token
 (``SpmConverter.build_tokenizer_from_spm_proto``), without a post-processor: no token is added
 to the source, as in litmt. (MarianTokenizer always appends eos to the source.)
 
+A multilingual model (``data.directions``) keeps its directions the way multilingual models
+in transformers do: each target-language token ``<2xx>`` is an added special token of the
+tokenizer (one id, the same as litmt's; dropped by ``skip_special_tokens``), and a direction is
+chosen per call (`direction_calls`, written in the model card):
+
+- ``tag_placement=target``: ``generate(..., forced_bos_token_id=<id of <2xx>>)``, the
+  NLLB/M2M100 convention; the decoder starts with bos, then the forced tag, as litmt's
+  one-token target prefix;
+- ``tag_placement=source``: the text starts with ``"<2xx> "``; the added token strips the
+  space after it (``rstrip``), so the ids are litmt's ``[tag, *ids of the text]``.
+
+``litmt/model.json`` keeps ``directions`` and ``tag_placement`` for the re-import.
+
 Refused with one line: learned or rotary positions, swiglu, approximate attention, a separate
-target vocabulary, a LayerNorm epsilon other than transformers' 1e-5.
+target vocabulary, a LayerNorm epsilon other than transformers' 1e-5, a multilingual model
+whose tokenizer is a Marian piece vocabulary or lacks a direction's ``<2xx>`` piece.
 """
 
 from __future__ import annotations
@@ -48,7 +62,9 @@ from litmt.checkpoint.hf_names import (
     permute_channels,
     to_hf_layer_weights,
 )
+from litmt.checkpoint.io import languages_of
 from litmt.checkpoint.load import LoadedModel, load_model
+from litmt.data.directions import parse_directions
 from litmt.data.segmentation import model_proto
 from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from litmt.deploy.ct2_export import check_replaceable, export_decoding, staged_directory
@@ -60,8 +76,37 @@ ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu"}  # litmt -> trans
 HF_LAYER_NORM_EPS = 1e-5  # transformers' Marian and Pegasus use nn.LayerNorm's default
 
 
-def check_hf_exportable(config: TransformerConfig, tokenizer: Tokenizer) -> None:
-    """Raise `ExportError` (one line naming the setting) if no stock class computes the model."""
+def direction_calls(languages: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """How plain transformers translates each direction of a multilingual export: direction
+    name (``en-de``) -> (its ``<2xx>`` token, "source" or "target" placement); {} for one pair.
+    Target: ``generate(**tok(texts), forced_bos_token_id=tok.convert_tokens_to_ids(tag))``;
+    source: ``generate(**tok([f"{tag} {text}" ...]))`` (see the module docstring)."""
+    placement = str(languages.get("tag_placement") or "source")
+    return {d.name: (d.tag, placement) for d in parse_directions(languages.get("directions"))}
+
+
+def check_hf_languages(tokenizer: Tokenizer, languages: Mapping[str, Any]) -> None:
+    """Raise `ExportError` (one line) if the export cannot carry a multilingual model's
+    directions: a Marian piece vocabulary (MarianTokenizer has no per-call language token),
+    or a direction whose ``<2xx>`` is not one piece of the tokenizer."""
+    calls = direction_calls(languages)
+    if calls and tokenizer.vocab is not None:
+        raise ExportError(
+            "cannot export format=hf: a multilingual model with a Marian piece vocabulary "
+            "(MarianTokenizer cannot carry the <2xx> language tokens); use format=ct2"
+        )
+    for name, (tag, _) in calls.items():
+        if tag not in tokenizer.tgt_tags:
+            raise ExportError(
+                f"cannot export format=hf: direction {name} has no {tag} piece in the tokenizer"
+            )
+
+
+def check_hf_exportable(
+    config: TransformerConfig, tokenizer: Tokenizer, languages: Mapping[str, Any] | None = None
+) -> None:
+    """Raise `ExportError` (one line naming the setting) if no stock class computes the model
+    or the export cannot carry its `languages` (`check_hf_languages`)."""
     check_exportable(config)  # approximate attention kernels
     if config.positional not in ("sinusoidal", "sinusoidal_split"):
         raise ExportError(
@@ -89,6 +134,7 @@ def check_hf_exportable(config: TransformerConfig, tokenizer: Tokenizer) -> None
         raise ExportError(
             "cannot export format=hf: src_eos must go with a piece vocabulary (MarianTokenizer)"
         )
+    check_hf_languages(tokenizer, languages or {})
 
 
 def hf_state_dict(loaded: LoadedModel) -> dict[str, Tensor]:
@@ -161,8 +207,11 @@ def generation_config(cfg: TransformerConfig, decoding: Mapping[str, Any]) -> An
     )
 
 
-def save_hf_tokenizer(tokenizer: Tokenizer, out: Path, src_lang: str, tgt_lang: str) -> None:
-    """Write the transformers tokenizer files (see the module docstring)."""
+def save_hf_tokenizer(
+    tokenizer: Tokenizer, out: Path, src_lang: str, tgt_lang: str, tags: Sequence[str] = ()
+) -> None:
+    """Write the transformers tokenizer files (see the module docstring); `tags`, the
+    language tokens of a multilingual model, become added special tokens."""
     if tokenizer.vocab is not None:
         from transformers import MarianTokenizer
 
@@ -194,6 +243,14 @@ def save_hf_tokenizer(tokenizer: Tokenizer, out: Path, src_lang: str, tgt_lang: 
         model_max_length=10**6,
         clean_up_tokenization_spaces=False,
     )
+    if tags:
+        from tokenizers import AddedToken
+
+        # special: skipped in decoding; rstrip: "<2fr> A dog" gives [tag, *ids of "A dog"]
+        added = [AddedToken(t, special=True, rstrip=True, normalized=False) for t in tags]
+        tok.add_tokens(added, special_tokens=True)
+        if tok.convert_tokens_to_ids(list(tags)) != [tokenizer.tgt_tags[t] for t in tags]:
+            raise ExportError("cannot export format=hf: a language token changed its id")
     tok.save_pretrained(out)
     # transformers 5 writes its class "TokenizersBackend", which transformers 4 lacks; both
     # load the class name "PreTrainedTokenizerFast" (an alias of it in 5)
@@ -232,7 +289,9 @@ def export_hf(
         raise ExportError("format=hf needs transformers: pip install 'litmt[hf]'") from exc
     loaded = load_model(ckpt_path, map_location="cpu")
     cfg = loaded.model.config
-    check_hf_exportable(cfg, loaded.tokenizer)
+    languages = languages_of(loaded.meta)
+    check_hf_exportable(cfg, loaded.tokenizer, languages)
+    tags = list(dict.fromkeys(tag for tag, _ in direction_calls(languages).values()))
     config = hf_config(loaded)
     model = (PegasusForConditionalGeneration if cfg.norm_first else MarianMTModel)(config)
     wanted = model.state_dict()  # without model.shared.weight when encoder/decoder differ
@@ -244,14 +303,18 @@ def export_hf(
     model.generation_config = generation_config(cfg, decoding_defaults)
     with staged_directory(out) as tmp:
         model.save_pretrained(tmp)
-        save_hf_tokenizer(loaded.tokenizer, tmp, loaded.src_lang, loaded.tgt_lang)
+        save_hf_tokenizer(loaded.tokenizer, tmp, loaded.src_lang, loaded.tgt_lang, tags)
         loaded.tokenizer.save(tmp / LITMT_DIR)  # exact re-import (checkpoint.hf_import)
         meta = {
             "model_config": cfg.to_dict(),
             "src_lang": loaded.src_lang,
             "tgt_lang": loaded.tgt_lang,
+            "languages": languages,  # directions, tag_placement ({} for one pair)
         }
         (tmp / LITMT_DIR / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
         paths = [ckpt_path] if isinstance(ckpt_path, str | Path) else list(ckpt_path)
-        write_model_card(tmp, loaded, paths, type(model).__name__, decoding_defaults, card or {})
+        write_model_card(
+            tmp, loaded, paths, type(model).__name__, decoding_defaults, card or {},
+            direction_calls(languages),
+        )  # fmt: skip
     return out
