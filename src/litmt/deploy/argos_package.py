@@ -16,9 +16,18 @@ it into its packages directory. Each directory there is one installed package, r
   "Argos Translate and LibreTranslate").
 
 A multilingual model (`data.directions`) gives one package per direction (``argos.src_lang``,
-``argos.tgt_lang``): Argos forces ``metadata.json``'s ``target_prefix`` as the first target
-token and strips it from the text, which is the ``data.tag_placement=target`` route; Argos
-adds nothing to the source, so a model with source-side tokens is refused with one line.
+``argos.tgt_lang``) and needs ``data.tag_placement=target``: Argos adds nothing to the source,
+so a model with source-side tokens is refused with one line. Argos forces ``metadata.json``'s
+``target_prefix`` (``<2fr>``) as the first target token of every sentence, but it translates a
+paragraph's sentences as one batch, joins their pieces (CTranslate2 returns each with its
+prefix), decodes once and strips the prefix only from the start of the text
+(``argostranslate/translate.py``, ``apply_packaged_translation``): ``<2fr>`` would stay before
+every later sentence. Argos has no source prefix and no per-sentence strip, so the package's
+own decoding drops it: in its ``sentencepiece.model`` the language tokens are control pieces
+(`package_sentencepiece`), which sentencepiece's ``decode_pieces`` (Argos >= 1.10; 1.9 joins
+the pieces itself and would keep them) removes as it removes ``<s>``. Pieces and ids are
+unchanged, so the CTranslate2 vocabulary still matches; only a literal ``<2fr>`` typed in the
+source is now split into ordinary pieces (the model never saw a tag there).
 
 So the zip holds one top-level directory (``translate-<src>_<tgt>-<version>``, as Argos's own
 packages are named) with those entries. One sentencepiece model means a joint vocabulary:
@@ -36,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from litmt.checkpoint.load import load_model
-from litmt.data.directions import lang_tag
+from litmt.data.directions import lang_tag, tag_language
+from litmt.data.segmentation import model_proto
 from litmt.decoding.languages import Languages
 from litmt.deploy.ct2_export import export_model, read_metadata
 from litmt.errors import ConfigError
@@ -52,6 +62,18 @@ SEPARATE_VOCABULARIES = (
 def package_dir_name(src_lang: str, tgt_lang: str, package_version: str) -> str:
     """Argos's naming of a package directory: ``translate-en_de-1_0``."""
     return f"translate-{src_lang}_{tgt_lang}-{package_version.replace('.', '_')}"
+
+
+def package_sentencepiece(model: bytes) -> bytes:
+    """The package's ``sentencepiece.model``: the serialized `model` with every user-defined
+    language token (``<2de>``, `tag_language`) turned into a control piece, which
+    sentencepiece decodes to nothing; pieces, ids and scores stay as they are."""
+    proto = model_proto(model)
+    kinds = type(proto).SentencePiece
+    for piece in proto.pieces:
+        if piece.type == kinds.USER_DEFINED and tag_language(piece.piece) is not None:
+            piece.type = kinds.CONTROL
+    return proto.SerializeToString()
 
 
 def argos_metadata(meta: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -155,7 +177,11 @@ def export_argos_package(
         root = package_dir_name(
             metadata["from_code"], metadata["to_code"], metadata["package_version"]
         )
-        (model_dir / "src.model").rename(work / "sentencepiece.model")
+        sentencepiece = (model_dir / "src.model").read_bytes()
+        if metadata.get("target_prefix"):  # Argos keeps it before every later sentence
+            sentencepiece = package_sentencepiece(sentencepiece)
+        (work / "sentencepiece.model").write_bytes(sentencepiece)
+        (model_dir / "src.model").unlink()
         tmp_zip = work / out.name
         with zipfile.ZipFile(tmp_zip, "w", zipfile.ZIP_DEFLATED) as z:
             z.writestr(f"{root}/metadata.json", json.dumps(metadata, indent=2) + "\n")
@@ -174,4 +200,10 @@ def export_argos_package(
     return out
 
 
-__all__ = ["PACKAGE_SUFFIX", "argos_metadata", "export_argos_package", "package_dir_name"]
+__all__ = [
+    "PACKAGE_SUFFIX",
+    "argos_metadata",
+    "export_argos_package",
+    "package_dir_name",
+    "package_sentencepiece",
+]

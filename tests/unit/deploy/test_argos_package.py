@@ -1,5 +1,7 @@
 """format=argos: the Argos Translate package zip (layout Argos's install_from_path and Package
-read), its metadata, the refusal of separate vocabularies, and format=ct2 unchanged."""
+read), its metadata, the refusal of separate vocabularies, a multilingual package's
+sentencepiece model that decodes its language token to nothing, and format=ct2 unchanged.
+The real Argos on a multilingual package: tests/integration/test_argos_multilingual.py."""
 
 from __future__ import annotations
 
@@ -13,10 +15,17 @@ import pytest
 
 pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
 
-from tiny_checkpoint import corpus, tiny_checkpoint_path, tiny_config
+import sentencepiece as spm
+from tiny_checkpoint import (
+    build_tiny_multilingual_checkpoint,
+    corpus,
+    tiny_checkpoint_path,
+    tiny_config,
+)
 
 from litmt.checkpoint.io import save_model_checkpoint
 from litmt.checkpoint.load import load_model
+from litmt.data.segmentation import model_proto
 from litmt.data.tokenizer import Tokenizer, TokenizerConfig
 from litmt.deploy.ct2_export import is_export_dir
 from litmt.models import Seq2SeqTransformer
@@ -57,6 +66,33 @@ def test_argos_package_layout_and_metadata(ckpt, tmp_path):
     assert is_export_dir(tmp_path / "x" / root / "model")
     sp = (tmp_path / "x" / root / "sentencepiece.model").read_bytes()
     assert sp == load_model(ckpt).tokenizer.src_model_bytes  # the joint model, both sides
+
+
+def test_a_multilingual_package_decodes_its_language_token_to_nothing(tmp_path):
+    """Argos joins a paragraph's sentences' pieces, each headed by the forced ``<2fr>``, and
+    decodes them with the package's sentencepiece model: there the tags are control pieces
+    (decoded to nothing), with the pieces, ids and source segmentation of the checkpoint's."""
+    from litmt.deploy.argos_package import export_argos_package
+
+    path = build_tiny_multilingual_checkpoint(tmp_path, "target")
+    settings = {"package_version": "1.0", "argos_version": "1.11", "tgt_lang": "fr"}
+    out = export_argos_package(path, tmp_path / "en-fr.argosmodel", settings)
+    root = "translate-en_fr-1_0"
+    with zipfile.ZipFile(out) as z:
+        assert json.loads(z.read(f"{root}/metadata.json"))["target_prefix"] == "<2fr>"
+        package = z.read(f"{root}/sentencepiece.model")
+    model = load_model(path).tokenizer.src_model_bytes
+    ours, theirs = model_proto(package).pieces, model_proto(model).pieces
+    assert [(p.piece, p.score) for p in ours] == [(p.piece, p.score) for p in theirs]
+    control = type(model_proto(package)).SentencePiece.CONTROL
+    changed = {p.piece: p.type for p, q in zip(ours, theirs, strict=True) if p.type != q.type}
+    assert changed == {"<2de>": control, "<2fr>": control}
+    sp = spm.SentencePieceProcessor(model_proto=package)
+    text = "A red dog runs. A small cat sleeps here."
+    assert sp.encode(text) == spm.SentencePieceProcessor(model_proto=model).encode(text)
+    sentence = sp.encode("Un chien court.", out_type=str)
+    joined = sp.decode_pieces(["<2fr>", *sentence, "<2fr>", *sentence])  # as Argos decodes
+    assert joined == "Un chien court. Un chien court.", joined
 
 
 def test_separate_vocabularies_are_refused_with_one_line(tmp_path):
