@@ -64,6 +64,9 @@ def test_auto_with_several_source_languages_is_a_400_naming_them(multi, tmp_path
         _error(c.post("/attention", json={"q": EN[0], "source": "auto", "target": "fr"}), 400, refusal)  # fmt: skip
         r = c.post("/translate", json={"q": EN[0], "source": "en", "target": "fr"})
         assert r.status_code == 200 and "detectedLanguage" not in r.json()
+        # LibreTranslate's web UI starts from /frontend/settings' source: not auto here
+        source = c.get("/frontend/settings").json()["language"]["source"]
+        assert source == {"code": "en", "name": "English"}
 
 
 def test_auto_with_one_source_language_detects_it(multi) -> None:
@@ -76,6 +79,8 @@ def test_auto_with_one_source_language_detects_it(multi) -> None:
             assert r.status_code == 200, r.text
             assert r.json()["detectedLanguage"] == [SURE_EN] * len(EN)
         assert c.post("/detect", json={"q": "Ein Hund."}).json() == [SURE_EN]
+        source = c.get("/frontend/settings").json()["language"]["source"]
+        assert source == {"code": "auto", "name": "Auto Detect"}
 
 
 # -- (b) /attention: both placements from a checkpoint, a plain refusal from an export --

@@ -190,6 +190,9 @@ class Service(Protocol):
     char_limit: int  # /frontend/settings' charLimit: characters of one text
     beam_size: int  # caps alternatives
     upload_dir: Path
+    # /frontend/settings' default source: {"code": "auto", ...}, or the model's first source
+    # language when it has several (auto is then a 400)
+    default_source: dict[str, str]
     api_keys: bool  # /frontend/settings' apiKeys: keys are on
     key_required: bool  # /frontend/settings' keyRequired
 
@@ -200,6 +203,9 @@ class Service(Protocol):
 
     def check(self, request: Request, params: dict[str, Any], cost: int = 1) -> Any:
         """403 / 429 to answer (keys, rate limit), or None."""
+
+    def auto_source(self) -> str:
+        """The model's one source language (``source=auto``); ApiError 400 for several."""
 
     def route(self, source: str, target: str) -> Any:
         """The direction `batched` and `steered` take as ``pair=`` (None: a one-pair
@@ -351,8 +357,7 @@ def register_routes(app: FastAPI, svc: Service) -> None:
             return denied
         if not params.get("q"):
             raise ApiError(400, "Invalid request: missing q parameter")
-        pair = svc.route("auto", svc.tgt)  # the one source language; 400 for several
-        return JSONResponse([detection(pair[0] if pair else svc.src)])
+        return JSONResponse([detection(svc.auto_source())])  # 400 for several sources
 
     @app.get("/frontend/settings")
     async def frontend_settings() -> JSONResponse:
@@ -366,7 +371,7 @@ def register_routes(app: FastAPI, svc: Service) -> None:
                 "filesTranslation": True,
                 "supportedFilesFormat": FILE_FORMATS,
                 "language": {
-                    "source": {"code": "auto", "name": "Auto Detect"},
+                    "source": svc.default_source,  # auto only where it is answered
                     "target": {"code": model2iso(svc.tgt), "name": svc.tgt_name},
                 },
             }

@@ -39,6 +39,12 @@ class TranslateService:
         # per text, as LibreTranslate's char_limit; max_chars (the batch) is litmt's own
         self.char_limit = min(ctx.settings.max_text_chars, ctx.settings.max_chars)
         self.beam_size = DecodeConfig.from_options(ctx.options).beam_size  # caps alternatives
+        sources = ctx.languages.sources() if ctx.languages.multilingual else [ctx.src]
+        self.default_source = (  # /frontend/settings: auto only where it is answered
+            {"code": "auto", "name": "Auto Detect"}
+            if len(sources) == 1
+            else {"code": lt.model2iso(sources[0]), "name": language_name(sources[0])}
+        )
         self.api_keys = ctx.guard.keys_on  # /frontend/settings' apiKeys
         self.key_required = bool(ctx.settings.access.require_api_key)
 
@@ -53,6 +59,10 @@ class TranslateService:
     def check(self, request: Request, params: dict[str, Any], cost: int = 1) -> Any:
         """403 (bad or missing key) or 429 (rate limit) to answer, or None."""
         return self.ctx.guard.check(request, params, cost)
+
+    def auto_source(self) -> str:
+        """The model's one source language; 400 for a model with several."""
+        return self.ctx.auto_source()
 
     def route(self, source: str, target: str) -> Pair:
         """The direction of (source, target); 400 for one the model lacks."""
