@@ -14,7 +14,10 @@ in pools of 4 batches under a sentence cap), of:
   DataModule's loader (and whether it equals the tail of ``train e1``);
 - ``meta``: references, sources, direction spans, forced prefixes, languages, filter
   counts and the cache folder names;
-- ``rank R/2 ...``: the same train/valid batches of each rank of a 2-process gloo group.
+- ``rank R/2 ...``: the same train/valid batches of each rank of a 2-process gloo group;
+- ``ranks train eE examples``: the example indexes of epoch E's batches of every rank
+  together, sorted, and whether they are the ones one process serves (temperature sampling
+  draws each epoch's examples as a function of (seed, epoch), the same on every rank).
 
     python -m benchmarks.batch_hashes                  # the table (markdown)
     python -m benchmarks.batch_hashes --out h.json     # also as JSON, to compare two trees
@@ -177,11 +180,12 @@ def rank_worker(kw: dict[str, Any], rank: int, world: int, init: str, out: Path)
     try:
         dm = TranslationDataModule(**kw)
         dm.setup("fit")  # the parent prepared the caches
-        rows = {
-            f"rank {rank}/{world} train e0": digest(epoch_batches(dm, 0)),
-            f"rank {rank}/{world} train e1": digest(epoch_batches(dm, 1)),
-            f"rank {rank}/{world} valid": digest(dm.val_dataloader()),
-        }
+        rows: dict[str, Any] = {}
+        for epoch in (0, 1):
+            batches = epoch_batches(dm, epoch)
+            rows[f"rank {rank}/{world} train e{epoch}"] = digest(batches)
+            rows[f"_indices e{epoch}"] = [i for b in batches for i in b["index"].tolist()]
+        rows[f"rank {rank}/{world} valid"] = digest(dm.val_dataloader())
         out.write_text(json.dumps(rows), encoding="utf-8")
     finally:
         dist.destroy_process_group()
@@ -201,8 +205,22 @@ def ranks(kw: dict[str, Any], work: Path, world: int = 2) -> dict[str, Any]:
     if any(p.wait(timeout=600) != 0 for p in procs):
         raise SystemExit("a rank failed")
     rows: dict[str, Any] = {}
+    indices: dict[str, list[int]] = {}
     for r in range(world):
-        rows.update(json.loads((work / f"r{r}").read_text(encoding="utf-8")))
+        for key, value in json.loads((work / f"r{r}").read_text(encoding="utf-8")).items():
+            if key.startswith("_indices"):
+                indices.setdefault(key, []).extend(value)
+            else:
+                rows[key] = value
+    one = TranslationDataModule(**kw)
+    one.setup("fit")
+    for epoch in (0, 1):
+        union = sorted(indices[f"_indices e{epoch}"])
+        alone = sorted(i for b in epoch_batches(one, epoch) for i in b["index"].tolist())
+        h = hashlib.sha256(json.dumps(union).encode()).hexdigest()[:16]
+        rows[f"ranks train e{epoch} examples"] = (
+            len(union), h + ("" if union == alone else " (!= one process)")
+        )  # fmt: skip
     return rows
 
 

@@ -2,7 +2,9 @@
 
 One epoch's plan is a pure function of `(seed, epoch, world_size)`:
 
-1. shuffle the examples (train) with `numpy.random.default_rng([seed, epoch])`;
+1. shuffle the examples (train) with `numpy.random.default_rng([seed, epoch])` (when the
+   examples themselves change per epoch, as temperature sampling redraws them, their
+   lengths come from `epoch_lengths(epoch)`);
 2. stable-sort them by shape (`bucket_sort`: padded cost, then source-minus-target length
    in alternating direction) within pools of `bucket_pool` batches' worth of examples
    (`None` = the whole split is one pool);
@@ -31,7 +33,7 @@ planning and iterating an epoch does not grow with the corpus.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +103,9 @@ class TokenBudgetBatchSampler:
         scratch_dir: where the plan's large arrays (the padded costs and each epoch's
             order, about 6 bytes per example on disk) go as memory-mapped files
             (`litmt.data.scratch`); None = in memory.
+        epoch_lengths: epoch -> (N,) source and (N,) target tensor lengths of that epoch's
+            examples, when they change per epoch (N fixed; `src_lengths`/`tgt_lengths` are
+            then one epoch's); None = the same examples every epoch.
     """
 
     def __init__(
@@ -117,6 +122,7 @@ class TokenBudgetBatchSampler:
         rank: int | None = None,
         world_size: int | None = None,
         scratch_dir: str | Path | None = None,
+        epoch_lengths: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> None:
         src, tgt = signed_lengths(src_lengths), signed_lengths(tgt_lengths)
         if src.shape != tgt.shape:
@@ -142,14 +148,32 @@ class TokenBudgetBatchSampler:
         self._resume: dict[str, int] | None = None  # pending mid-epoch resume
         self._yielded = 0  # batches yielded by the current/last `__iter__`
         self._cache: tuple[tuple[int, int], EpochPlan] | None = None
+        self.epoch_lengths = epoch_lengths
+        self._lengths_cache: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
     # -- the plan -----------------------------------------------------------------------
-    def _pool_size(self) -> int:
-        n = len(self.lengths)
+    def lengths_of(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(N,) source, target and padded-cost lengths of `epoch`'s examples."""
+        if self.epoch_lengths is None:
+            return self.src_lengths, self.tgt_lengths, self.lengths
+        if self._lengths_cache is not None and self._lengths_cache[0] == epoch:
+            return self._lengths_cache[1]
+        self._lengths_cache = None  # free the previous epoch's arrays first
+        src, tgt = (signed_lengths(x) for x in self.epoch_lengths(epoch))
+        if src.shape != tgt.shape or len(src) != len(self.lengths):
+            raise ValueError(
+                f"epoch {epoch} has {len(src)}/{len(tgt)} lengths, not {len(self.lengths)}"
+            )
+        lengths = (src, tgt, cost_lengths(src, tgt, self.scratch))
+        self._lengths_cache = (epoch, lengths)
+        return lengths
+
+    def _pool_size(self, lengths: np.ndarray) -> int:
+        n = len(lengths)
         if self.bucket_pool is None or n == 0:
             return max(n, 1)
         if self.max_tokens is not None:
-            per_batch = max(1, self.max_tokens // max(1, int(self.lengths.mean())))
+            per_batch = max(1, self.max_tokens // max(1, int(lengths.mean())))
             if self.batch_size is not None:
                 per_batch = min(per_batch, self.batch_size)
         else:
@@ -180,16 +204,16 @@ class TokenBudgetBatchSampler:
 
     def plan(self, epoch: int, exclude: np.ndarray | None = None) -> EpochPlan:
         """All batches of `epoch` before the split across ranks (steps 1-4)."""
+        src, tgt, lengths = self.lengths_of(epoch)
         rng = np.random.default_rng([self.seed, epoch])
-        order = self._order(len(self.lengths), rng, exclude)
+        order = self._order(len(lengths), rng, exclude)
         if self.sort and len(order):
-            pool = self._pool_size()
+            pool = self._pool_size(lengths)
             out = self.scratch.empty(len(order), order.dtype)
             for a in range(0, len(order), pool):
-                bucket_sort(order[a : a + pool], self.src_lengths, self.tgt_lengths,
-                            out=out[a : a + pool])  # fmt: skip
+                bucket_sort(order[a : a + pool], src, tgt, out=out[a : a + pool])
             order = out  # the shuffled order is freed (its file unmapped)
-        bounds = pack_bounds(order, self.lengths, self.max_tokens, self.batch_size)
+        bounds = pack_bounds(order, lengths, self.max_tokens, self.batch_size)
         starts, ends = bounds[:-1], bounds[1:]
         if self.shuffle:
             perm = rng.permutation(len(starts))

@@ -129,7 +129,9 @@ class DataConfig:
     (forced as the first target token)"""
     sampling_temperature: float = 1.0
     """sampling across directions: p_i ∝ n_i^(1/T); 1 = proportional to corpus size, .inf =
-    uniform"""
+    uniform; a downsampled direction gets a new subset every epoch (a function of seed and
+    epoch: the same on resume and every DDP rank), each pair seen within ceil(n_i / subset)
+    epochs"""
     extra_test: list[str] = field(default_factory=list)
     """more test splits scored at the end of training (finalize), e.g. [test2017, test2018,
     mscoco2017]; absent ones are skipped with a warning; they never choose anything"""

@@ -175,7 +175,24 @@ class TranslationDataModule(PreparedData, L.LightningDataModule):
         )
         if train and self.trainer is not None:
             loader.set_epoch(self.trainer.current_epoch)
+            if getattr(ds, "redrawn_per_epoch", False):
+                self._reload_every_epoch()
         return loader
+
+    def _reload_every_epoch(self) -> None:
+        """Make Lightning rebuild the train loader every epoch: temperature sampling draws
+        new examples each epoch, so the batch count changes a little, and Lightning would
+        otherwise cut every epoch at the first one's count (`len` is measured per loader)."""
+        trainer = self.trainer
+        if trainer is None or trainer.reload_dataloaders_every_n_epochs == 1:
+            return
+        log.info(
+            "data.sampling_temperature=%g draws the training examples again every epoch: "
+            "setting trainer.reload_dataloaders_every_n_epochs=1 (was %d), so that each "
+            "epoch's batches are counted",
+            self.config.sampling_temperature, trainer.reload_dataloaders_every_n_epochs,
+        )  # fmt: skip
+        trainer.reload_dataloaders_every_n_epochs = 1
 
     def _check_distributed(self) -> None:
         trainer = self.trainer

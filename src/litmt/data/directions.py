@@ -16,7 +16,11 @@ Temperature sampling (`data.sampling_temperature` T): direction i, with n_i trai
 gets a share p_i = n_i^(1/T) / sum_j n_j^(1/T) of the N = sum_j n_j training examples of the
 epoch: T=1 keeps the corpus proportions, larger T flattens them, T=inf is uniform. The
 examples of direction i are its pairs repeated whole as often as round(N p_i) allows, plus a
-seeded random subset for the rest (`sampled_positions`), drawn once per run.
+subset of r_i pairs for the rest (`sampled_positions`), drawn again every epoch as a pure
+function of (data.seed, epoch), so a resumed run and every DDP rank draw the same. The
+subsets walk through a seeded permutation of the direction's pairs, r_i at a time
+(`epoch_subset`), so every pair of a downsampled direction is seen within ceil(n_i / r_i)
+epochs, and no pair twice in one epoch's subset.
 """
 
 from __future__ import annotations
@@ -156,31 +160,51 @@ def sampling_weights(sizes: Sequence[int], temperature: float) -> list[float]:
     return [r / total for r in raw]
 
 
+def epoch_subset(n: int, size: int, seed: int, key: int, epoch: int) -> np.ndarray:
+    """(size,) distinct positions in range(n) for `epoch`: a window of a seeded permutation.
+
+    Epochs run in cycles of K = ceil(n / size); cycle c = epoch // K shuffles range(n) with
+    ``default_rng([seed, key, c, 1])`` and epoch j = epoch % K of it takes the permutation's
+    entries j*size ... (j+1)*size - 1, wrapping to its start in the last epoch of the cycle.
+    So each cycle of K epochs covers every position, and the draw costs one permutation.
+
+    Args:
+        n: positions to draw from (n > 0).
+        size: how many to draw (0 <= size <= n).
+        seed: the base seed (`data.seed`); key: which stream (the direction number).
+        epoch: the epoch (0-based).
+    """
+    cycle_len = -(-n // size) if size else 1
+    cycle, j = divmod(int(epoch), cycle_len)
+    perm = np.random.default_rng([int(seed), int(key), cycle, 1]).permutation(n)
+    return perm[np.arange(j * size, (j + 1) * size) % n]
+
+
 def sampled_positions(
-    groups: Sequence[np.ndarray], temperature: float, seed: int
+    groups: Sequence[np.ndarray], temperature: float, seed: int, epoch: int = 0
 ) -> tuple[np.ndarray, list[int]]:
-    """The training examples of an epoch under temperature sampling.
+    """The training examples of `epoch` under temperature sampling.
 
     Args:
         groups: per direction, the (n_i,) positions of its examples in the training data.
         temperature: see `sampling_weights`.
-        seed: the draw of the partial repeats.
+        seed: with `epoch`, the draw of the partial repeats (`epoch_subset`).
+        epoch: the epoch whose draw this is (the counts are the same for every epoch).
 
     Returns:
         (N,) positions (N = sum n_i; direction i appears round(N p_i) times: whole repeats
-        of `groups[i]`, then a seeded subset without replacement), and those counts.
+        of `groups[i]`, then the epoch's subset without repeats, sorted), and those counts.
     """
     sizes = [len(g) for g in groups]
     total = sum(sizes)
     weights = sampling_weights(sizes, temperature)
-    rng = np.random.default_rng(seed)
     parts, counts = [], []
-    for g, w in zip(groups, weights, strict=True):
+    for k, (g, w) in enumerate(zip(groups, weights, strict=True)):
         want = round(total * w) if len(g) else 0
         whole, rest = divmod(want, len(g)) if len(g) else (0, 0)
         chosen = [np.tile(g, whole)] if whole else []
         if rest:
-            chosen.append(np.sort(rng.choice(g, size=rest, replace=False)))
+            chosen.append(np.sort(np.asarray(g)[epoch_subset(len(g), rest, seed, k, epoch)]))
         parts.extend(chosen)
         counts.append(want)
     positions = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -198,6 +222,7 @@ __all__ = [
     "Direction",
     "check_placement",
     "direction_of",
+    "epoch_subset",
     "lang_tag",
     "parse_direction",
     "parse_directions",

@@ -102,15 +102,20 @@ def token_budget_loader(
         pad_to_multiple: 1 = no rounding; else `collate`'s ``pad_to_multiple``.
         num_workers, pin_memory: see `torch.utils.data.DataLoader`. Workers persist across
             epochs, unless `pairs` has `set_epoch` (its items depend on the epoch, which
-            reaches new workers only: `litmt.data.subword_sampling`).
+            reaches new workers only: `litmt.data.subword_sampling`). When its examples
+            are redrawn per epoch (`redrawn_per_epoch`), each epoch is planned on the
+            lengths of `pairs.at_epoch(epoch)`.
         scratch_dir: where the sampler's per-example arrays go as memory-mapped files when
             the split is large (`litmt.data.scratch`); None = in memory.
     """
     m = pad_to_multiple
     src_lens, tgt_lens = tensor_lengths(pairs, m, Scratch(scratch_dir))
+    redrawn = getattr(pairs, "redrawn_per_epoch", False)  # temperature sampling: `ResampledPairs`
     sampler = TokenBudgetBatchSampler(
-        src_lens, tgt_lens, sort=True, scratch_dir=scratch_dir, **sampling
-    )
+        src_lens, tgt_lens, sort=True, scratch_dir=scratch_dir, **sampling,
+        epoch_lengths=(lambda e: tensor_lengths(pairs.at_epoch(e), m, Scratch(scratch_dir)))
+        if redrawn else None,
+    )  # fmt: skip
     return ResumableDataLoader(
         pairs,
         batch_sampler=sampler,

@@ -10,8 +10,10 @@ tag), so temperature sampling counts them in that direction's size.
 `PairCorpora` does for one direction: it streams, loads, counts and fingerprints a split
 direction after direction, and answers the per-direction questions (spans, forced prefixes,
 languages). `ResampledPairs` is a view of the prepared training pairs with each direction
-repeated or subsampled (`sampled_positions`), which the token-budget sampler reads like any
-`TokenizedPairs` (no copy of the token ids). `open_corpora` builds the one or the other from
+repeated or subsampled (`sampled_positions`), drawn again every epoch (`TemperatureDraw`,
+a pure function of (data.seed, epoch)), which the token-budget sampler reads like any
+`TokenizedPairs` (no copy of the token ids; `at_epoch` gives the lengths it plans an epoch
+on, `set_epoch` the items the DataLoader serves). `open_corpora` builds the one or the other from
 the data settings.
 """
 
@@ -170,18 +172,48 @@ class MultiCorpus(Corpora):
         return list(dict.fromkeys([*source_tags(self.extra), *langs]))
 
 
+@dataclass(frozen=True)
+class TemperatureDraw:
+    """epoch -> (M,) positions of the epoch's training examples (`sampled_positions`); M is
+    the same for every epoch. A picklable callable (DataLoader workers may be spawned)."""
+
+    groups: tuple[np.ndarray, ...]  # per direction, (n_i,) positions of its pairs
+    temperature: float
+    seed: int
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        return sampled_positions(self.groups, self.temperature, self.seed, epoch)[0]
+
+
 class ResampledPairs(TokenizedPairs):
-    """`base`'s examples at `positions` (repeats allowed), sharing its arrays.
+    """`base`'s examples at the positions `draw(epoch)` (repeats allowed), sharing its arrays.
 
     Args:
         base: the prepared training pairs.
-        positions: (M,) positions into `base`.
+        draw: epoch -> (M,) positions into `base`, M the same for every epoch.
+        epoch: the epoch whose draw the view starts with (`set_epoch` changes it).
     """
 
-    def __init__(self, base: TokenizedPairs, positions: np.ndarray) -> None:
+    def __init__(
+        self, base: TokenizedPairs, draw: Callable[[int], np.ndarray], epoch: int = 0
+    ) -> None:
         self.__dict__.update(base.__dict__)
-        self.base, self.positions = base, np.asarray(positions, dtype=np.int64)
-        self.indices = base.indices[self.positions]  # (M,)
+        self.base, self.draw = base, draw
+        self.redrawn_per_epoch = True  # the loader plans each epoch on its own lengths
+        self.epoch = -1
+        self.set_epoch(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Serve `epoch`'s draw (the DataLoader calls this before it starts its workers)."""
+        if int(epoch) == self.epoch:
+            return
+        self.epoch = int(epoch)
+        self.positions = np.asarray(self.draw(self.epoch), dtype=np.int64)  # (M,)
+        self.indices = self.base.indices[self.positions]  # (M,)
+
+    def at_epoch(self, epoch: int) -> ResampledPairs:
+        """A view of `epoch`'s draw (what the batch sampler plans that epoch on)."""
+        return ResampledPairs(self.base, self.draw, epoch)
 
     def src_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """(n,) source tensor lengths of positions start:stop (as `TokenizedPairs`)."""
@@ -198,6 +230,17 @@ class ResampledPairs(TokenizedPairs):
         return self.base[int(self.positions[pos])]
 
 
+def _share(name: str, n: int, want: int) -> str:
+    """One direction's part of the setup log line."""
+    whole, rest = divmod(want, n) if n else (0, 0)
+    text = f"{name} {n} pairs -> {want} examples"
+    if rest and not whole:  # `epoch_subset`: every pair within ceil(n / rest) epochs
+        text += f" (a new subset each epoch, every pair within {-(-n // rest)} epochs)"
+    elif rest:
+        text += f" (every pair x{whole}, plus a new {rest} each epoch)"
+    return text
+
+
 def resample(
     pairs: TokenizedPairs,
     offsets: list[int],
@@ -205,10 +248,10 @@ def resample(
     temperature: float,
     seed: int,
 ) -> TokenizedPairs:
-    """Temperature-sampled training pairs (`litmt.data.directions.sampled_positions`); at
+    """Temperature-sampled training pairs, drawn again every epoch (`TemperatureDraw`); at
     T=1 `pairs` itself (the corpus proportions)."""
     which = direction_of(offsets, pairs.indices)  # (N,) direction of each kept pair
-    groups = [np.flatnonzero(which == k) for k in range(len(directions))]
+    groups = tuple(np.flatnonzero(which == k) for k in range(len(directions)))
     if temperature == 1.0:
         counts = [len(g) for g in groups]
         log.info(
@@ -216,16 +259,16 @@ def resample(
             ", ".join(f"{d.name} {n}" for d, n in zip(directions, counts, strict=True)),
         )
         return pairs
-    positions, counts = sampled_positions(groups, temperature, seed)
+    draw = TemperatureDraw(groups, float(temperature), int(seed))
+    _, counts = sampled_positions(groups, temperature, seed)
     log.info(
-        "directions (T=%g): %s",
+        "directions (T=%g, subsets drawn again every epoch): %s",
         temperature,
         ", ".join(
-            f"{d.name} {len(g)} pairs -> {n} examples"
-            for d, g, n in zip(directions, groups, counts, strict=True)
+            _share(d.name, len(g), n) for d, g, n in zip(directions, groups, counts, strict=True)
         ),
     )
-    return ResampledPairs(pairs, positions)
+    return ResampledPairs(pairs, draw)
 
 
 def open_corpora(cfg: DataConfig, hf_cache_dir: Path) -> Corpora:
@@ -256,4 +299,4 @@ def open_corpora(cfg: DataConfig, hf_cache_dir: Path) -> Corpora:
     return MultiCorpus(directions, corpora, cfg.tag_placement, extra=extra)
 
 
-__all__ = ["MultiCorpus", "ResampledPairs", "open_corpora", "resample"]
+__all__ = ["MultiCorpus", "ResampledPairs", "TemperatureDraw", "open_corpora", "resample"]

@@ -40,6 +40,7 @@ keep its workers between epochs when sampling is on.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import struct
@@ -183,8 +184,26 @@ class SampledPairs(TokenizedPairs):
         return (np.minimum(body, self.max_len) + extra).astype(lengths.dtype)
 
     def set_epoch(self, epoch: int) -> None:
-        """Sample the segmentations of `epoch` (before the DataLoader starts its workers)."""
+        """Sample the segmentations of `epoch` (before the DataLoader starts its workers),
+        of `pairs`' examples of `epoch` when they change per epoch (`ResampledPairs`)."""
         self.epoch = int(epoch)
+        if hasattr(self.pairs, "set_epoch"):
+            self.pairs.set_epoch(self.epoch)
+            self.indices = self.pairs.indices
+
+    @property
+    def redrawn_per_epoch(self) -> bool:
+        """Whether `pairs`' examples change per epoch (`litmt.data.mixing.ResampledPairs`)."""
+        return bool(getattr(self.pairs, "redrawn_per_epoch", False))
+
+    def at_epoch(self, epoch: int) -> SampledPairs:
+        """A copy serving `epoch` (what the batch sampler plans that epoch's lengths on)."""
+        out = copy.copy(self)
+        if self.redrawn_per_epoch:
+            out.pairs = self.pairs.at_epoch(epoch)
+            out.indices = out.pairs.indices
+        out.epoch = int(epoch)
+        return out
 
     def __len__(self) -> int:
         return len(self.pairs)

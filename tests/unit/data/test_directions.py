@@ -10,10 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from temperature_corpus import BIG, temperature_kwargs
 from tiny_corpora import write_multi
 
 from litmt.data import TranslationDataModule
 from litmt.data.directions import (
+    epoch_subset,
     parse_directions,
     sampled_positions,
     sampling_weights,
@@ -94,6 +96,58 @@ def test_sampled_positions_repeat_the_small_direction() -> None:
     assert Counter(Counter(small.tolist()).values()) == {2: 100}  # every pair twice
     big = positions[positions < 300]
     assert len(set(big.tolist())) == 200  # a subset, without repeats
+
+
+def test_a_downsampled_direction_is_redrawn_and_covered_within_its_cycle() -> None:
+    """1000 + 30 pairs at T=inf: en-de keeps 515 a epoch, a new subset each epoch; two
+    epochs (ceil(1000 / 515)) see every pair, and the draw depends only on (seed, epoch)."""
+    groups = [np.arange(1000), np.arange(1000, 1030)]
+    draws = [sampled_positions(groups, math.inf, seed=3, epoch=e)[0] for e in range(4)]
+    big = [d[d < 1000] for d in draws]
+    assert all(len(b) == 515 and len(set(b.tolist())) == 515 for b in big)  # no pair twice
+    assert set(big[0].tolist()) | set(big[1].tolist()) == set(range(1000))  # one cycle
+    assert set(big[2].tolist()) | set(big[3].tolist()) == set(range(1000))  # the next
+    assert big[0].tolist() != big[2].tolist()  # a new permutation per cycle
+    again = sampled_positions(groups, math.inf, seed=3, epoch=1)[0]
+    assert again.tolist() == draws[1].tolist()  # pure in (seed, epoch): resume, DDP ranks
+    other = sampled_positions(groups, math.inf, seed=4, epoch=1)[0]
+    assert other.tolist() != draws[1].tolist()
+
+
+@pytest.mark.parametrize(("n", "size"), [(10, 3), (7, 7), (9, 1), (5, 0)])
+def test_epoch_subset_cycles_through_every_position(n: int, size: int) -> None:
+    cycle = -(-n // size) if size else 1
+    seen: list[int] = []
+    for epoch in range(cycle):
+        part = epoch_subset(n, size, seed=0, key=1, epoch=epoch).tolist()
+        assert len(part) == len(set(part)) == size
+        seen += part
+    assert set(seen) == (set(range(n)) if size else set())
+
+
+def test_three_directions_at_t5_cover_the_large_one_in_five_epochs(
+    tmp_path: Path, dm_kwargs: dict
+) -> None:
+    """en-de (400 pairs) with en-fr and en-cs (40 each) at T=5: en-de gets 212 examples an
+    epoch; over 5 epochs of the train loader, epochs selected as Lightning does, the en-de
+    pairs seen cover >= 95 % of en-de (all of it, after ceil(400 / 212) = 2 epochs). A
+    draw made once per run covered 53 %."""
+    dm = TranslationDataModule(**temperature_kwargs(tmp_path / "t5", dm_kwargs))
+    dm.prepare_data()
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    seen: set[int] = set()
+    per_epoch = []
+    for epoch in range(5):
+        loader.batch_sampler.sampler.set_epoch(epoch)  # Lightning's `_set_sampler_epoch`
+        de = [i for b in loader for i in b["index"].tolist() if i < BIG]
+        assert len(de) == len(set(de)) == 212  # its share, no pair twice in an epoch
+        per_epoch.append(sorted(de))
+        seen.update(de)
+        if epoch == 1:
+            assert len(seen) == BIG
+    assert len(seen) / BIG >= 0.95
+    assert per_epoch[0] != per_epoch[1]
 
 
 @pytest.mark.parametrize(("temperature", "share"), [(1.0, 0.75), (math.inf, 0.5)])

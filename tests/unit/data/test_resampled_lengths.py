@@ -26,7 +26,7 @@ def _base(stored: bool, max_len: int | None) -> TokenizedPairs:
 def test_chunked_lengths_equal_the_items_at_the_sampled_positions(stored, max_len):
     base = _base(stored, max_len)
     positions = np.random.default_rng(1).integers(0, len(base), size=120)  # repeats
-    pairs = ResampledPairs(base, positions)
+    pairs = ResampledPairs(base, lambda epoch: positions)
     for a, b in [(0, 120), (0, 7), (7, 64), (64, None)]:
         src, tgt = pairs.src_lengths(a, b), pairs.tgt_lengths(a, b)
         items = [pairs[p] for p in range(a, len(pairs) if b is None else b)]

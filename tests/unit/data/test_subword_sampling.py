@@ -10,6 +10,7 @@ import math
 import pickle
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 import sentencepiece as spm
 import torch
 import torch.nn.functional as F
+from temperature_corpus import temperature_kwargs
 from tiny_corpora import make_pairs, write_multi
 
 from litmt.data import TranslationDataModule
@@ -188,6 +190,21 @@ def test_sampled_items_keep_the_language_tag_on_its_side(
     # samples differ between processes for the same seed, litmt.data.segmentation); without
     # sampling none would
     assert differ > len(train) // 20
+
+
+def test_sampled_items_follow_each_epochs_temperature_draw(tmp_path: Path, dm_kwargs: dict) -> None:
+    """Three directions at T=5 with subword sampling: each epoch serves that epoch's draw of
+    examples (`SampledPairs.set_epoch` passes the epoch on to the resampled pairs, whose
+    lengths the epoch's batches are planned on)."""
+    dm = _module(temperature_kwargs(tmp_path / "t5", dm_kwargs), sampling_alpha=0.1)
+    train = dm.datasets["train"]
+    assert isinstance(train, SampledPairs) and train.redrawn_per_epoch
+    served = []
+    for epoch in (0, 1):
+        seen = Counter(i for b in _batches(dm, epoch) for i in b["index"].tolist())
+        assert seen == Counter(train.pairs.at_epoch(epoch).indices.tolist())
+        served.append(seen)
+    assert served[0] != served[1]
 
 
 def test_sampled_items_keep_the_tag_of_an_extra_source(tmp_path: Path, dm_kwargs: dict) -> None:
