@@ -44,6 +44,11 @@ CASES = [
         "litmt.deploy.serve_config:ServeConfig",
         others=frozenset({"explorer", "max_tokens", "hydra"}),
     ),
+    Case(
+        "distill.yaml",
+        "litmt.decoding.distill:DistillConfig",
+        others=frozenset({"compute_type", "quantization", "decoding", "seed", "hydra"}),
+    ),
 ]
 
 

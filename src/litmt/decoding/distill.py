@@ -1,0 +1,321 @@
+"""Sequence-level knowledge distillation (Kim & Rush 2016): a corpus translated by a teacher.
+
+`distill_corpus` translates a training split chunk by chunk with any engine's translator
+(`litmt.decoding.translator_base.BaseTranslator`) and writes ``{out}/train.{src,tgt}`` (the
+source lines and the teacher's translations), the layout ``data.dir`` reads.
+
+Resuming (`DistillOutput`): the pairs of each chunk are appended to ``train.{lang}.part`` and
+flushed, then the progress marker ``.distill-progress.json`` (chunks done, the part files'
+byte lengths, the counts, the settings) is replaced atomically. A rerun with the same
+settings truncates the parts to the marker's lengths (a run killed mid-chunk leaves extra
+bytes) and continues with the next chunk; other settings are refused. At the end the parts
+are renamed to ``train.{lang}``, the provenance ``distill.json`` is written and the marker
+removed.
+
+Filters (`filter_pairs`), counted and logged: an empty source or translation, a
+longer/shorter subword-token ratio above ``max_ratio``, a translation that copies its source.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from litmt.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+PROVENANCE_FILE = "distill.json"
+MARKER_FILE = ".distill-progress.json"
+FORMAT = 1
+
+
+@dataclass
+class DistillConfig:
+    """The distill command's settings (conf/distill.yaml); the teacher is the load group's
+    ``ckpt_path``, the decoding the decoding and engine groups."""
+
+    out: str | None = None
+    """directory of the distilled corpus: train.{src_lang}, train.{tgt_lang} and distill.json
+    (required; a rerun with the same settings resumes, other settings are refused)"""
+    chunk_lines: int = 2000
+    """source lines translated between two progress markers (what an interruption loses)"""
+    max_tokens: int = 4096
+    """padded source tokens per decoding batch"""
+    max_chunks: int | None = None
+    """translate at most this many chunks in this run, then stop (a rerun continues); null =
+    to the end"""
+    max_ratio: float = 3.0
+    """drop pairs whose longer/shorter subword-token ratio exceeds this; .inf = off"""
+    drop_copies: bool = True
+    """drop pairs whose translation equals the source (case and spacing ignored)"""
+    progress: bool = True
+    """a progress bar with an ETA on stderr"""
+
+    def __post_init__(self) -> None:
+        if int(self.chunk_lines) < 1:
+            raise ConfigError(f"chunk_lines must be >= 1, got {self.chunk_lines}")
+        if self.max_chunks is not None and int(self.max_chunks) < 1:
+            raise ConfigError(f"max_chunks must be >= 1 or null, got {self.max_chunks}")
+        if float(self.max_ratio) < 1:
+            raise ConfigError(f"max_ratio must be >= 1 (.inf = off), got {self.max_ratio}")
+
+
+@dataclass
+class FilterCounts:
+    """Pairs read, kept, and dropped per filter (a pair counts under the first it breaks)."""
+
+    read: int = 0
+    kept: int = 0
+    empty: int = 0
+    bad_ratio: int = 0
+    copy: int = 0
+
+    def add(self, other: FilterCounts) -> None:
+        for key, value in asdict(other).items():
+            setattr(self, key, getattr(self, key) + value)
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def filter_pairs(
+    sources: list[str],
+    outputs: list[str],
+    src_lengths: list[int],
+    out_lengths: list[int],
+    settings: DistillConfig,
+) -> tuple[list[str], list[str], FilterCounts]:
+    """The pairs that pass the filters, in order, and the counts.
+
+    Args:
+        sources, outputs: the source lines and their translations, aligned.
+        src_lengths, out_lengths: their subword-token counts.
+    """
+    counts = FilterCounts(read=len(sources))
+    kept_src, kept_out = [], []
+    for src, out, ls, lo in zip(sources, outputs, src_lengths, out_lengths, strict=True):
+        if not src.strip() or not out.strip():
+            counts.empty += 1
+        elif max(ls, lo) / max(min(ls, lo), 1) > float(settings.max_ratio):
+            counts.bad_ratio += 1
+        elif settings.drop_copies and _normal(src) == _normal(out):
+            counts.copy += 1
+        else:
+            kept_src.append(src)
+            kept_out.append(out)
+    counts.kept = len(kept_src)
+    return kept_src, kept_out, counts
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write `data` to a temporary file next to `path`, fsync, then rename it over `path`."""
+    tmp = path.parent / f".{path.name}.tmp"
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _differs(old: dict[str, Any], new: dict[str, Any]) -> str:
+    return ", ".join(sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k)))
+
+
+@dataclass
+class DistillOutput:
+    """The output directory's files and its resume state (module docstring)."""
+
+    out: Path
+    langs: tuple[str, str]
+    settings: dict[str, Any]
+    chunks: int = 0
+    counts: FilterCounts = field(default_factory=FilterCounts)
+    sizes: tuple[int, int] = (0, 0)
+
+    def final(self, lang: str) -> Path:
+        return self.out / f"train.{lang}"
+
+    def part(self, lang: str) -> Path:
+        return self.out / f"train.{lang}.part"
+
+    def finished(self) -> dict[str, Any] | None:
+        """The provenance of a finished run with these settings (None: not finished).
+
+        Raises:
+            ConfigError: `out` holds a run with other settings, or files it did not write.
+        """
+        marker, provenance = self.out / MARKER_FILE, self.out / PROVENANCE_FILE
+        if marker.is_file():
+            state = json.loads(marker.read_text(encoding="utf-8"))
+            self._check(state["settings"], "an unfinished distillation")
+            self.chunks, self.counts = int(state["chunks"]), FilterCounts(**state["counts"])
+            self.sizes = tuple(int(b) for b in state["bytes"])  # type: ignore[assignment]
+            return None
+        if provenance.is_file():
+            done = json.loads(provenance.read_text(encoding="utf-8"))
+            self._check(done["settings"], "a corpus distilled")
+            return done
+        self.refuse_foreign()
+        return None
+
+    def refuse_foreign(self) -> None:
+        """Refuse an `out` holding corpus files that no distill run wrote (e.g. data.dir).
+
+        Raises:
+            ConfigError: ``train.{lang}`` or a part without the marker or the provenance.
+        """
+        if (self.out / MARKER_FILE).is_file() or (self.out / PROVENANCE_FILE).is_file():
+            return
+        found = [p.name for lang in self.langs for p in (self.final(lang), self.part(lang))]
+        found = [name for name in found if (self.out / name).exists()]
+        if found:
+            raise ConfigError(
+                f"{self.out} holds {', '.join(found)} but no {PROVENANCE_FILE}: not a distilled "
+                "corpus; choose an empty out= directory"
+            )
+
+    def _check(self, old: dict[str, Any], what: str) -> None:
+        if old != self.settings:
+            raise ConfigError(
+                f"{self.out} holds {what} with other settings (differs in: "
+                f"{_differs(old, self.settings)}); rerun with those settings, or choose "
+                "another out= directory"
+            )
+
+    def open_parts(self) -> None:
+        """Create the parts, or cut them to the marker's lengths (a kill mid-chunk)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        for lang, size in zip(self.langs, self.sizes, strict=True):
+            part = self.part(lang)
+            if size and not part.is_file():
+                raise DataError(
+                    f"{part} is missing but {MARKER_FILE} records {self.chunks} chunk(s); "
+                    f"delete {self.out} to start over"
+                )
+            with part.open("ab") as f:
+                f.truncate(size)
+        self.save_marker()
+
+    def save_marker(self) -> None:
+        state = {
+            "chunks": self.chunks,
+            "bytes": list(self.sizes),
+            "counts": asdict(self.counts),
+            "settings": self.settings,
+        }
+        write_json(self.out / MARKER_FILE, state)
+
+    def append(self, sources: list[str], outputs: list[str], counts: FilterCounts) -> None:
+        """Append one chunk's kept pairs to the parts (flushed), then move the marker."""
+        sizes = []
+        for lang, lines in zip(self.langs, (sources, outputs), strict=True):
+            with self.part(lang).open("ab") as f:
+                f.write("".join(f"{line}\n" for line in lines).encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+                sizes.append(f.tell())
+        self.chunks += 1
+        self.counts.add(counts)
+        self.sizes = (sizes[0], sizes[1])
+        self.save_marker()
+
+    def finish(self, provenance: dict[str, Any]) -> dict[str, Any]:
+        """Rename the parts to ``train.{lang}``, write the provenance, drop the marker."""
+        for lang in self.langs:
+            if self.part(lang).is_file():
+                os.replace(self.part(lang), self.final(lang))
+        done = {**provenance, "settings": self.settings, "counts": asdict(self.counts)}
+        write_json(self.out / PROVENANCE_FILE, done)
+        (self.out / MARKER_FILE).unlink(missing_ok=True)
+        return done
+
+
+Translate = Callable[[list[str]], tuple[list[str], list[int], list[int]]]
+
+
+def distill_corpus(
+    chunks: Iterable[list[str]],
+    translate: Translate,
+    output: DistillOutput,
+    settings: DistillConfig,
+    total: int | None,
+) -> bool:
+    """Translate the source `chunks` not yet done and append the kept pairs to `output`.
+
+    Args:
+        chunks: the split's source lines, ``settings.chunk_lines`` at a time (the same chunks
+            on every run: the marker counts them).
+        translate: source lines -> (translations, source token counts, translation counts).
+        total: source lines in the split, for the ETA (None: unknown).
+
+    Returns:
+        True when every chunk is done, False when ``settings.max_chunks`` stopped the run.
+    """
+    todo: Iterator[list[str]] = iter(chunks)
+    for _ in range(output.chunks):  # done on an earlier run: read, not translated
+        next(todo, None)
+    done_now = 0
+    with tqdm(
+        total=total,
+        initial=output.counts.read,
+        disable=not settings.progress,
+        file=sys.stderr,
+        unit="sent",
+        desc="distill",
+        smoothing=0.1,
+    ) as bar:
+        for sources in todo:
+            if settings.max_chunks is not None and done_now >= int(settings.max_chunks):
+                log.info(
+                    "stopped after %d chunk(s) (max_chunks); rerun the same command to continue",
+                    done_now,
+                )
+                return False
+            outputs, src_lengths, out_lengths = translate(sources)
+            kept_src, kept_out, counts = filter_pairs(
+                sources, outputs, src_lengths, out_lengths, settings
+            )
+            output.append(kept_src, kept_out, counts)
+            done_now += 1
+            bar.update(len(sources))
+    return True
+
+
+def log_counts(counts: FilterCounts, out: Path) -> None:
+    """One line: pairs kept of read, and what each filter dropped."""
+    log.info(
+        "distilled %d of %d pairs into %s (dropped: %d empty, %d length ratio, %d copies)",
+        counts.kept,
+        counts.read,
+        out,
+        counts.empty,
+        counts.bad_ratio,
+        counts.copy,
+    )
+
+
+__all__ = [
+    "MARKER_FILE",
+    "PROVENANCE_FILE",
+    "DistillConfig",
+    "DistillOutput",
+    "FilterCounts",
+    "Translate",
+    "distill_corpus",
+    "filter_pairs",
+    "log_counts",
+]
