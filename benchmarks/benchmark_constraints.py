@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from benchmarks.benchmark_engines import ensure_export
-from benchmarks.common import MULTI30K, parallel_lines
+from benchmarks.common import MULTI30K, checkpoint_run
 from litmt.cli.exits import cli_errors
 from litmt.decoding.forced import ForcedDecoder
 from litmt.decoding.steering import check_known_pieces
@@ -243,10 +243,7 @@ def prefix_part(tr: Translator, ct2: CT2Translator, src: list[str], ref: list[st
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with cli_errors():
-        src, ref = parallel_lines(args.src, args.ref, args.limit)
-        torch.set_num_threads(args.threads)
-        ckpt = Path(args.ckpt)
-        tr = Translator.from_checkpoint(ckpt, device="cpu")
+        src, ref, ckpt, tr = checkpoint_run(args)
         a = constraints_part(tr, src, ref, args)
         b = None
         if args.prefix_lines > 0:

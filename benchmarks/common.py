@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -50,6 +50,17 @@ def parallel_lines(src: str, ref: str, limit: int | None = None) -> tuple[list[s
     if len(sources) != len(refs):
         raise LitmtError(f"{len(sources)} source lines but {len(refs)} references")
     return (sources[:limit], refs[:limit]) if limit else (sources, refs)
+
+
+def checkpoint_run(args: Any) -> tuple[list[str], list[str], Path, Any]:
+    """What a checkpoint benchmark starts with: (`args.src` lines, `args.ref` lines, the
+    checkpoint `args.ckpt`, its torch `Translator` on the CPU), torch at `args.threads`."""
+    from litmt.decoding.translator import Translator
+
+    src, ref = parallel_lines(args.src, args.ref, args.limit)
+    torch.set_num_threads(args.threads)
+    ckpt = Path(args.ckpt)
+    return src, ref, ckpt, Translator.from_checkpoint(ckpt, device="cpu")
 
 
 def load_tokenizer(vocab_size: int, lines: int | None, cache: Path) -> Tokenizer:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from benchmarks.benchmark_engines import ensure_export
-from benchmarks.common import MULTI30K, parallel_lines
+from benchmarks.common import MULTI30K, checkpoint_run
 from benchmarks.decode_margins import NEAR_TIE, search_margin
 from litmt.cli.exits import cli_errors
 from litmt.decoding.search_rules import Hypothesis, output_budgets
@@ -190,10 +190,7 @@ def report(results: list[dict[str, Any]], args, n: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with cli_errors():
-        src, ref = parallel_lines(args.src, args.ref, args.limit)
-        torch.set_num_threads(args.threads)
-        ckpt = Path(args.ckpt)
-        tr = Translator.from_checkpoint(ckpt, device="cpu")
+        src, ref, ckpt, tr = checkpoint_run(args)
         with tempfile.TemporaryDirectory() as tmp:
             if args.ct2:
                 export = Path(args.ct2)

@@ -153,29 +153,54 @@ FR_WORDS = {
 }  # fmt: skip
 
 
+# Czech-like words for a third target (the output may be nonsense where only routing matters)
+CS_WORDS = {
+    "Ein": "Jeden", "roter": "červený", "großer": "velký", "kleiner": "malý", "alter": "starý",
+    "junger": "mladý", "Hund": "pes", "Mann": "muž", "Junge": "chlapec", "Kater": "kocour",
+    "Vogel": "pták", "rennt": "běží", "schläft": "spí", "isst": "jí", "singt": "zpívá",
+    "geht": "jde", "draußen": "venku", "hier": "zde", "heute": "dnes",
+}  # fmt: skip
+WORDS = {"fr": FR_WORDS, "cs": CS_WORDS}  # German word -> the other targets' words
+
+
 def build_tiny_multilingual_checkpoint(
-    directory: Path, placement: str = "source", steps: int = 80, lr: float = 3e-3
+    directory: Path,
+    placement: str = "source",
+    steps: int = 80,
+    lr: float = 3e-3,
+    targets: tuple[str, ...] = ("de", "fr"),
+    vocab_size: int = 100,
+    name: str | None = None,
 ) -> Path:
-    """The tiny model trained on en→de and en→fr at once (`data.directions=[en-de, en-fr]`),
-    the target-language token `<2de>`/`<2fr>` on the source or as the first target token
-    (`placement`); saves ``directory/tiny_multi_{placement}.ckpt`` recording its directions."""
+    """The tiny model trained on en→`targets` at once (`data.directions=[en-de, en-fr]` by
+    default), the target-language token `<2xx>` on the source or as the first target token
+    (`placement`); saves ``directory/name`` (default ``tiny_multi_{placement}.ckpt``)
+    recording its directions."""
     torch.manual_seed(0)
     en, de = corpus()
-    fr = [" ".join(FR_WORDS.get(w.rstrip("."), w.rstrip(".")) for w in s.split()) + "." for s in de]
+    texts = {
+        lang: de
+        if lang == "de"
+        else [" ".join(WORDS[lang].get(w.rstrip("."), w.rstrip(".")) for w in s.split()) + "."
+              for s in de]
+        for lang in targets
+    }  # fmt: skip
+    tags = [f"<2{lang}>" for lang in targets]
     settings = TokenizerConfig(
-        vocab_size=100, model_type="unigram", user_defined_symbols=["<2de>", "<2fr>"]
+        vocab_size=vocab_size, model_type="unigram", user_defined_symbols=tags
     )
-    tok = Tokenizer.train(en + en, de + fr, settings)
+    tok = Tokenizer.train(en * len(targets), [t for lang in targets for t in texts[lang]], settings)
     src_text, tgt_text = [], []
-    for tag, targets in (("<2de>", de), ("<2fr>", fr)):
-        for e, t in zip(en, targets, strict=True):
+    for tag, lang in zip(tags, targets, strict=True):
+        for e, t in zip(en, texts[lang], strict=True):
             src_text.append(f"{tag} {e}" if placement == "source" else e)
             tgt_text.append(f"{tag} {t}" if placement == "target" else t)
     config = tiny_config(tok.src_vocab_size)
     model = fit(
         Seq2SeqTransformer(config), tok.encode_src(src_text), tok.encode_tgt(tgt_text), steps, lr
     )
-    languages = {"directions": ["en-de", "en-fr"], "tag_placement": placement}
+    languages = {"directions": [f"en-{lang}" for lang in targets], "tag_placement": placement}
     return save_model_checkpoint(
-        directory / f"tiny_multi_{placement}.ckpt", model, tok, "en", "de", languages=languages
-    )
+        directory / (name or f"tiny_multi_{placement}.ckpt"), model, tok, "en", "de",
+        languages=languages,
+    )  # fmt: skip

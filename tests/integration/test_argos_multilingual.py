@@ -12,51 +12,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-from tiny_checkpoint import FR_WORDS, corpus, fit, tiny_config
-
-from litmt.checkpoint.io import save_model_checkpoint
-from litmt.data.tokenizer import Tokenizer, TokenizerConfig
-from litmt.models import Seq2SeqTransformer
+from tiny_checkpoint import build_tiny_multilingual_checkpoint
 
 pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
 
 REPO = Path(__file__).resolve().parents[2]
 PARAGRAPH = "A red dog runs. A small cat sleeps here. A young bird sings outside."
-# Czech-like words for the third target (the output may be nonsense: only the tag matters)
-CS_WORDS = {
-    "Ein": "Jeden", "roter": "červený", "großer": "velký", "kleiner": "malý", "alter": "starý",
-    "junger": "mladý", "Hund": "pes", "Mann": "muž", "Junge": "chlapec", "Kater": "kocour",
-    "Vogel": "pták", "rennt": "běží", "schläft": "spí", "isst": "jí", "singt": "zpívá",
-    "geht": "jde", "draußen": "venku", "hier": "zde", "heute": "dnes",
-}  # fmt: skip
 
 
-def build_three_target_checkpoint(directory: Path, steps: int = 80) -> Path:
+def build_three_target_checkpoint(directory: Path) -> Path:
     """The tiny model trained on en→de, en→fr and en→cs at once, `<2xx>` forced as the first
     target token (``tag_placement=target``); saves ``directory/tiny_multi3.ckpt``."""
-    torch.manual_seed(0)
-    en, de = corpus()
-    targets = {"de": de}
-    for lang, words in (("fr", FR_WORDS), ("cs", CS_WORDS)):
-        targets[lang] = [
-            " ".join(words.get(w.rstrip("."), w.rstrip(".")) for w in s.split()) + "." for s in de
-        ]
-    tags = [f"<2{lang}>" for lang in targets]
-    settings = TokenizerConfig(vocab_size=120, model_type="unigram", user_defined_symbols=tags)
-    tok = Tokenizer.train(en * 3, [t for lang in targets for t in targets[lang]], settings)
-    src_text = en * 3
-    tgt_text = [f"<2{lang}> {t}" for lang, texts in targets.items() for t in texts]
-    model = fit(
-        Seq2SeqTransformer(tiny_config(tok.src_vocab_size)),
-        tok.encode_src(src_text),
-        tok.encode_tgt(tgt_text),
-        steps,
-        3e-3,
-    )
-    languages = {"directions": ["en-de", "en-fr", "en-cs"], "tag_placement": "target"}
-    return save_model_checkpoint(
-        directory / "tiny_multi3.ckpt", model, tok, "en", "de", languages=languages
+    return build_tiny_multilingual_checkpoint(
+        directory, "target", targets=("de", "fr", "cs"), vocab_size=120, name="tiny_multi3.ckpt"
     )
 
 

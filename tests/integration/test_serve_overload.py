@@ -21,6 +21,7 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 from server_thread import ServerThread  # noqa: E402
 
+from benchmarks.http_load import client_address  # noqa: E402
 from litmt.deploy.server import ServeConfig, create_app  # noqa: E402
 
 LONG = " ".join(f"Sentence number {i} is here." for i in range(12))  # 12 sentences, one line
@@ -49,8 +50,9 @@ class _Costly:
 
 
 def _client(i: int, url: str) -> httpx.Client:
-    """A client of its own loopback address (127.0.x.y), as distinct users are."""
-    address = f"127.0.{1 + i // 250}.{1 + i % 250}"
+    """A client of its own loopback address (127.0.x.y), as distinct users are (the load
+    benchmark's rule)."""
+    address = client_address(i, "127.0.0.1")
     return httpx.Client(
         base_url=url, timeout=60, transport=httpx.HTTPTransport(local_address=address)
     )

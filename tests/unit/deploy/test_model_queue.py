@@ -25,6 +25,13 @@ def _gated():
     return fn, gate, entered, calls
 
 
+async def _occupy(q: ModelQueue, fn, entered: threading.Event, item: str = "busy"):
+    """Submit `item` and return its future once the model's thread is decoding it."""
+    busy = q.submit(Job(fn, [item], key="t"))
+    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 5)
+    return busy
+
+
 def _run(main):
     with ThreadPoolExecutor(1) as pool:
         return asyncio.run(main(pool))
@@ -62,10 +69,8 @@ def test_every_kind_meets_the_one_bound():
     async def main(pool):
         q = ModelQueue(pool, max_batch_sentences=1, max_wait_ms=0, max_queue=2)
         q.start()
-        loop = asyncio.get_running_loop()
         try:
-            busy = q.submit(Job(fn, ["busy"], key="t"))
-            await loop.run_in_executor(None, entered.wait, 5)
+            busy = await _occupy(q, fn, entered)
             waiting = [q.submit(Job(fn, ["x"], key=None, kind="attention"))]
             waiting.append(q.submit(Job(fn, ["y"], key=("nbest", 3), kind="nbest")))
             refused = []
@@ -91,10 +96,8 @@ def test_work_that_could_not_finish_before_the_deadline_is_refused_at_once():
         q = ModelQueue(pool, max_batch_sentences=1, max_wait_ms=0, max_queue=100, deadline_s=2.5)
         q.times.per_item["translate"] = 1.0  # as if measured: one second per sentence
         q.start()
-        loop = asyncio.get_running_loop()
         try:
-            first = q.submit(Job(fn, ["one"], key="t"))  # nothing ahead: admitted
-            await loop.run_in_executor(None, entered.wait, 5)
+            first = await _occupy(q, fn, entered, "one")  # nothing ahead: admitted
             queued = [q.submit(Job(fn, ["two"], key="t"))]  # ~1 s running + 1 s own: 2 s
             with pytest.raises(Overloaded, match=r"about 3\.\d s \(deadline 2\.5 s\)"):
                 q.submit(Job(fn, ["three"], key="t"))  # 1 + 1 + 1 s > 2.5 s
@@ -129,10 +132,8 @@ def test_jobs_whose_client_went_are_skipped_and_free_their_place():
     async def main(pool):
         q = ModelQueue(pool, max_batch_sentences=1, max_wait_ms=0, max_queue=2)
         q.start()
-        loop = asyncio.get_running_loop()
         try:
-            busy = q.submit(Job(fn, ["busy"], key="t"))
-            await loop.run_in_executor(None, entered.wait, 5)
+            busy = await _occupy(q, fn, entered)
             gone = [q.submit(Job(fn, [f"gone{i}"], key="t")) for i in range(2)]
             for future in gone:
                 future.cancel()  # their clients hung up
