@@ -65,8 +65,15 @@ class DistillConfig:
             raise ConfigError(f"chunk_lines must be >= 1, got {self.chunk_lines}")
         if self.max_chunks is not None and int(self.max_chunks) < 1:
             raise ConfigError(f"max_chunks must be >= 1 or null, got {self.max_chunks}")
-        if float(self.max_ratio) < 1:
+        try:  # ``max_ratio=.inf`` reaches here as the string ".inf" (Hydra spells it inf)
+            ratio = float(str(self.max_ratio).replace(".inf", "inf"))
+        except ValueError:
+            raise ConfigError(
+                f"max_ratio must be a number >= 1 or .inf, got {self.max_ratio!r}"
+            ) from None
+        if ratio < 1:
             raise ConfigError(f"max_ratio must be >= 1 (.inf = off), got {self.max_ratio}")
+        self.max_ratio = ratio
 
 
 @dataclass

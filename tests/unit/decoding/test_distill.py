@@ -51,6 +51,10 @@ def test_settings_are_checked() -> None:
         DistillConfig(chunk_lines=0)
     with pytest.raises(ConfigError, match="max_ratio must be >= 1"):
         DistillConfig(max_ratio=0.5)
+    with pytest.raises(ConfigError, match=r"max_ratio must be a number >= 1 or \.inf, got 'x'"):
+        DistillConfig(max_ratio="x")
+    # the docs' spelling: `max_ratio=.inf` arrives from the command line as a string
+    assert DistillConfig(max_ratio=".inf").max_ratio == float("inf")
 
 
 def fake_teacher(calls: list[str]):
