@@ -49,6 +49,7 @@ CASES = [
         "litmt.decoding.distill:DistillConfig",
         others=frozenset({"compute_type", "quantization", "decoding", "seed", "hydra"}),
     ),
+    Case("student.yaml", "litmt.cli.student:StudentConfig", others=frozenset({"hydra"})),
 ]
 
 
