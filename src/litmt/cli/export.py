@@ -1,5 +1,6 @@
-"""The export command: a checkpoint to a CTranslate2 directory, an Argos Translate package or a
-transformers directory (conf/export.yaml)."""
+"""The export command: a checkpoint to a CTranslate2 directory, an Argos Translate package, a
+transformers directory, an ONNX directory, or a web folder that translates in the browser
+(conf/export.yaml)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from litmt.deploy.argos_package import export_argos_package
 from litmt.deploy.ct2_export import export_model
 from litmt.deploy.engines import WEIGHTS_ONLY_IGNORES, LoadConfig
 from litmt.deploy.hf_export import export_hf
+from litmt.deploy.onnx_export import export_onnx
+from litmt.deploy.web_export import export_web
 from litmt.errors import ConfigError
 
-FORMATS = ("ct2", "argos", "hf")
+FORMATS = ("ct2", "argos", "hf", "onnx", "web")
 
 
 def export(cfg: Any) -> Path:
@@ -46,6 +49,12 @@ def export(cfg: Any) -> Path:
         card = dict(cfg.get("card") or {})
         out = export_hf(
             ckpt, str(cfg.out), force=options["force"], decoding=options["decoding"], card=card
+        )
+    elif fmt == "onnx":
+        out = export_onnx(ckpt, str(cfg.out), **options)
+    elif fmt == "web":
+        out = export_web(
+            ckpt, str(cfg.out), str(cfg.get("web_runtime") or "web/node_modules"), **options
         )
     else:
         out = export_model(ckpt, str(cfg.out), **options)

@@ -60,15 +60,16 @@ log = logging.getLogger(__name__)
 _D = DecodeConfig()  # keyword defaults of the functions below
 
 
-def as_step_model(models: Seq2SeqTransformer | Sequence[Seq2SeqTransformer]) -> StepModel:
-    """One model as it is; a list of models as an `Ensemble` (even a list of one)."""
-    if isinstance(models, Seq2SeqTransformer | Ensemble):
+def as_step_model(models: StepModel | Sequence[Seq2SeqTransformer]) -> StepModel:
+    """One model (any `StepModel`: a model, an `Ensemble`, the ONNX engine's) as it is; a
+    list of models as an `Ensemble` (even a list of one)."""
+    if not isinstance(models, Sequence):
         return models
     return Ensemble(list(models))
 
 
 def decode(
-    models: Seq2SeqTransformer | Sequence[Seq2SeqTransformer],
+    models: StepModel | Sequence[Seq2SeqTransformer],
     src: Tensor,
     config: DecodeConfig | None = None,
     *,

@@ -1,4 +1,5 @@
-"""The one entry point that loads a translator on any engine: torch (litmt's search) or ct2.
+"""The one entry point that loads a translator on any engine: torch (litmt's search), ct2
+(CTranslate2) or onnx (litmt's search over onnxruntime sessions, `litmt.deploy.onnx_engine`).
 
 Translate, evaluate, score and serve load through `load_translator` (``litmt.load_translator``).
 Its torch engine is `Translator.from_checkpoint`, which the end-of-training step calls
@@ -24,12 +25,14 @@ from litmt.config import build, renamed_keys
 from litmt.decoding.translator import Translator
 from litmt.deploy.ct2_engine import CT2Translator
 from litmt.deploy.ct2_export import is_export_dir
+from litmt.deploy.onnx_engine import OnnxTranslator
+from litmt.deploy.onnx_export import is_onnx_dir
 from litmt.errors import ConfigError
 from litmt.runtime.threads import use_threads
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("torch", "ct2")
+ENGINES = ("torch", "ct2", "onnx")
 # Engine keys (conf/engine/) that changed their name: the old spelling works for one release.
 ENGINE_RENAMES = {"ct2_cache": "ct2_cache_dir"}
 # The `LoadConfig` keys a job that only moves weights (export, average_checkpoints) refuses.
@@ -54,7 +57,7 @@ class LoadConfig:
 
     ckpt_path: str | list[str] | None = None
     """a .ckpt file, or a list of them (weights averaged, or ensemble=true); engine=ct2: also
-    an export directory; or run_dir + average_last instead"""
+    an export directory, engine=onnx: also an ONNX export; or run_dir + average_last instead"""
     run_dir: str | None = None
     """with average_last: a training run directory searched for *.ckpt"""
     average_last: int | None = None
@@ -149,16 +152,20 @@ def load_translator(
 
     Args:
         path: torch: a ``.ckpt`` (or a list, weights averaged). ct2: an export directory or
-            one ``.ckpt`` (converted into `ct2_cache_dir` on first use).
-        engine: "torch" or "ct2".
+            one ``.ckpt`` (converted into `ct2_cache_dir` on first use). onnx: an ONNX export
+            directory or one ``.ckpt`` (exported on first use,
+            `litmt.deploy.onnx_engine.default_onnx_cache_dir`).
+        engine: "torch", "ct2" or "onnx".
         device: "cpu", "cuda", ... or None for CUDA when available.
         attention: torch only: decode with this kernel everywhere.
-        threads: CPU threads for decoding, on either engine (`litmt.runtime.threads`): torch's
-            intra-op threads for the process, and CTranslate2's on engine=ct2; 0 = defaults.
+        threads: CPU threads for decoding, on any engine (`litmt.runtime.threads`): torch's
+            intra-op threads for the process, CTranslate2's on engine=ct2, onnxruntime's
+            intra-op threads on engine=onnx; 0 = defaults.
         compute_type: ct2 only: CTranslate2 compute type ("default" = as exported).
         ct2_cache_dir: ct2 only: where checkpoints are converted (default
             `litmt.deploy.ct2_engine.default_cache_dir`).
-        quantization: ct2 only: quantization of a checkpoint converted on first use.
+        quantization: ct2 and onnx: quantization of a checkpoint converted on first use
+            (onnx: none or int8).
         ensemble: torch only: decode the checkpoints as an ensemble (`litmt.decoding.ensemble`)
             instead of averaging their weights.
         cache_dir: the old name of `ct2_cache_dir`, accepted for one release with a
@@ -177,8 +184,7 @@ def load_translator(
         raise ConfigError(f"unknown engine '{engine}'; valid values: {', '.join(ENGINES)}")
     use_threads(threads)  # torch's threads on either engine: the explorer's model on ct2
     if engine == "torch":
-        if isinstance(path, str | Path) and is_export_dir(path):
-            raise ConfigError(f"{path} is a CTranslate2 export: decode it with engine=ct2")
+        _refuse_export(path)
         ignored = {
             "compute_type": compute_type if compute_type != "default" else None,
             "ct2_cache_dir": ct2_cache_dir,
@@ -194,22 +200,40 @@ def load_translator(
             path, device=device, attention=attention, ensemble=ensemble
         )
     if ensemble:
-        raise ConfigError("engine=ct2 does not ensemble; use engine=torch for ensemble=true")
+        raise ConfigError(f"engine={engine} does not ensemble; use engine=torch for ensemble=true")
     if not isinstance(path, str | Path):
         raise ConfigError(
-            "engine=ct2 takes one checkpoint or export directory; average checkpoints "
+            f"engine={engine} takes one checkpoint or export directory; average checkpoints "
             "first (scripts/average_checkpoints.py) and export the average"
         )
     if attention is not None:
-        log.warning("attention=%s is ignored by engine=ct2 (CTranslate2 has its own)", attention)
+        log.warning("attention=%s is ignored by engine=%s (it has its own)", attention, engine)
+    options = {"device": device, "threads": threads, "quantization": quantization}
+    if engine == "onnx":
+        return _onnx_translator(path, compute_type, ct2_cache_dir, options)
     return CT2Translator.from_pretrained(
-        path,
-        device=device,
-        compute_type=compute_type,
-        threads=threads,
-        cache_dir=ct2_cache_dir,
-        quantization=quantization,
+        path, compute_type=compute_type, cache_dir=ct2_cache_dir, **options
     )
+
+
+def _refuse_export(path: str | Path | Sequence[str | Path]) -> None:
+    """engine=torch: a CTranslate2 or ONNX export directory is refused, naming its engine."""
+    if isinstance(path, str | Path) and is_export_dir(path):
+        raise ConfigError(f"{path} is a CTranslate2 export: decode it with engine=ct2")
+    if isinstance(path, str | Path) and is_onnx_dir(path):
+        raise ConfigError(f"{path} is an ONNX export: decode it with engine=onnx")
+
+
+def _onnx_translator(
+    path: str | Path,
+    compute_type: str,
+    ct2_cache_dir: str | Path | None,
+    options: dict[str, Any],
+) -> OnnxTranslator:
+    """`load_translator`'s engine=onnx: a warning for the ct2-only keys it was given."""
+    if compute_type != "default" or ct2_cache_dir is not None:
+        log.warning("compute_type and ct2_cache_dir are ignored by engine=onnx (ct2 keys)")
+    return OnnxTranslator.from_pretrained(path, **options)
 
 
 def engine_options(cfg: Any) -> dict[str, Any]:

@@ -122,9 +122,10 @@ def build_server_app(
     attention: bool | None = None,
     **load: Any,
 ) -> FastAPI:
-    """Load `model` (a ``.ckpt`` or a CTranslate2 export) and build the app.
+    """Load `model` (a ``.ckpt``, a CTranslate2 or an ONNX export) and build the app.
 
-    An export directory always runs on ct2 and has no ``/attention``; a checkpoint runs on
+    A CTranslate2 export always runs on ct2, an ONNX export on onnx, and neither has
+    ``/attention``; a checkpoint runs on
     `engine`, and the attention explorer (``/attention``) uses its torch model when
     `explorer` is true.
 
@@ -136,6 +137,7 @@ def build_server_app(
     """
     from litmt.deploy.ct2_export import is_export_dir
     from litmt.deploy.engines import load_translator
+    from litmt.deploy.onnx_export import is_onnx_dir
 
     if attention is not None:  # the old name, for one release
         renamed = renamed_keys(
@@ -146,10 +148,13 @@ def build_server_app(
     if is_export_dir(path) and engine != "ct2":
         log.info("%s is a CTranslate2 export: serving it with engine=ct2", path)
         engine = "ct2"
+    if is_onnx_dir(path) and engine != "onnx":
+        log.info("%s is an ONNX export: serving it with engine=onnx", path)
+        engine = "onnx"
     # threads: torch's and CTranslate2's (litmt.runtime.threads)
     translator = load_translator(path, engine=engine, device=device, **load)
     attention_model = None
-    if explorer and not is_export_dir(path):  # /attention runs a torch model
+    if explorer and not is_export_dir(path) and not is_onnx_dir(path):  # /attention: torch
         attention_model = (
             translator
             if engine == "torch"

@@ -238,8 +238,8 @@ def test_export_user_errors(ckpt, export_dir, tmp_path):
     assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
     with pytest.raises(ExportError, match="is not a litmt CTranslate2 export"):
         CT2Translator(tmp_path)
-    with pytest.raises(ConfigError, match="unknown engine 'onnx'"):
-        load_translator(ckpt, engine="onnx")
+    with pytest.raises(ConfigError, match="unknown engine 'tflite'"):
+        load_translator(ckpt, engine="tflite")
     with pytest.raises(ConfigError, match="is a CTranslate2 export: decode it with engine=ct2"):
         load_translator(export_dir, engine="torch")
     with pytest.raises(ConfigError, match="engine=ct2 takes one checkpoint or export directory"):
@@ -325,7 +325,8 @@ def test_benchmark_engines_smoke(ckpt, tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.benchmark_engines", "--smoke",
          "--ckpt", str(ckpt), "--src", str(tmp_path / "test.en"), "--ref", str(tmp_path / "test.de"),
-         "--threads", "1", "--exports", str(tmp_path / "exports"), "--json", str(tmp_path / "r.json")],
+         "--threads", "1", "--exports", str(tmp_path / "exports"), "--json", str(tmp_path / "r.json"),
+         "--engines", "torch", "ct2 float32", "ct2 int8", "--beam", "2"],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
