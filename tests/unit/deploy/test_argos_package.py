@@ -114,5 +114,5 @@ def test_default_format_is_still_a_ct2_directory(ckpt, tmp_path):
     run = export(f"ckpt_path={ckpt}", f"out={out}")
     assert run.returncode == 0, run.stderr
     assert is_export_dir(out) and (out / "src.model").is_file()
-    bad = export(f"ckpt_path={ckpt}", f"out={tmp_path / 'x'}", "format=onnx")
-    assert bad.returncode == 2 and "unknown format 'onnx'" in bad.stderr
+    bad = export(f"ckpt_path={ckpt}", f"out={tmp_path / 'x'}", "format=tflite")
+    assert bad.returncode == 2 and "unknown format 'tflite'" in bad.stderr
