@@ -27,7 +27,7 @@ from litmt.decoding.config import DecodeConfig
 from litmt.decoding.dispatch import decode
 from litmt.decoding.languages import Languages
 from litmt.decoding.sampling_search import make_generator
-from litmt.decoding.search_rules import Hypothesis
+from litmt.decoding.search_rules import Hypothesis, StepModel
 from litmt.decoding.steering import constrained_beam
 from litmt.decoding.translator_base import (
     Aligned,
@@ -161,24 +161,37 @@ class Translator(BaseTranslator):
         """The torch engine: `decode` of the sentences ``request.todo`` in token-budget
         batches (with constraints, batches of sentences that need the same beam:
         `by_beam`). Sampling draws from one generator seeded with ``config.seed`` per call."""
-        config, sources = request.config, request.sources
         models = self.models if len(self.models) > 1 else self.model
-        sampling = config.effective_method == "sample"
-        generator = make_generator(config, self.device) if sampling else None
-        words = self.word_pieces(request.constraints) if request.constraints else None
         with autocast_context(self.device, self.autocast):
-            for group, batch in _batches(request):
-                idx = [group[j] for j in batch]
-                found = decode(
-                    models,
-                    padded([sources[i] for i in idx], self.model.pad_id).to(self.device),
-                    config,
-                    generator=generator,
-                    prefixes=request.rows(request.prefixes, idx),
-                    constraints=request.rows(request.constraints, idx),
-                    words=words,
-                )
-                yield idx, found
+            yield from decode_request(self, models, request, self.model.pad_id)
+
+
+def decode_request(
+    translator: BaseTranslator,
+    models: StepModel | Sequence[Seq2SeqTransformer],
+    request: DecodeRequest,
+    pad_id: int,
+) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
+    """`decode` of the sentences ``request.todo`` on `models` (a model, a list of them, or any
+    `StepModel`: the onnx engine's) in token-budget batches (with constraints, batches of
+    sentences that need the same beam: `by_beam`), on ``translator.device``; sampling draws
+    from one generator seeded with ``config.seed`` per call. The torch and onnx engines' loop."""
+    config, sources = request.config, request.sources
+    sampling = config.effective_method == "sample"
+    generator = make_generator(config, translator.device) if sampling else None
+    words = translator.word_pieces(request.constraints) if request.constraints else None
+    for group, batch in _batches(request):
+        idx = [group[j] for j in batch]
+        found = decode(
+            models,
+            padded([sources[i] for i in idx], pad_id).to(translator.device),
+            config,
+            generator=generator,
+            prefixes=request.rows(request.prefixes, idx),
+            constraints=request.rows(request.constraints, idx),
+            words=words,
+        )
+        yield idx, found
 
 
 def by_beam(request: DecodeRequest) -> list[list[int]]:
@@ -202,4 +215,4 @@ def _batches(request: DecodeRequest) -> Iterator[tuple[list[int], list[int]]]:
             yield group, batch
 
 
-__all__ = ["Aligned", "NBest", "Translation", "Translator", "by_beam"]
+__all__ = ["Aligned", "NBest", "Translation", "Translator", "by_beam", "decode_request"]

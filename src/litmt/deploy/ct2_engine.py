@@ -94,10 +94,11 @@ from litmt.runtime.threads import ct2_thread_options
 log = logging.getLogger("litmt.deploy.ct2_engine")
 
 
-def default_cache_dir() -> Path:
-    """Where checkpoints are converted for the ct2 engine: ``$XDG_CACHE_HOME/litmt/ct2``."""
+def default_cache_dir(engine: str = "ct2") -> Path:
+    """Where checkpoints are converted for an engine: ``$XDG_CACHE_HOME/litmt/{engine}``
+    (ct2; onnx: `litmt.deploy.onnx_engine.default_onnx_cache_dir`)."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "litmt" / "ct2"
+    return Path(base) / "litmt" / engine
 
 
 class CT2Translator(Translator):

@@ -19,7 +19,6 @@ engine=torch), GPUs (the CPU execution provider only).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +29,12 @@ import torch
 from torch import Tensor
 
 from litmt.data.tokenizer import PAD_ID, Tokenizer
-from litmt.decoding.batching import padded, token_batches
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.dispatch import decode
 from litmt.decoding.languages import Languages
-from litmt.decoding.sampling_search import make_generator
 from litmt.decoding.search_rules import Hypothesis
-from litmt.decoding.translator import Translator, by_beam
+from litmt.decoding.translator import Translator, decode_request
 from litmt.decoding.translator_base import DecodeRequest
+from litmt.deploy.ct2_engine import default_cache_dir
 from litmt.deploy.ct2_export import file_sha256
 from litmt.deploy.onnx_export import (
     export_onnx,
@@ -54,8 +51,7 @@ log = logging.getLogger("litmt.deploy.onnx_engine")
 
 def default_onnx_cache_dir() -> Path:
     """Where engine=onnx exports a ``.ckpt`` on first use: ``$XDG_CACHE_HOME/litmt/onnx``."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "litmt" / "onnx"
+    return default_cache_dir("onnx")
 
 
 @dataclass
@@ -210,24 +206,7 @@ class OnnxTranslator(Translator):
     ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
         """`decode` of ``request.todo`` over the ONNX step model, in token-budget batches
         (with constraints, grouped by beam: `by_beam`), as the torch engine does."""
-        config, sources = request.config, request.sources
-        sampling = config.effective_method == "sample"
-        generator = make_generator(config, self.device) if sampling else None
-        words = self.word_pieces(request.constraints) if request.constraints else None
-        for group in by_beam(request):
-            lengths = [len(sources[i]) for i in group]
-            for batch in token_batches(lengths, request.max_tokens):
-                idx = [group[j] for j in batch]
-                found = decode(
-                    self.step_model,
-                    padded([sources[i] for i in idx], PAD_ID),
-                    config,
-                    generator=generator,
-                    prefixes=request.rows(request.prefixes, idx),
-                    constraints=request.rows(request.constraints, idx),
-                    words=words,
-                )
-                yield idx, found
+        yield from decode_request(self, self.step_model, request, PAD_ID)
 
 
 __all__ = ["OnnxState", "OnnxStepModel", "OnnxTranslator", "default_onnx_cache_dir"]
