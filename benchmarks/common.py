@@ -28,6 +28,31 @@ MULTI30K = REPO / ".." / "shared" / "data" / "multi30k"
 T = TypeVar("T")
 
 
+# -- exports ----------------------------------------------------------------------------
+def export_of(
+    ckpt: Path,
+    given: str | None,
+    flag: str,
+    checkpoint_sha256: Callable[[Path], str],
+    make: Callable[[], Path],
+) -> Path:
+    """The export a parity benchmark compares with `ckpt`: `given` (the value of `flag`) once
+    its recorded checkpoint digest (`checkpoint_sha256` reads it) matches `ckpt`'s, else
+    ``make()``.
+
+    Raises:
+        LitmtError: `given` is an export of another checkpoint.
+    """
+    if given is None:
+        return make()
+    from litmt.deploy.ct2_export import file_sha256
+
+    export = Path(given)
+    if checkpoint_sha256(export) != file_sha256(ckpt):
+        raise LitmtError(f"{flag} {export} is not an export of --ckpt {ckpt}")
+    return export
+
+
 # -- corpus -----------------------------------------------------------------------------
 def multi30k_lines(split: str, lang: str, limit: int | None = None) -> list[str]:
     """The first `limit` (None: all) lines of Multi30k's ``<split>.<lang>``."""

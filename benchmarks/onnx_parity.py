@@ -39,16 +39,14 @@ from typing import Any
 import torch
 
 from benchmarks.benchmark_engines import ensure_onnx_export
-from benchmarks.common import MULTI30K, checkpoint_run
+from benchmarks.common import MULTI30K, checkpoint_run, export_of
 from benchmarks.decode_margins import NEAR_TIE, search_margin
 from litmt.cli.exits import cli_errors
 from litmt.decoding.forced import ForcedDecoder
 from litmt.decoding.search_rules import Hypothesis
 from litmt.decoding.translator import Translator
-from litmt.deploy.ct2_export import file_sha256
 from litmt.deploy.onnx_engine import OnnxTranslator
 from litmt.deploy.onnx_export import read_onnx_config
-from litmt.errors import LitmtError
 
 CATEGORIES = ("near-tie", "ranking tie", "int8", "unexplained")
 
@@ -169,12 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     with cli_errors():
         src, _, ckpt, tr = checkpoint_run(args)
         with tempfile.TemporaryDirectory() as tmp:
-            if args.onnx:
-                export = Path(args.onnx)
-                if read_onnx_config(export)["checkpoint_sha256"] != file_sha256(ckpt):
-                    raise LitmtError(f"--onnx {export} is not an export of --ckpt {ckpt}")
-            else:
-                export = ensure_onnx_export(ckpt, Path(args.exports or tmp), "none")
+            export = export_of(
+                ckpt, args.onnx, "--onnx", lambda e: read_onnx_config(e)["checkpoint_sha256"],
+                lambda: ensure_onnx_export(ckpt, Path(args.exports or tmp), "none"),
+            )  # fmt: skip
             onnx = OnnxTranslator(export, threads=args.threads)
             ids = [tr.prepare(s) for s in src]
             results = [compare_beam(tr, onnx, ids, beam, args) for beam in args.beam]

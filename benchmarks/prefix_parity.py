@@ -38,14 +38,13 @@ from typing import Any
 import torch
 
 from benchmarks.benchmark_engines import ensure_export
-from benchmarks.common import MULTI30K, checkpoint_run
+from benchmarks.common import MULTI30K, checkpoint_run, export_of
 from benchmarks.decode_margins import NEAR_TIE, search_margin
 from litmt.cli.exits import cli_errors
 from litmt.decoding.search_rules import Hypothesis, output_budgets
 from litmt.decoding.translator import Translator
 from litmt.deploy.ct2_engine import CT2Translator
-from litmt.deploy.ct2_export import file_sha256, read_metadata
-from litmt.errors import LitmtError
+from litmt.deploy.ct2_export import read_metadata
 
 KINDS = ("2 words", "half", "whole")
 CATEGORIES = ("near-tie", "ranking tie", "budget", "unexplained")
@@ -192,12 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     with cli_errors():
         src, ref, ckpt, tr = checkpoint_run(args)
         with tempfile.TemporaryDirectory() as tmp:
-            if args.ct2:
-                export = Path(args.ct2)
-                if read_metadata(export)["checkpoint_sha256"] != file_sha256(ckpt):
-                    raise LitmtError(f"--ct2 {export} is not an export of --ckpt {ckpt}")
-            else:
-                export = ensure_export(ckpt, Path(args.exports or tmp), "none")
+            export = export_of(
+                ckpt, args.ct2, "--ct2", lambda e: read_metadata(e)["checkpoint_sha256"],
+                lambda: ensure_export(ckpt, Path(args.exports or tmp), "none"),
+            )  # fmt: skip
             ct2 = CT2Translator(export, device="cpu", threads=args.threads)
             results = [compare_kind(tr, ct2, src, ref, kind, args) for kind in args.kinds]
     report(results, args, len(src))

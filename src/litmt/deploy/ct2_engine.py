@@ -108,7 +108,7 @@ class CT2Translator(Translator):
         model_dir: a directory written by `litmt.deploy.ct2_export.export_model`.
         device: "cpu", "cuda", or None/"auto" (CUDA when CTranslate2 sees a GPU).
         compute_type: CTranslate2 compute type; "default" keeps the export's quantization.
-        threads: CPU threads (0 = CTranslate2's default), as `litmt.runtime.threads` says:
+        threads: CPU threads (0 = torch's thread count), as `litmt.runtime.threads` says:
             on the CPU that many batches at once, one thread each (``inter_threads``).
     """
 

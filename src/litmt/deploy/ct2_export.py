@@ -63,8 +63,14 @@ def file_sha256(paths: str | Path | Sequence[str | Path]) -> str:
     return hashlib.sha256("".join(digests).encode()).hexdigest()
 
 
+def normalized_quantization(quantization: str | None) -> str:
+    """The one spelling of float32 weights on every export: None, "null" and "float32" are
+    "none"; any other value is returned as a string (each format checks its own list)."""
+    return "none" if quantization in (None, "null", "float32") else str(quantization)
+
+
 def _check_quantization(quantization: str | None) -> str:
-    q = "none" if quantization in (None, "null", "float32") else str(quantization)
+    q = normalized_quantization(quantization)
     if q not in QUANTIZATIONS:
         raise ConfigError(
             f"unknown quantization '{quantization}'; valid values: {', '.join(QUANTIZATIONS)}"

@@ -51,6 +51,7 @@ from litmt.deploy.ct2_export import (
     check_replaceable,
     export_decoding,
     file_sha256,
+    normalized_quantization,
     staged_directory,
 )
 from litmt.deploy.ct2_spec import ExportError
@@ -114,7 +115,7 @@ def check_onnx_exportable(config: Any) -> None:
 
 
 def _check_quantization(quantization: str | None) -> str:
-    q = "none" if quantization in (None, "null", "float32") else str(quantization)
+    q = normalized_quantization(quantization)
     if q not in ONNX_QUANTIZATIONS:
         raise ConfigError(
             f"format=onnx supports quantization {' | '.join(ONNX_QUANTIZATIONS)}, not "

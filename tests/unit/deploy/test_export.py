@@ -84,6 +84,12 @@ def test_parallel_budget_groups_give_the_same_results_in_input_order(engines, ex
         assert [[h.tokens for h in r] for r in got] == [[h.tokens for h in r] for r in want]
 
 
+def test_default_threads_run_torchs_count_of_ct2_workers(export_dir):
+    """threads=0 (the default): torch's thread count of one-thread workers, not CTranslate2's
+    own intra_threads=4, which oversubscribes a small machine (litmt.runtime.threads)."""
+    assert CT2Translator(export_dir).ct2.num_translators == torch.get_num_threads()
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
 def test_beam_length_penalty_and_nbest_mean_the_same_on_both_engines(engines, alpha):
     """CTranslate2 divides by len**alpha, litmt by GNMT ((5+n)/6)**alpha: the engine rescores.
