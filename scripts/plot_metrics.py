@@ -2,11 +2,12 @@
 
     python scripts/plot_metrics.py logs/multi30k_cpu/runs/RUN [--out curve.png] [--table]
     python scripts/plot_metrics.py RUN_A RUN_B --labels "recipe A" "recipe B" --budget-min 58
+    python scripts/plot_metrics.py TEACHER STUDENT --labels teacher student --budget-min 58 29
 
 `--table` also prints a markdown table of the validation metrics. With several runs (an
 ablation), it draws their validation BLEU on one axis against training time, taken as
-step / final step x `--budget-min` (runs bounded by the same `trainer.max_time`), and prints
-each run's best validation BLEU.
+step / final step x `--budget-min` (each run's `trainer.max_time` in minutes: one value for
+all, or one per run), and prints each run's best validation BLEU.
 """
 
 from __future__ import annotations
@@ -70,12 +71,13 @@ def plot_one(run_dir: Path, out: Path | None, table: bool) -> None:
             )
 
 
-def plot_many(runs: list[Path], labels: list[str], out: Path, budget_min: float) -> None:
-    """Validation BLEU of several runs against training time (step share of the budget)."""
+def plot_many(runs: list[Path], labels: list[str], out: Path, budgets: list[float]) -> None:
+    """Validation BLEU of several runs against training time (step share of each run's
+    budget in minutes, `budgets`: one per run)."""
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     print("| run | validations | best valid BLEU (greedy) | at minute |")
     print("|---|---:|---:|---:|")
-    for run_dir, label in zip(runs, labels, strict=True):
+    for run_dir, label, budget_min in zip(runs, labels, budgets, strict=True):
         rows = read_metrics(run_dir)
         valid = valid_rows(rows)
         if not valid:
@@ -86,7 +88,8 @@ def plot_many(runs: list[Path], labels: list[str], out: Path, budget_min: float)
         ax.plot(minutes, bleu, "o-", ms=3, label=label)
         best = max(range(len(bleu)), key=bleu.__getitem__)
         print(f"| {label} | {len(bleu)} | {bleu[best]:.2f} | {minutes[best]:.0f} |")
-    ax.set_xlabel(f"training time, minutes (step / final step x {budget_min:g})")
+    shown = " / ".join(f"{b:g}" for b in dict.fromkeys(budgets))
+    ax.set_xlabel(f"training time, minutes (step / final step x the run's budget: {shown})")
     ax.set_ylabel("valid BLEU (greedy)")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -110,8 +113,10 @@ def main() -> None:
     parser.add_argument(
         "--budget-min",
         type=float,
-        default=58.0,
-        help="minutes of training of each run, for the time axis (several runs)",
+        nargs="+",
+        default=[58.0],
+        help="minutes of training (trainer.max_time) of the runs, for the time axis: one value "
+        "for all, or one per run (several runs)",
     )
     args = parser.parse_args()
     if len(args.run_dirs) == 1:
@@ -120,7 +125,10 @@ def main() -> None:
     labels = args.labels or [p.name for p in args.run_dirs]
     if len(labels) != len(args.run_dirs):
         parser.error(f"--labels has {len(labels)} names for {len(args.run_dirs)} runs")
-    plot_many(args.run_dirs, labels, args.out or Path("ablation.png"), args.budget_min)
+    budgets = args.budget_min * len(labels) if len(args.budget_min) == 1 else args.budget_min
+    if len(budgets) != len(args.run_dirs):
+        parser.error(f"--budget-min has {len(budgets)} values for {len(args.run_dirs)} runs")
+    plot_many(args.run_dirs, labels, args.out or Path("ablation.png"), budgets)
 
 
 if __name__ == "__main__":

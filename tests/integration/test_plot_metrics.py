@@ -63,6 +63,20 @@ def test_several_runs_share_a_time_axis_and_report_their_best(tmp_path):
     assert Image.open(out).size == (700, 400)
 
 
+def test_each_run_may_have_its_own_budget(tmp_path):
+    # a teacher of 58 minutes and a student of 29: each run's last step is its own budget
+    write_run(tmp_path / "a", [10.0, 20.0, 25.0, 30.0], 100)
+    write_run(tmp_path / "b", [31.0, 29.0], 300)
+    out = tmp_path / "two.png"
+    args = [str(tmp_path / "a"), str(tmp_path / "b"), "--labels", "A", "B", "--out", str(out)]
+    res = run(*args, "--budget-min", "58", "29")
+    assert res.returncode == 0, res.stderr
+    assert "| A | 4 | 30.00 | 58 |" in res.stdout
+    assert "| B | 2 | 31.00 | 14 |" in res.stdout  # step 299 of 599 x 29
+    res = run(*args, "--budget-min", "58", "29", "10")
+    assert res.returncode == 2 and "--budget-min has 3 values for 2 runs" in res.stderr
+
+
 def test_label_count_mismatch_and_missing_logs_are_one_line_errors(tmp_path):
     write_run(tmp_path / "a", [10.0], 10)
     res = run(str(tmp_path / "a"), str(tmp_path / "a"), "--labels", "only-one")
