@@ -79,11 +79,8 @@ def size_on_disk(directory: Path) -> int:
 
 def test_splits(data_dir: Path, split: str, src: str, tgt: str) -> list[str]:
     """`split` first, then every other ``test*`` split with both language files."""
-    others = sorted(
-        p.name[: -len(src) - 1]
-        for p in data_dir.glob(f"test*.{src}")
-        if (data_dir / f"{p.name[: -len(src) - 1]}.{tgt}").is_file()
-    )
+    stems = (p.name.removesuffix(f".{src}") for p in data_dir.glob(f"test*.{src}"))
+    others = sorted(stem for stem in stems if (data_dir / f"{stem}.{tgt}").is_file())
     return [split] + [s for s in others if s != split]
 
 
