@@ -41,9 +41,9 @@ from benchmarks.common import (
     timed,
     training_batches,
 )
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.dispatch import decode
+from litmt.decoding.search.dispatch import decode
 from litmt.errors import LitmtError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
@@ -221,7 +221,7 @@ def make_train_step(
 # -- decoding ---------------------------------------------------------------------------
 @torch.inference_mode()
 def litmt_greedy(model: Seq2SeqTransformer, src: Tensor, steps: int) -> Tensor:
-    """`litmt.decoding.dispatch.decode`, greedy, held to exactly `steps` tokens (min = max length): (B, N).
+    """`litmt.decoding.search.dispatch.decode`, greedy, held to exactly `steps` tokens (min = max length): (B, N).
 
     It runs one decoder step more than `steps`: the one that emits the forced eos.
     """
@@ -231,7 +231,7 @@ def litmt_greedy(model: Seq2SeqTransformer, src: Tensor, steps: int) -> Tensor:
 
 @torch.inference_mode()
 def litmt_beam(model: Seq2SeqTransformer, src: Tensor, beam: int, steps: int) -> Tensor:
-    """`litmt.decoding.dispatch.decode`, beam search, held to exactly `steps` tokens: (B, N), best ones.
+    """`litmt.decoding.search.dispatch.decode`, beam search, held to exactly `steps` tokens: (B, N), best ones.
 
     The library's search as users run it: KV cache, beams sharing their sentence's encoder
     output and cross-attention K/V, first step on one row per sentence, two-pass top-k,

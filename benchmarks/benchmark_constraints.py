@@ -7,7 +7,7 @@
     the references, then the longest; words are whitespace tokens without edge punctuation,
     compared case-sensitively; a word with characters the model's vocabulary lacks is left
     out and counted) become its terms. Then, at each beam of `--beams`, the beam search
-    without and with the terms as constraints (`litmt.decoding.constraints`). Reported per
+    without and with the terms as constraints (`litmt.decoding.search.constrained`). Reported per
     beam: the share of terms in the output as a whole word and in their exact form (as a
     substring: the model may continue a word, "Hund" + "e"), the sentences flagged
     ``constraints_met: false`` (the search could not meet them all within the budget), the
@@ -37,10 +37,10 @@ import torch
 from benchmarks.benchmark_engines import ensure_export
 from benchmarks.common import MULTI30K, checkpoint_run
 from litmt.cli.exits import cli_errors
-from litmt.decoding.forced import ForcedDecoder
+from litmt.decoding.analysis.forced import ForcedDecoder
 from litmt.decoding.steering import check_known_pieces
 from litmt.decoding.translator import Translator
-from litmt.deploy.ct2_engine import CT2Translator
+from litmt.deploy.engines.ct2 import CT2Translator
 from litmt.errors import ConfigError
 from litmt.metrics import corpus_bleu
 

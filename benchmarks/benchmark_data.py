@@ -31,8 +31,8 @@ from torch.utils.data import DataLoader
 
 from benchmarks.common import MULTI30K
 from litmt.data import TranslationDataModule
-from litmt.data.batch_sampler import TokenBudgetBatchSampler
-from litmt.data.collate import collate
+from litmt.data.batching.collate import collate
+from litmt.data.batching.sampler import TokenBudgetBatchSampler
 from litmt.errors import LitmtError
 
 

@@ -30,10 +30,10 @@ import torch
 from benchmarks.common import median_timed, parallel_lines
 from litmt.cli.exits import cli_errors
 from litmt.decoding.translator import Translator
-from litmt.deploy.ct2_engine import CT2Translator
-from litmt.deploy.ct2_export import export_model, file_sha256, is_export_dir, read_metadata
-from litmt.deploy.onnx_engine import OnnxTranslator
-from litmt.deploy.onnx_export import export_onnx, is_onnx_dir, read_onnx_config
+from litmt.deploy.engines.ct2 import CT2Translator
+from litmt.deploy.engines.onnx import OnnxTranslator
+from litmt.deploy.export.ct2 import export_model, file_sha256, is_export_dir, read_metadata
+from litmt.deploy.export.onnx import export_onnx, is_onnx_dir, read_onnx_config
 from litmt.metrics import corpus_bleu
 
 ENGINES = ("torch", "ct2 float32", "ct2 int8", "onnx float32", "onnx int8")

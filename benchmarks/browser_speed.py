@@ -3,7 +3,7 @@
     python -m benchmarks.browser_speed --ckpt model.ckpt [--lines 50] [--quantization int8]
         [--screenshot docs/offline_page.png] [--out DIR]
 
-Builds the hostable folder of --ckpt (`litmt.deploy.web_export.export_web`: the page, the ONNX
+Builds the hostable folder of --ckpt (`litmt.deploy.export.web.export_web`: the page, the ONNX
 export, the runtime from ``web/node_modules``; ``npm ci --ignore-scripts`` in ``web/`` first),
 serves it from a local static server (python's http.server, as a user would), opens it in
 Debian's chromium through Playwright, puts the first --lines lines of --src in the textarea and
@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from benchmarks.common import MULTI30K, REPO
 from benchmarks.decode_margins import NEAR_TIE
 from litmt.data.text import read_text_file
-from litmt.data.tokenizer import BOS_ID, EOS_ID
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID
 from litmt.errors import LitmtError
 
 NODE_MODULES = REPO / "web" / "node_modules"  # `npm ci --ignore-scripts` in web/ fills it
@@ -233,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
     from litmt.cli.exits import cli_errors
-    from litmt.deploy.onnx_engine import OnnxTranslator
-    from litmt.deploy.web_export import MODEL_DIR, export_web
+    from litmt.deploy.engines.onnx import OnnxTranslator
+    from litmt.deploy.export.web import MODEL_DIR, export_web
 
     args = parse_args(argv)
     with cli_errors(), tempfile.TemporaryDirectory() as tmp:

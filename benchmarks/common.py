@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from litmt.data.text import read_text_file
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerConfig
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerConfig
 from litmt.errors import LitmtError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def export_of(
     """
     if given is None:
         return make()
-    from litmt.deploy.ct2_export import file_sha256
+    from litmt.deploy.export.ct2 import file_sha256
 
     export = Path(given)
     if checkpoint_sha256(export) != file_sha256(ckpt):

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-import litmt.decoding.search
-from litmt.data.tokenizer import BOS_ID
+import litmt.decoding.search.beam
+from litmt.data.tokenization.tokenizer import BOS_ID
 
 # The same hypothesis scored by two computations (engines, batch shapes, CPUs): |difference| of
 # its log-probability or length-normalised score. 300x the largest difference measured (3e-6).
@@ -37,7 +37,7 @@ def teacher_forced_log_probs(translator, src: Sequence[int], prefix: Sequence[in
 
 @contextmanager
 def beam_margins() -> Iterator[list[float]]:
-    """Record the smallest decision margin of each `litmt.decoding.search.beam_search` step.
+    """Record the smallest decision margin of each `litmt.decoding.search.beam.beam_search` step.
 
     Each step of litmt's beam search ranks candidates by cumulative log-probability and keeps
     the 2K best: which beams live on, which finish and which fall out are all decided by the
@@ -46,7 +46,7 @@ def beam_margins() -> Iterator[list[float]]:
     `NEAR_TIE` may be decided differently by another computation.
     """
     margins: list[float] = []
-    original = litmt.decoding.search.topk_rows
+    original = litmt.decoding.search.beam.topk_rows
 
     def recording(x: torch.Tensor, k: int, chunk: int = 64):
         top = x.topk(min(k + 1, x.size(-1)), dim=-1).values  # (R, k + 1), sorted
@@ -56,11 +56,11 @@ def beam_margins() -> Iterator[list[float]]:
                 margins.append(float((row[:-1] - row[1:]).min()))
         return original(x, k, chunk)
 
-    litmt.decoding.search.topk_rows = recording
+    litmt.decoding.search.beam.topk_rows = recording
     try:
         yield margins
     finally:
-        litmt.decoding.search.topk_rows = original
+        litmt.decoding.search.beam.topk_rows = original
 
 
 def greedy_margin(translator, src: Sequence[int], prefix: Sequence[int] = ()) -> float:

@@ -27,8 +27,8 @@ from benchmarks.common import MULTI30K, median_timed, multi30k_lines
 from benchmarks.hf_models import DE_WORDS, EN_WORDS, make_marian_dir, sentences
 from litmt.checkpoint.hf_import import read_hf_dir
 from litmt.checkpoint.io import save_model_checkpoint
-from litmt.deploy.ct2_export import export_model
-from litmt.deploy.engines import load_translator
+from litmt.deploy.export.ct2 import export_model
+from litmt.deploy.loader import load_translator
 from litmt.models import Seq2SeqTransformer
 
 LIMIT = 40  # output tokens before eos, every engine

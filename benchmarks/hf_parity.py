@@ -3,7 +3,7 @@
     python -m benchmarks.hf_parity --ckpt CKPT [--out DIR] [--limit N] [--round-trip]
 
 A multilingual checkpoint is compared in each of its directions from --src (en), each with
-the model card's call (`litmt.deploy.hf_export.direction_calls`), and reported per direction
+the model card's call (`litmt.deploy.export.hf.direction_calls`), and reported per direction
 under "directions"; the top-level figures are the worst direction's.
 
 1. Exports CKPT with ``format=hf`` (to --out, or a temporary directory).
@@ -37,10 +37,10 @@ import torch
 from benchmarks.common import multi30k_lines
 from benchmarks.decode_margins import NEAR_TIE, greedy_margin
 from litmt.checkpoint.hf_import import read_hf_dir
-from litmt.data.tokenizer import BOS_ID
-from litmt.decoding.search import output_budgets
+from litmt.data.tokenization.tokenizer import BOS_ID
+from litmt.decoding.search.rules import output_budgets
 from litmt.decoding.translator import Translator
-from litmt.deploy.hf_export import direction_calls, export_hf
+from litmt.deploy.export.hf import direction_calls, export_hf
 from litmt.models import Seq2SeqTransformer
 
 DEFAULT = {"max_len_a": 1.2, "max_len_b": 10}  # DecodeConfig's output budget
@@ -63,7 +63,7 @@ def hf_translate(
     """Translate with transformers alone (see the module docstring), one sentence at a time.
 
     `direction`: a multilingual export's (language token, placement), the model card's call
-    (`litmt.deploy.hf_export.direction_calls`): placement "target" passes
+    (`litmt.deploy.export.hf.direction_calls`): placement "target" passes
     ``forced_bos_token_id`` = the token's id to ``generate``; "source" starts each text with
     ``"<2xx> "``. None: a one-pair model.
     """

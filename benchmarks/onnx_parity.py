@@ -42,11 +42,11 @@ from benchmarks.benchmark_engines import ensure_onnx_export
 from benchmarks.common import MULTI30K, checkpoint_run, export_of
 from benchmarks.decode_margins import NEAR_TIE, search_margin
 from litmt.cli.exits import cli_errors
-from litmt.decoding.forced import ForcedDecoder
-from litmt.decoding.search_rules import Hypothesis
+from litmt.decoding.analysis.forced import ForcedDecoder
+from litmt.decoding.search.rules import Hypothesis
 from litmt.decoding.translator import Translator
-from litmt.deploy.onnx_engine import OnnxTranslator
-from litmt.deploy.onnx_export import read_onnx_config
+from litmt.deploy.engines.onnx import OnnxTranslator
+from litmt.deploy.export.onnx import read_onnx_config
 
 CATEGORIES = ("near-tie", "ranking tie", "int8", "unexplained")
 

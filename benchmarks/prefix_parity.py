@@ -16,7 +16,7 @@ identical wherever the torch search decides with a margin over `NEAR_TIE`
   `NEAR_TIE`: the same search, sorted differently at the last bits.
 - ``budget``: a differing hypothesis ends at the output budget: at the budget's last step
   CTranslate2 finishes its K best candidates, litmt its K best non-eos ones plus the forced
-  eos (`litmt.deploy.ct2_engine`, what remains different).
+  eos (`litmt.deploy.engines.ct2`, what remains different).
 - ``unexplained``: none of these. The script then exits with status 1.
 
 Prints a markdown table per kind and every difference; --json writes the numbers. The ct2
@@ -41,10 +41,10 @@ from benchmarks.benchmark_engines import ensure_export
 from benchmarks.common import MULTI30K, checkpoint_run, export_of
 from benchmarks.decode_margins import NEAR_TIE, search_margin
 from litmt.cli.exits import cli_errors
-from litmt.decoding.search_rules import Hypothesis, output_budgets
+from litmt.decoding.search.rules import Hypothesis, output_budgets
 from litmt.decoding.translator import Translator
-from litmt.deploy.ct2_engine import CT2Translator
-from litmt.deploy.ct2_export import read_metadata
+from litmt.deploy.engines.ct2 import CT2Translator
+from litmt.deploy.export.ct2 import read_metadata
 
 KINDS = ("2 words", "half", "whole")
 CATEGORIES = ("near-tie", "ranking tie", "budget", "unexplained")

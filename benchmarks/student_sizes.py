@@ -1,7 +1,7 @@
 """The int8 CTranslate2 package size of candidate student shapes, before training any: each
 shape is built with the real model class, its weights perturbed (trained weights are all
 distinct; CTranslate2 stores equal variables once, so untrained LayerNorms and biases would
-shrink the file) and exported with ``litmt.deploy.ct2_export.export_model``, the tokenizer
+shrink the file) and exported with ``litmt.deploy.export.ct2.export_model``, the tokenizer
 trained by litmt on the distilled corpus. No timing.
 
     python benchmarks/student_sizes.py --teacher TEACHER.ckpt --corpus data/multi30k_kd
@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from litmt.checkpoint.io import META_KEY, MODEL_PREFIX, atomic_save, load_checkpoint
-from litmt.data.tokenizer import Tokenizer, TokenizerConfig, train_spm
-from litmt.deploy.ct2_export import export_model
+from litmt.data.tokenization.tokenizer import Tokenizer, TokenizerConfig, train_spm
+from litmt.deploy.export.ct2 import export_model
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
 # (d_model, d_ff, encoder layers, decoder layers, vocabulary, max_positions); vocabulary None =

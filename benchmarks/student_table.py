@@ -30,8 +30,8 @@ from typing import Any
 from benchmarks.benchmark_engines import ensure_export
 from benchmarks.common import median_timed, parallel_lines
 from litmt.cli.exits import cli_errors
-from litmt.deploy.ct2_engine import CT2Translator
-from litmt.deploy.ct2_export import is_export_dir, read_metadata
+from litmt.deploy.engines.ct2 import CT2Translator
+from litmt.deploy.export.ct2 import is_export_dir, read_metadata
 from litmt.errors import LitmtError
 from litmt.metrics import corpus_scores
 

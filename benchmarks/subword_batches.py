@@ -2,7 +2,7 @@
 
 For each sampling setting, two epochs of the real train loader: the padded size of every
 batch, `B x max(S, T)`, over `data.max_tokens`, and the share of sampled sides that fit no draw
-and keep their best segmentation (`litmt.data.subword_sampling`). The "before" row is
+and keep their best segmentation (`litmt.data.preparation.subword_sampling`). The "before" row is
 what the loader gave before sampled sides had to fit their planned length: the first draw of
 every side, in the batches planned on the stored lengths.
 
@@ -19,7 +19,7 @@ import tempfile
 
 from benchmarks.common import MULTI30K
 from litmt.data import TranslationDataModule
-from litmt.data.subword_sampling import DRAWS, SampledPairs
+from litmt.data.preparation.subword_sampling import DRAWS, SampledPairs
 from litmt.errors import LitmtError
 
 SETTINGS = [  # (model type, alpha, nbest)

@@ -1,4 +1,4 @@
-"""Encoding speed of the subword samplers (`litmt.data.segmentation`) on local Multi30k.
+"""Encoding speed of the subword samplers (`litmt.data.tokenization.segmentation`) on local Multi30k.
 
 Trains the recipe's tokenizer (joint unigram, 6000 pieces) on Multi30k en-de train, encodes
 the first `--n` English training sentences one call per sentence (as `SampledPairs` does),
@@ -23,8 +23,8 @@ from pathlib import Path
 import sentencepiece as spm
 
 from benchmarks.common import MULTI30K
-from litmt.data.segmentation import SubwordSampling, encode_texts
-from litmt.data.tokenizer import Tokenizer, TokenizerConfig
+from litmt.data.tokenization.segmentation import SubwordSampling, encode_texts
+from litmt.data.tokenization.tokenizer import Tokenizer, TokenizerConfig
 
 ALPHA = 0.1
 ROWS = [  # (label, nbest or None for the best segmentation)
@@ -38,7 +38,7 @@ ROWS = [  # (label, nbest or None for the best segmentation)
 _CHILD = """
 import json, sys
 import sentencepiece as spm
-from litmt.data.segmentation import SubwordSampling, encode_texts
+from litmt.data.tokenization.segmentation import SubwordSampling, encode_texts
 sp = spm.SentencePieceProcessor(model_file=sys.argv[1])
 texts = json.loads(sys.argv[3])
 nbest, alpha = sys.argv[2], float(sys.argv[4])

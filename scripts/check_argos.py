@@ -169,9 +169,9 @@ def main() -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
 
-    from litmt.deploy.argos_package import export_argos_package
-    from litmt.deploy.ct2_export import export_model
-    from litmt.deploy.engines import load_translator
+    from litmt.deploy.export.argos import export_argos_package
+    from litmt.deploy.export.ct2 import export_model
+    from litmt.deploy.loader import load_translator
     from litmt.metrics import corpus_bleu
 
     if args.ckpt:

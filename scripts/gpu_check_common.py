@@ -24,10 +24,10 @@ from gpu_check_rows import Rows
 from torch.utils.data import DataLoader
 
 from litmt.attention import get_backend_class
-from litmt.data.batch_sampler import TokenBudgetBatchSampler
-from litmt.data.collate import TokenizedPairs, collate
+from litmt.data.batching.collate import TokenizedPairs, collate
+from litmt.data.batching.sampler import TokenBudgetBatchSampler
 from litmt.data.text import read_text_file
-from litmt.data.tokenizer import Tokenizer, TokenizerConfig
+from litmt.data.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from litmt.runtime.fp8 import fp8_precision_plugin, pad_multiple_for
 from litmt.training.module import TranslationModule
 

@@ -4,7 +4,7 @@
     python scripts/score.py ckpt_path=model.ckpt src_file=test.en tgt_file=test.de
     python scripts/score.py ckpt_path=model.ckpt src_file=a.en tgt_file=a.de output=a.scores
 
-See conf/score.yaml for every option and src/litmt/decoding/forced.py for the exact definitions.
+See conf/score.yaml for every option and src/litmt/decoding/analysis/forced.py for the exact definitions.
 """
 
 from litmt.cli.runner import run_script

@@ -3,7 +3,7 @@
     python scripts/serve.py ckpt_path=model.ckpt port=5000
     python scripts/serve.py ckpt_path=exports/en-de-int8 threads=2
 
-See conf/serve.yaml for every option (the server's: litmt.deploy.serve_config.ServeConfig).
+See conf/serve.yaml for every option (the server's: litmt.deploy.server.config.ServeConfig).
 """
 
 from litmt.cli.runner import run_script

@@ -16,7 +16,7 @@ def __getattr__(name: str) -> Any:
 
         return Translator
     if name == "load_translator":  # engine="torch" | "ct2" (CTranslate2)
-        from litmt.deploy.engines import load_translator
+        from litmt.deploy.loader import load_translator
 
         return load_translator
     raise AttributeError(f"module 'litmt' has no attribute {name!r}")

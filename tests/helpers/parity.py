@@ -34,7 +34,7 @@ from benchmarks.decode_margins import (  # the tolerances and margins, shared wi
     search_margin,
     teacher_forced_log_probs,
 )
-from litmt.data.tokenizer import EOS_ID
+from litmt.data.tokenization.tokenizer import EOS_ID
 
 
 def ct2_step_log_prob(ct2_engine, src: Sequence[int], prefix: Sequence[int], token: int) -> float:

@@ -20,7 +20,7 @@ class ServerThread:
         `ServeConfig`); `uvicorn`: more or other `uvicorn.Config` options."""
         from uvicorn import Config, Server
 
-        from litmt.deploy.http_protocol import uvicorn_options
+        from litmt.deploy.server.protocol import uvicorn_options
 
         context = getattr(app.state, "context", None)
         options = uvicorn_options(context.settings) if context is not None else {}

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from litmt.checkpoint.io import save_model_checkpoint
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerConfig
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerConfig
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
 ADJ = {"red": "roter", "big": "großer", "small": "kleiner", "old": "alter", "young": "junger"}

@@ -19,7 +19,7 @@ import torch
 from tiny_checkpoint import PLACE, corpus, fit, tiny_config
 
 from litmt.checkpoint.io import save_model_checkpoint
-from litmt.data.tokenizer import Tokenizer, TokenizerConfig
+from litmt.data.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from litmt.models import Seq2SeqTransformer
 
 # English around the place word -> German around it (the glue before the word)

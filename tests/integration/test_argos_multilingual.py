@@ -44,7 +44,7 @@ def check_argos(tmp_path_factory):
 
 
 def test_argos_translates_a_paragraph_with_no_language_token(check_argos, tmp_path) -> None:
-    from litmt.deploy.argos_package import export_argos_package
+    from litmt.deploy.export.argos import export_argos_package
 
     module, python = check_argos
     ckpt = build_three_target_checkpoint(tmp_path)

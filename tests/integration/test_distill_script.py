@@ -13,7 +13,7 @@ import pytest
 from tiny_checkpoint import corpus
 
 from litmt.checkpoint.io import weights_digest
-from litmt.deploy.engines import load_translator
+from litmt.deploy.loader import load_translator
 
 REPO = Path(__file__).resolve().parents[2]
 N = 40  # tiny-corpus lines: the first N template sentences, line 7 left empty

@@ -16,10 +16,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from litmt.checkpoint.io import META_KEY, load_checkpoint, save_model_checkpoint
-from litmt.data.batch_sampler import TokenBudgetBatchSampler
-from litmt.data.collate import TokenizedPairs, collate
-from litmt.data.tokenizer import Tokenizer, TokenizerConfig
-from litmt.decoding.search import greedy_search
+from litmt.data.batching.collate import TokenizedPairs, collate
+from litmt.data.batching.sampler import TokenBudgetBatchSampler
+from litmt.data.tokenization.tokenizer import Tokenizer, TokenizerConfig
+from litmt.decoding.search.greedy import greedy_search
 from litmt.decoding.translator import Translator
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 from litmt.runtime.fp8 import fp8_disabled, fp8_precision_plugin, pad_multiple_for

@@ -40,9 +40,9 @@ from benchmarks.browser_speed import (  # noqa: E402
     serve_folder,
     translate_in_page,
 )
-from litmt.decoding.search_rules import output_budgets  # noqa: E402
-from litmt.deploy.onnx_engine import OnnxTranslator  # noqa: E402
-from litmt.deploy.web_export import MODEL_DIR, export_web, missing_runtime  # noqa: E402
+from litmt.decoding.search.rules import output_budgets  # noqa: E402
+from litmt.deploy.engines.onnx import OnnxTranslator  # noqa: E402
+from litmt.deploy.export.web import MODEL_DIR, export_web, missing_runtime  # noqa: E402
 
 # Template sentences, one with words the tiny vocabulary lacks (unknown pieces, an umlaut, a
 # capital, "!"), a blank line (no model run), a control character (removed, as in python) and

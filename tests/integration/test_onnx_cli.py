@@ -73,8 +73,8 @@ def test_onnx_export_is_served_on_onnx_without_attention(ckpt, tmp_path):
     import httpx
     from server_thread import ServerThread
 
-    from litmt.deploy.onnx_export import export_onnx
-    from litmt.deploy.server import ServeConfig, build_server_app
+    from litmt.deploy.export.onnx import export_onnx
+    from litmt.deploy.server.app import ServeConfig, build_server_app
 
     out = export_onnx(ckpt, tmp_path / "onnx")
     app = build_server_app(out, engine="torch", settings=ServeConfig(), threads=1)

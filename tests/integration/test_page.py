@@ -27,7 +27,7 @@ from tiny_checkpoint import (  # noqa: E402
 )
 
 from litmt.decoding.translator import Translator  # noqa: E402
-from litmt.deploy.server import ServeConfig, build_server_app  # noqa: E402
+from litmt.deploy.server.app import ServeConfig, build_server_app  # noqa: E402
 
 SENTENCE = "A young bird sings outside."
 

@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from parity import assert_same_decisions  # noqa: E402
 from server_thread import ServerThread  # noqa: E402
 
-from litmt.deploy.server import (  # noqa: E402
+from litmt.deploy.server.app import (  # noqa: E402
     POSITIVE,
     ServeConfig,
     build_server_app,
@@ -233,8 +233,8 @@ def test_read_params_counts_the_running_total_of_the_body_messages():
 
     from starlette.requests import Request
 
-    from litmt.deploy.http_errors import ApiError
-    from litmt.deploy.server import read_params
+    from litmt.deploy.server.app import read_params
+    from litmt.deploy.server.errors import ApiError
 
     def request(body: bytes) -> Request:
         messages = [{"type": "http.request", "body": c, "more_body": True} for c in _chunked(body)]
@@ -387,7 +387,7 @@ def test_page_is_served(client):
 
 def test_ct2_export_is_served_without_attention(ckpt, tmp_path, reference):
     pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
-    from litmt.deploy.ct2_export import export_model
+    from litmt.deploy.export.ct2 import export_model
 
     out = export_model(ckpt, tmp_path / "ct2")
     app = build_server_app(out, settings=ServeConfig(decoding=DECODING), threads=1)
@@ -656,7 +656,7 @@ def _run_batcher(fn, requests: list[list[str]], *, max_batch_sentences: int, max
     import asyncio
     from concurrent.futures import ThreadPoolExecutor as Pool
 
-    from litmt.deploy.model_queue import Job, ModelQueue
+    from litmt.deploy.server.model_queue import Job, ModelQueue
 
     async def main():
         with Pool(1) as pool:
@@ -681,7 +681,7 @@ def test_batcher_survives_a_request_that_goes_away_while_its_batch_fails():
     import threading
     from concurrent.futures import ThreadPoolExecutor as Pool
 
-    from litmt.deploy.model_queue import Job, ModelQueue
+    from litmt.deploy.server.model_queue import Job, ModelQueue
 
     running, release = threading.Event(), threading.Event()
 
@@ -872,7 +872,7 @@ def test_batcher_loop_survives_an_error_outside_the_model_call():
     import asyncio
     from concurrent.futures import ThreadPoolExecutor as Pool
 
-    from litmt.deploy.model_queue import Job, ModelQueue
+    from litmt.deploy.server.model_queue import Job, ModelQueue
 
     def fn(texts: list[str]) -> list[str]:
         return None if texts == ["bad"] else texts  # None[0:1]: TypeError in the loop
@@ -1069,7 +1069,7 @@ def test_attention_caps_its_source_and_its_target(long_ckpt):
 
 SLOW_SERVER = """
 import sys, time, uvicorn
-from litmt.deploy.server import ServeConfig, create_app
+from litmt.deploy.server.app import ServeConfig, create_app
 
 class Slow:
     src_lang, tgt_lang = "en", "de"

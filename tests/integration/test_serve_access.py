@@ -16,13 +16,13 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed")
 
 from server_thread import ServerThread  # noqa: E402
 
-from litmt.deploy.access import (  # noqa: E402
+from litmt.deploy.server.access import (  # noqa: E402
     AccessConfig,
     AccessGuard,
     exposure_warning,
     load_keys,
 )
-from litmt.deploy.server import ServeConfig, create_app  # noqa: E402
+from litmt.deploy.server.app import ServeConfig, create_app  # noqa: E402
 from litmt.errors import ConfigError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -372,7 +372,7 @@ def test_x_forwarded_for_from_an_untrusted_peer_is_ignored():
 
 
 def test_forwarded_allow_ips_reads_as_uvicorns():
-    from litmt.deploy.access import TrustedProxies
+    from litmt.deploy.server.access import TrustedProxies
 
     proxies = TrustedProxies("127.0.0.1, 10.0.0.0/8")
     assert proxies.client("10.1.2.3", "6.6.6.6, 1.2.3.4, 10.0.0.9") == "1.2.3.4"  # proxy chain

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 from server_thread import ServerThread  # noqa: E402
 
 from litmt.decoding.translator import Translator  # noqa: E402
-from litmt.deploy import routes_explorer  # noqa: E402
-from litmt.deploy.server import ServeConfig, create_app  # noqa: E402
+from litmt.deploy.server.app import ServeConfig, create_app  # noqa: E402
+from litmt.deploy.server.routes import explorer as routes_explorer  # noqa: E402
 
 DECODING = {"beam_size": 2, "max_len_a": 1.2, "max_len_b": 10}
 JSON = {"content-type": "application/json"}

@@ -1,4 +1,4 @@
-"""LibreTranslate parity of the HTTP server on 127.0.0.1 (`litmt.deploy.libretranslate`):
+"""LibreTranslate parity of the HTTP server on 127.0.0.1 (`litmt.deploy.server.routes.libretranslate`):
 source=auto, /detect, alternatives, format=html, language codes, /frontend/settings,
 /suggest, /translate_file, and the cases of LibreTranslate's own API tests
 (``libretranslate/tests/test_api/``, commit 39429cb) that apply to a one-pair server."""
@@ -16,8 +16,8 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 from server_thread import ServerThread  # noqa: E402
 
-from litmt.deploy.libretranslate import HtmlText, filter_unique, iso2model, model2iso  # noqa: E402
-from litmt.deploy.server import ServeConfig, build_server_app  # noqa: E402
+from litmt.deploy.server.app import ServeConfig, build_server_app  # noqa: E402
+from litmt.deploy.server.routes.libretranslate import HtmlText, filter_unique, iso2model, model2iso  # noqa: E402
 
 DECODING = {"beam_size": 3, "max_len_a": 1.2, "max_len_b": 10}
 SENTENCES = ["A red dog runs.", "A big man sleeps here.", "A small cat eats today."]
@@ -280,7 +280,7 @@ def multi_client(tmp_path_factory):
     from litmt.data.directions import parse_directions
     from litmt.decoding.languages import Languages
     from litmt.decoding.translator import Translator
-    from litmt.deploy.server import create_app
+    from litmt.deploy.server.app import create_app
 
     path = build_tiny_multilingual_checkpoint(tmp_path_factory.mktemp("lt_multi"))
     translator = Translator.from_checkpoint(path, device="cpu")

@@ -20,7 +20,7 @@ from tiny_checkpoint import build_tiny_multilingual_checkpoint  # noqa: E402
 
 from litmt.checkpoint.io import save_model_checkpoint  # noqa: E402
 from litmt.decoding.translator import Translator  # noqa: E402
-from litmt.deploy.server import ServeConfig, build_server_app, create_app  # noqa: E402
+from litmt.deploy.server.app import ServeConfig, build_server_app, create_app  # noqa: E402
 
 GREEDY = {"beam_size": 1}
 EN = ["A red dog runs.", "A small cat sleeps here.", "A young bird sings outside."]
@@ -86,8 +86,8 @@ def test_auto_with_one_source_language_detects_it(multi) -> None:
 # -- (b) /attention: both placements from a checkpoint, a plain refusal from an export --
 def test_attention_from_a_checkpoint_and_an_export(multi, tmp_path) -> None:
     pytest.importorskip("ctranslate2")
-    from litmt.deploy.ct2_export import export_model
-    from litmt.deploy.routes_explorer import NO_ATTENTION
+    from litmt.deploy.export.ct2 import export_model
+    from litmt.deploy.server.routes.explorer import NO_ATTENTION
 
     placement, path = multi
     reference = Translator.from_checkpoint(path, device="cpu")

@@ -22,7 +22,7 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 from server_thread import ServerThread  # noqa: E402
 
 from benchmarks.http_load import client_address  # noqa: E402
-from litmt.deploy.server import ServeConfig, create_app  # noqa: E402
+from litmt.deploy.server.app import ServeConfig, create_app  # noqa: E402
 
 LONG = " ".join(f"Sentence number {i} is here." for i in range(12))  # 12 sentences, one line
 
@@ -139,7 +139,7 @@ def test_steered_and_attention_requests_wait_in_the_same_bounded_queue():
 def test_attention_has_the_request_timeout(ckpt):
     """/attention waits in the queue like any request: past request_timeout_s it is a 504
     and its work is dropped (before: no timeout at all)."""
-    from litmt.deploy.engines import load_translator
+    from litmt.deploy.loader import load_translator
 
     model = _Costly()
     model.gate.clear()

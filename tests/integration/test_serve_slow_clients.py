@@ -1,5 +1,5 @@
 """Slow and idle clients against a real uvicorn on loopback, run as `litmt.cli.serve` runs
-it (litmt's HTTP protocol, `litmt.deploy.http_protocol`): stalled sockets cannot lock other
+it (litmt's HTTP protocol, `litmt.deploy.server.protocol`): stalled sockets cannot lock other
 clients out, every refusal a client can read is JSON, and header and body deadlines close
 what stalls.
 
@@ -22,7 +22,7 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 from server_thread import ServerThread  # noqa: E402
 
-from litmt.deploy.server import ServeConfig, create_app  # noqa: E402
+from litmt.deploy.server.app import ServeConfig, create_app  # noqa: E402
 
 HALF = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"  # no end
 ASK = {"q": "fine", "source": "en", "target": "de"}
@@ -72,7 +72,7 @@ def _json_body(raw: bytes) -> tuple[int, dict[str, str], dict]:
 def test_80_stalled_sockets_do_not_lock_out_a_well_behaved_client(caplog):
     """The issue's slow-client probe: limit_concurrency=64 and 80 sockets that sent half a
     request from one address. Before: /health and /translate got uvicorn's plain-text 503."""
-    import litmt.deploy.http_protocol as protocol
+    import litmt.deploy.server.protocol as protocol
 
     protocol._warned.clear()
     settings = ServeConfig(limit_concurrency=64, header_timeout_s=30)

@@ -10,7 +10,7 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 from server_thread import ServerThread  # noqa: E402
 
-from litmt.deploy.server import ServeConfig, build_server_app  # noqa: E402
+from litmt.deploy.server.app import ServeConfig, build_server_app  # noqa: E402
 
 DECODING = {"beam_size": 3}
 PAIR = {"source": "en", "target": "de"}

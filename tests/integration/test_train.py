@@ -299,12 +299,12 @@ def test_validation_logs_a_cross_attention_heatmap_to_offline_wandb(tmp_path, mo
 
     from lightning.pytorch.plugins.precision import Precision
 
-    import litmt.decoding.attention_maps
+    import litmt.decoding.analysis.attention_maps
 
     inside, drawn_inside = [], []
     plain_context, plain_figure = (
         Precision.forward_context,
-        litmt.decoding.attention_maps.cross_attention_figure,
+        litmt.decoding.analysis.attention_maps.cross_attention_figure,
     )
 
     @contextlib.contextmanager
@@ -321,7 +321,9 @@ def test_validation_logs_a_cross_attention_heatmap_to_offline_wandb(tmp_path, mo
         return plain_figure(*args, **kwargs)
 
     monkeypatch.setattr(Precision, "forward_context", spy_context)
-    monkeypatch.setattr(litmt.decoding.attention_maps, "cross_attention_figure", spy_figure)
+    monkeypatch.setattr(
+        litmt.decoding.analysis.attention_maps, "cross_attention_figure", spy_figure
+    )
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 100, "valid": 10, "test": 10})
     over = [o for o in tiny_overrides(corpus, tmp_path) if o != "logger=csv"]  # default: W&B + CSV
     train(compose_train([*over, "trainer.max_epochs=1", "test_after_training=false"], tmp_path))

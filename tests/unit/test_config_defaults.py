@@ -38,10 +38,10 @@ class Case:
 CASES = [
     Case("decoding/default.yaml", "litmt.decoding.config:DecodeConfig"),
     Case("data/base.yaml", "litmt.data.config:DataConfig", wired=frozenset({"seed", "cache_dir"})),
-    Case("load/default.yaml", "litmt.deploy.engines:LoadConfig"),
+    Case("load/default.yaml", "litmt.deploy.loader:LoadConfig"),
     Case(
         "serve.yaml",
-        "litmt.deploy.serve_config:ServeConfig",
+        "litmt.deploy.server.config:ServeConfig",
         others=frozenset({"explorer", "max_tokens", "hydra"}),
     ),
     Case(

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from litmt.checkpoint.io import META_KEY
-from litmt.data.tokenizer import Tokenizer
+from litmt.data.tokenization.tokenizer import Tokenizer
 from litmt.errors import CheckpointError, LitmtError
 from litmt.models import TransformerConfig
 

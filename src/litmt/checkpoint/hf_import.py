@@ -21,7 +21,7 @@ The mapping (transformers' ``models/marian/modeling_marian.py``):
   one id more than Marian's, and litmt's id ``j`` is Marian's ``marian_ids[j]``;
 - ``final_logits_bias`` -> ``output_bias``; tied (``tie_word_embeddings``) or separate output
   projection; the source and target sentencepiece models split text, ``vocab.json`` gives
-  the ids (`litmt.data.piece_vocab`), and every source ends with eos, as MarianTokenizer.
+  the ids (`litmt.data.tokenization.piece_vocab`), and every source ends with eos, as MarianTokenizer.
 
 A directory written by litmt's ``format=hf`` export (Marian or Pegasus, with ``litmt/``
 holding litmt's tokenizer and model config) is read back exactly: the stored config, the
@@ -46,8 +46,8 @@ import torch
 from torch import Tensor
 
 from litmt.checkpoint.hf_names import LITMT_DIR, channel_order, hf_layer_weights, permute_channels
-from litmt.data.piece_vocab import SPECIAL_PIECES
-from litmt.data.tokenizer import Tokenizer
+from litmt.data.tokenization.piece_vocab import SPECIAL_PIECES
+from litmt.data.tokenization.tokenizer import Tokenizer
 from litmt.errors import CheckpointError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 from litmt.models.transformer import NEVER_LOGIT

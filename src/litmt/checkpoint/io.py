@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from litmt.data.tokenizer import Tokenizer
+from litmt.data.tokenization.tokenizer import Tokenizer
 from litmt.errors import CheckpointError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 from litmt.runtime.fp8 import drop_fp8_extra_state

@@ -11,7 +11,7 @@ import torch
 
 from litmt.checkpoint.compat import config_differences
 from litmt.checkpoint.io import META_KEY, load_checkpoint, model_state_dict
-from litmt.data.tokenizer import Tokenizer
+from litmt.data.tokenization.tokenizer import Tokenizer
 from litmt.errors import BackendError, CheckpointError, ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 

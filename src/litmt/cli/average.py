@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from litmt.checkpoint.average import average_checkpoints
 from litmt.config import renamed_keys
-from litmt.deploy.engines import WEIGHTS_ONLY_IGNORES, LoadConfig
+from litmt.deploy.loader import WEIGHTS_ONLY_IGNORES, LoadConfig
 from litmt.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from omegaconf import DictConfig
 from litmt.checkpoint.io import weights_digest
 from litmt.config import build, plain
 from litmt.data.config import DataConfig, resolve_path
-from litmt.data.corpus import ParallelCorpus
-from litmt.data.streams import count_pairs, pair_chunks
+from litmt.data.corpora.parallel import ParallelCorpus
+from litmt.data.corpora.streams import count_pairs, pair_chunks
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.distill import (
     FORMAT,
@@ -33,8 +33,8 @@ from litmt.decoding.distill import (
     distill_corpus,
     log_counts,
 )
-from litmt.deploy.ct2_export import file_sha256, is_export_dir, read_metadata
-from litmt.deploy.engines import LoadConfig, engine_options, load_translator
+from litmt.deploy.export.ct2 import file_sha256, is_export_dir, read_metadata
+from litmt.deploy.loader import LoadConfig, engine_options, load_translator
 from litmt.errors import ConfigError
 
 log = logging.getLogger(__name__)

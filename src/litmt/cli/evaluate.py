@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from litmt.data.text import read_text_file
 from litmt.decoding.config import DecodeConfig
-from litmt.deploy.engines import LoadConfig
+from litmt.deploy.loader import LoadConfig
 from litmt.errors import ConfigError, DataError
 from litmt.metrics import corpus_scores
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from litmt.deploy.argos_package import export_argos_package
-from litmt.deploy.ct2_export import export_model
-from litmt.deploy.engines import WEIGHTS_ONLY_IGNORES, LoadConfig
-from litmt.deploy.hf_export import export_hf
-from litmt.deploy.onnx_export import export_onnx
-from litmt.deploy.web_export import export_web
+from litmt.deploy.export.argos import export_argos_package
+from litmt.deploy.export.ct2 import export_model
+from litmt.deploy.export.hf import export_hf
+from litmt.deploy.export.onnx import export_onnx
+from litmt.deploy.export.web import export_web
+from litmt.deploy.loader import WEIGHTS_ONLY_IGNORES, LoadConfig
 from litmt.errors import ConfigError
 
 FORMATS = ("ct2", "argos", "hf", "onnx", "web")

@@ -1,7 +1,7 @@
 """The score command: forced decoding of (source, target) pairs (conf/score.yaml).
 
 The command keeps the name users type (``scripts/score.py``); the library calls it forced
-decoding (`litmt.decoding.forced.ForcedDecoder`), and the "score" it prints is the ranking
+decoding (`litmt.decoding.analysis.forced.ForcedDecoder`), and the "score" it prints is the ranking
 score of `Hypothesis.score`.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from litmt.data.text import open_output, read_text_file
+from litmt.decoding.analysis.forced import ForcedDecoder, PairScore
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.forced import ForcedDecoder, PairScore
-from litmt.deploy.engines import LoadConfig, load_translator
+from litmt.deploy.loader import LoadConfig, load_translator
 from litmt.errors import DataError
 
 

@@ -1,6 +1,6 @@
 """The serve command: the HTTP translation server (conf/serve.yaml).
 
-The server's keys are the fields of `litmt.deploy.serve_config.ServeConfig` (their defaults
+The server's keys are the fields of `litmt.deploy.server.config.ServeConfig` (their defaults
 and docs live there); what to load comes from the shared load group (`LoadConfig`:
 ``ckpt_path``, ``device``; the load keys serve cannot honour are refused, `SERVE_IGNORES`).
 """
@@ -11,11 +11,11 @@ import logging
 from typing import Any
 
 from litmt.config import build, plain, renamed_keys
-from litmt.deploy.access import exposure_warning, load_keys
-from litmt.deploy.engines import LoadConfig, engine_options
-from litmt.deploy.http_protocol import uvicorn_options
-from litmt.deploy.serve_config import RENAMES, ServeConfig, old_serve_keys
-from litmt.deploy.server import build_server_app
+from litmt.deploy.loader import LoadConfig, engine_options
+from litmt.deploy.server.access import exposure_warning, load_keys
+from litmt.deploy.server.app import build_server_app
+from litmt.deploy.server.config import RENAMES, ServeConfig, old_serve_keys
+from litmt.deploy.server.protocol import uvicorn_options
 from litmt.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,6 @@ def serve(cfg: Any) -> None:
         port=settings.port,
         log_level=settings.log_level,
         # litmt's HTTP protocol: header/body deadlines, connections per address,
-        # limit_concurrency, JSON refusals, no proxy headers (litmt.deploy.http_protocol)
+        # limit_concurrency, JSON refusals, no proxy headers (litmt.deploy.server.protocol)
         **uvicorn_options(settings),
     )

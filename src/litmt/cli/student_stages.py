@@ -25,7 +25,7 @@ from typing import Any
 
 from litmt.checkpoint.io import weights_digest
 from litmt.decoding.distill import write_json
-from litmt.deploy.ct2_export import file_sha256, is_export_dir
+from litmt.deploy.export.ct2 import file_sha256, is_export_dir
 from litmt.errors import ConfigError, LitmtError
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class StageMarker:
 
 def data_digest(directory: Path, langs: tuple[str, str]) -> str:
     """A digest of the corpus files ``{directory}/*.{lang}``: names, sizes and modification
-    times (as `litmt.data.corpus.ParallelCorpus.fingerprint`, without reading them)."""
+    times (as `litmt.data.corpora.parallel.ParallelCorpus.fingerprint`, without reading them)."""
     digest = hashlib.sha256()
     for lang in langs:
         for path in sorted(directory.glob(f"*.{lang}")):

@@ -22,10 +22,10 @@ from omegaconf import DictConfig, ListConfig
 
 from litmt.config import renamed_keys
 from litmt.data.text import open_output, read_lines
-from litmt.decoding.alignment import AlignConfig
+from litmt.decoding.analysis.alignment import AlignConfig
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.translator import Aligned, NBest, Translation
-from litmt.deploy.engines import LoadConfig
+from litmt.deploy.loader import LoadConfig
 from litmt.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig
 
 from litmt.attention import backend_support
-from litmt.decoding.attention_maps import KINDS, collect_attention, plot_attention
-from litmt.deploy.engines import LoadConfig
+from litmt.decoding.analysis.attention_maps import KINDS, collect_attention, plot_attention
+from litmt.deploy.loader import LoadConfig
 from litmt.errors import ConfigError
 from litmt.models import ATTENTION_SITES, Seq2SeqTransformer, TransformerConfig
 

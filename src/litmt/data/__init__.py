@@ -1,6 +1,6 @@
 """Data: tokenizer (sentencepiece), corpus loading (datasets), bucketing sampler, DataModule.
 
-Names are imported lazily, so `from litmt.data.tokenizer import Tokenizer` (what decoding
+Names are imported lazily, so `from litmt.data.tokenization.tokenizer import Tokenizer` (what decoding
 needs) does not pay for importing Lightning and `datasets`.
 """
 
@@ -10,17 +10,17 @@ import importlib
 from typing import Any
 
 # Eager: light, and `collate` (the function) must shadow the submodule of the same name.
-from litmt.data.collate import TokenizedPairs as TokenizedPairs
-from litmt.data.collate import collate as collate
+from litmt.data.batching.collate import TokenizedPairs as TokenizedPairs
+from litmt.data.batching.collate import collate as collate
 
 _EXPORTS = {
     "DataConfig": "litmt.data.config",
-    "ParallelCorpus": "litmt.data.corpus",
+    "ParallelCorpus": "litmt.data.corpora.parallel",
     "TranslationDataModule": "litmt.data.datamodule",
-    "ResumableDataLoader": "litmt.data.loader",
-    "TokenBudgetBatchSampler": "litmt.data.batch_sampler",
-    "Tokenizer": "litmt.data.tokenizer",
-    "TokenizerConfig": "litmt.data.tokenizer",
+    "ResumableDataLoader": "litmt.data.batching.loader",
+    "TokenBudgetBatchSampler": "litmt.data.batching.sampler",
+    "Tokenizer": "litmt.data.tokenization.tokenizer",
+    "TokenizerConfig": "litmt.data.tokenization.tokenizer",
 }
 
 

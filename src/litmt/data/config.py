@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from litmt.config import build, plain
-from litmt.data.corpus import HubSpec
+from litmt.data.corpora.parallel import HubSpec
 from litmt.data.directions import check_placement, sampling_weights
-from litmt.data.preprocess import FilterConfig
-from litmt.data.tokenizer import TokenizerConfig
+from litmt.data.preparation.encoding import FilterConfig
+from litmt.data.tokenization.tokenizer import TokenizerConfig
 from litmt.errors import ConfigError
 
 log = logging.getLogger(__name__)

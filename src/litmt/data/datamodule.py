@@ -2,11 +2,11 @@
 
 Its parts, each in its own module:
 - the settings: `litmt.data.config.DataConfig` (every `conf/data` key, defined once);
-- the corpus: `litmt.data.corpora.Corpora`, one interface for one pair (`PairCorpora`) and
-  for several directions (`litmt.data.mixing.MultiCorpus`);
-- the cache layout: `litmt.data.cache_layout.CacheLayout` (tokenizer, token ids, text);
-- the tokenizer and the prepared splits: `litmt.data.prepared.PreparedData`;
-- preparing once per node: `litmt.data.prepare_once`;
+- the corpus: `litmt.data.corpora.interface.Corpora`, one interface for one pair (`PairCorpora`) and
+  for several directions (`litmt.data.corpora.multi.MultiCorpus`);
+- the cache layout: `litmt.data.preparation.cache_layout.CacheLayout` (tokenizer, token ids, text);
+- the tokenizer and the prepared splits: `litmt.data.preparation.prepared.PreparedData`;
+- preparing once per node: `litmt.data.preparation.once`;
 - here: Lightning's hooks and the loaders.
 
 `prepare_data` (one process per node) trains or loads the tokenizer and tokenises every
@@ -40,13 +40,13 @@ from typing import Any
 import lightning as L
 import torch
 
-from litmt.data.batch_sampler import dist_rank_world
-from litmt.data.collate import TokenizedPairs
+from litmt.data.batching.collate import TokenizedPairs
+from litmt.data.batching.loader import ResumableDataLoader, token_budget_loader
+from litmt.data.batching.sampler import dist_rank_world
 from litmt.data.config import DataConfig
-from litmt.data.corpus import SPLITS
-from litmt.data.loader import ResumableDataLoader, token_budget_loader
-from litmt.data.prepare_once import is_preparer, prepare_and_publish, wait_for_marker
-from litmt.data.prepared import PreparedData
+from litmt.data.corpora.parallel import SPLITS
+from litmt.data.preparation.once import is_preparer, prepare_and_publish, wait_for_marker
+from litmt.data.preparation.prepared import PreparedData
 from litmt.errors import ConfigError, DataError
 from litmt.runtime.lightning_compat import uses_distributed_sampler
 
@@ -83,13 +83,13 @@ class TranslationDataModule(PreparedData, L.LightningDataModule):
         self.datasets: dict[str, TokenizedPairs] = {}
         self._prepared_paths: list[str] = []  # what the last prepare_data published
 
-    # -- prepare once per node (or per job), the other ranks wait (`litmt.data.prepare_once`) --
+    # -- prepare once per node (or per job), the other ranks wait (`litmt.data.preparation.once`) --
     def prepared_marker(self) -> Path:
         """The file the preparing process writes when the caches are complete (or it failed)."""
         return self.layout.prepared_marker(self.tokenizer_dir())
 
     def is_preparer(self) -> bool:
-        """Whether this process prepares the data (`litmt.data.prepare_once.is_preparer`)."""
+        """Whether this process prepares the data (`litmt.data.preparation.once.is_preparer`)."""
         return is_preparer(self.prepare_data_per_node)
 
     def prepare_once(self, poll_s: float = 0.5) -> None:
@@ -97,7 +97,7 @@ class TranslationDataModule(PreparedData, L.LightningDataModule):
 
         Works before any process group exists: the preparer writes a JSON marker under
         `cache_dir/prepared/` once every cache is published (or, on failure, a failed
-        marker), and the others poll it (`litmt.data.prepare_once`).
+        marker), and the others poll it (`litmt.data.preparation.once`).
 
         Raises:
             DataError: the preparing process failed, or did not finish in `prepare_timeout`.

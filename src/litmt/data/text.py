@@ -2,7 +2,7 @@
 output writer.
 
 Reading lines (`read_lines`, `read_text_file`; translate's ``input=FILE`` and stdin, evaluate's
-and score's files, the corpora of `litmt.data.corpus`): UTF-8; a byte-order mark at the very
+and score's files, the corpora of `litmt.data.corpora.parallel`): UTF-8; a byte-order mark at the very
 start is dropped; only "\\n" ends a line (a lone "\\r", U+2028 or form feed stay inside the
 line, so line numbers match ``wc -l`` and the two sides of a corpus stay aligned), and a "\\r"
 right before it (CRLF) goes with it; the last line needs no newline and a final newline adds

@@ -1,6 +1,6 @@
 """`DecodeConfig`: every decoding setting, validated, with the project's one set of defaults.
 
-`litmt.decoding.dispatch.decode` runs it; the searches (`litmt.decoding.search`) take their keyword defaults
+`litmt.decoding.search.dispatch.decode` runs it; the searches (`litmt.decoding.search.beam`) take their keyword defaults
 from it; job configs override it (`DecodeConfig.from_options`: absent or null keys keep the
 default).
 """

@@ -6,7 +6,7 @@ the ensemble's are the log of their mean probability,
     log p(y) = logsumexp_m(log p_m(y)) - log M,
 
 as fairseq's `EnsembleModel.forward_decoder` (``fairseq/sequence_generator.py``) computes
-them. The result is normalised, so the searches (`litmt.decoding.search`), which apply a
+them. The result is normalised, so the searches (`litmt.decoding.search.beam`), which apply a
 log-softmax to what `decode_step` returns, see exactly these log-probabilities. Each
 model keeps its own encoder output, cross-attention K/V and self-attention cache; the
 search reorders them all together. The models must share the target vocabulary (the
@@ -47,7 +47,7 @@ class EnsembleState:
 
 
 class Ensemble:
-    """M models decoded as one (`litmt.decoding.search_rules.StepModel`).
+    """M models decoded as one (`litmt.decoding.search.rules.StepModel`).
 
     Args:
         models: the models, in eval mode, with equal source and target vocabulary sizes.

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from litmt.data.directions import Direction, check_placement, parse_directions
-from litmt.data.tokenizer import Tokenizer
+from litmt.data.tokenization.tokenizer import Tokenizer
 from litmt.errors import ConfigError
 
 log = logging.getLogger(__name__)

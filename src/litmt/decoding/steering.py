@@ -20,8 +20,8 @@ fallback has no unknown characters; there the phrase must decode back to itself 
 sentencepiece normalises it) instead.
 
 The length budget: a sentence must be able to hold its prefix and every constraint, so its
-output budget (`litmt.decoding.search_rules.output_budgets`) is raised to at least
-``len(prefix) + sum(len(constraint))`` tokens (`budget_floor`); more than the model's
+output budget (`litmt.decoding.search.rules.output_budgets`) is raised to at least
+``len(prefix) + sum(len(constraint))`` tokens (`litmt.decoding.search.rules.budget_floor`); more than the model's
 ``max_positions - 1`` is refused.
 """
 
@@ -35,9 +35,10 @@ from typing import Any
 import sentencepiece as spm
 import torch
 
-from litmt.data.segmentation import model_proto
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from litmt.decoding.constraint_tracker import WordPieces
+from litmt.data.tokenization.segmentation import model_proto
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from litmt.decoding.search.constraint_tracker import WordPieces
+from litmt.decoding.search.rules import constrained_beam
 from litmt.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -105,34 +106,6 @@ def check_constraints(constraints: Any, n: int) -> list[list[str]]:
                 raise ConfigError(f"a constraint must not be empty{_where(i, n)}")
         out.append(list(phrases))
     return out
-
-
-def budget_floor(
-    max_positions: int,
-    prefixes: Sequence[Sequence[int]] | None = None,
-    constraints: Sequence[Sequence[Sequence[int]]] | None = None,
-) -> list[int]:
-    """Per sentence, the tokens its output must be able to hold: its prefix plus all its
-    constraints (the floor of `litmt.decoding.search_rules.output_budgets`).
-
-    Raises:
-        ConfigError: a sentence needs more than the model's ``max_positions - 1`` tokens.
-    """
-    n = len(prefixes) if prefixes is not None else len(constraints or [])
-    floor = [0] * n
-    for i in range(n):
-        if prefixes is not None:
-            floor[i] += len(prefixes[i])
-        if constraints is not None:
-            floor[i] += sum(len(c) for c in constraints[i])
-    limit = max_positions - 1
-    for i, f in enumerate(floor):
-        if f > limit:
-            raise ConfigError(
-                f"the prefix and constraints{_where(i, n)} need {f} target tokens, more than "
-                f"the model's maximum output of {limit}; shorten them"
-            )
-    return floor
 
 
 def _normalised(tokenizer: Tokenizer, text: str) -> str:
@@ -228,13 +201,6 @@ def encode_steering(
     return prefix_ids, constraint_ids
 
 
-def constrained_beam(beam_size: int, constraints: Sequence[Sequence[int]]) -> int:
-    """The beam a sentence with these constraints (target id lists) is searched with: at least
-    its constraint pieces C + 1, one beam for each bank of the dynamic beam allocation (0 .. C
-    constraint tokens placed; `litmt.decoding.constraints`); else `beam_size`."""
-    return max(beam_size, sum(len(c) for c in constraints) + 1 if constraints else 0)
-
-
 def log_raised_beams(beam_size: int, constraints: Sequence[Sequence[Sequence[int]]]) -> None:
     """One info line when `constrained_beam` raises the beam of any of these sentences."""
     beams = [constrained_beam(beam_size, c) for c in constraints if c]
@@ -251,7 +217,7 @@ def log_raised_beams(beam_size: int, constraints: Sequence[Sequence[Sequence[int
 
 def word_continuation(tokenizer: Tokenizer) -> torch.Tensor:
     """(V,) bool: target pieces that continue the previous word (no leading ``▁``, a letter or
-    digit first), which may not follow a completed constraint (`litmt.decoding.constraints`)."""
+    digit first), which may not follow a completed constraint (`litmt.decoding.search.constrained`)."""
     pieces = tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size))
     mask = [not p.startswith("\u2581") and p[:1].isalnum() for p in pieces]
     return torch.tensor(mask, dtype=torch.bool)
@@ -304,12 +270,10 @@ def word_pieces(
 
 __all__ = [
     "Ids",
-    "budget_floor",
     "byte_fallback",
     "check_constraints",
     "check_known_pieces",
     "check_prefixes",
-    "constrained_beam",
     "encode_steering",
     "log_raised_beams",
     "word_continuation",

@@ -7,7 +7,7 @@
 Everything text-side (input hygiene, steering, directions, `translate`, `search_ids`, word
 alignments) is `litmt.decoding.translator_base.BaseTranslator`'s, shared with the CTranslate2
 engine; this adds loading a checkpoint and decoding a batch with
-`litmt.decoding.dispatch.decode`. The translate command is `litmt.cli.translate`.
+`litmt.decoding.search.dispatch.decode`. The translate command is `litmt.cli.translate`.
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ import torch
 
 from litmt.checkpoint.compat import tokenizer_difference
 from litmt.checkpoint.load import load_model, resolve_device
-from litmt.data.tokenizer import Tokenizer
+from litmt.data.tokenization.tokenizer import Tokenizer
 from litmt.decoding.batching import padded, token_batches
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.dispatch import decode
 from litmt.decoding.languages import Languages
-from litmt.decoding.sampling_search import make_generator
-from litmt.decoding.search_rules import Hypothesis, StepModel
-from litmt.decoding.steering import constrained_beam
+from litmt.decoding.search.dispatch import decode
+from litmt.decoding.search.greedy import make_generator
+from litmt.decoding.search.rules import Hypothesis, StepModel, beam_groups
 from litmt.decoding.translator_base import (
     Aligned,
     BaseTranslator,
@@ -195,17 +194,12 @@ def decode_request(
 
 
 def by_beam(request: DecodeRequest) -> list[list[int]]:
-    """``request.todo`` grouped by the beam each sentence is searched with (its constraints'
-    `constrained_beam`; one group without constraints), so a batch is one constrained search
-    (`litmt.decoding.dispatch` runs one per beam size)."""
+    """``request.todo`` grouped by the beam each sentence is searched with
+    (`litmt.decoding.search.rules.beam_groups`; one group without constraints), so a batch is
+    one constrained search."""
     if not request.constraints:
         return [request.todo]
-    config = request.config
-    beam = config.beam_size if config.method == "beam" else 1
-    groups: dict[int, list[int]] = {}
-    for i in request.todo:
-        groups.setdefault(constrained_beam(beam, request.constraints[i]), []).append(i)
-    return [groups[k] for k in sorted(groups)]
+    return [rows for _, rows in beam_groups(request.config, request.constraints, request.todo)]
 
 
 def _batches(request: DecodeRequest) -> Iterator[tuple[list[int], list[int]]]:

@@ -1,7 +1,7 @@
 """What every engine's translator shares: text in, text out (`BaseTranslator`).
 
 The torch engine (`litmt.decoding.translator.Translator`) and the CTranslate2 engine
-(`litmt.deploy.ct2_engine.CT2Translator`) differ only in how they load and decode a batch
+(`litmt.deploy.engines.ct2.CT2Translator`) differ only in how they load and decode a batch
 (`decode_batches`, `check_request`); the rest is here, so every option means the same on both.
 Word alignments need a torch model (its cross-attention): the CTranslate2 engine refuses them.
 
@@ -38,15 +38,15 @@ import torch
 from tqdm import tqdm
 
 from litmt.data.text import clean_line, strip_line_end
-from litmt.data.tokenizer import Tokenizer
-from litmt.decoding.alignment import AlignConfig, align_ids, pharaoh
+from litmt.data.tokenization.tokenizer import Tokenizer
+from litmt.decoding.analysis.alignment import AlignConfig, align_ids, pharaoh
 from litmt.decoding.batching import check_max_tokens, token_batches
 from litmt.decoding.config import DecodeConfig, decoding_options
-from litmt.decoding.constraint_tracker import WordPieces
 from litmt.decoding.languages import Languages, Route
 from litmt.decoding.requests import DecodeRequest, Translation
-from litmt.decoding.search_rules import Hypothesis
-from litmt.decoding.steering import budget_floor, encode_steering, log_raised_beams, word_pieces
+from litmt.decoding.search.constraint_tracker import WordPieces
+from litmt.decoding.search.rules import Hypothesis, budget_floor
+from litmt.decoding.steering import encode_steering, log_raised_beams, word_pieces
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 from litmt.runtime.precision import autocast_context
@@ -216,7 +216,7 @@ class BaseTranslator:
         *,
         max_tokens: int = 4096,
     ) -> list[list[str]]:
-        """Pharaoh word alignments (`litmt.decoding.alignment`) of every hypothesis of every source.
+        """Pharaoh word alignments (`litmt.decoding.analysis.alignment`) of every hypothesis of every source.
 
         Returns:
             Per source, one alignment string per hypothesis ("" for an empty source or

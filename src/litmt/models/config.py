@@ -149,7 +149,7 @@ class TransformerConfig:
 
 
 # Keys older checkpoints carry that are no longer part of the config. The special token ids
-# moved to the tokenizer (`litmt.data.tokenizer`); every litmt tokenizer has used these
+# moved to the tokenizer (`litmt.data.tokenization.tokenizer`); every litmt tokenizer has used these
 # values, so a checkpoint whose ids differ cannot be served by this version. `gemm` chose a
 # CPU GEMM library that has been removed.
 LEGACY_IDS = {"pad_id": 0, "bos_id": 2, "eos_id": 3}

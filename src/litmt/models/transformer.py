@@ -74,7 +74,7 @@ class Seq2SeqTransformer(nn.Module):
 
         Args:
             config: the hyper-parameters.
-            pad_id: the tokenizer's padding id (`litmt.data.tokenizer.PAD_ID`): its embedding
+            pad_id: the tokenizer's padding id (`litmt.data.tokenization.tokenizer.PAD_ID`): its embedding
                 row is zero and source positions holding it are masked.
         """
         super().__init__()

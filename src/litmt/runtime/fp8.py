@@ -33,7 +33,7 @@ def pad_multiple_for(precision: str | int | None, configured: int | None = 1) ->
 
     Transformer Engine's FP8 GEMMs need the rows B*S / B*T of every projection divisible by 8
     (transformer_engine/pytorch/utils.py `assert_dim_for_fp8_exec`; see
-    `litmt.data.collate.collate`). A `configured` multiple (`data.pad_to_multiple`; None or 1 =
+    `litmt.data.batching.collate.collate`). A `configured` multiple (`data.pad_to_multiple`; None or 1 =
     no constraint) is kept when it already is a multiple of 8, else raised to the least common
     multiple. Other precisions keep `configured`.
     """

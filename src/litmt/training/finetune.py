@@ -44,7 +44,7 @@ from litmt.checkpoint.compat import RUNTIME_KEYS, config_differences
 from litmt.checkpoint.hf_import import is_hf_dir, read_hf_dir
 from litmt.checkpoint.io import META_KEY, load_checkpoint, model_state_dict
 from litmt.data.directions import Direction
-from litmt.data.tokenizer import Tokenizer
+from litmt.data.tokenization.tokenizer import Tokenizer
 from litmt.errors import CheckpointError, ConfigError
 from litmt.models import Seq2SeqTransformer
 

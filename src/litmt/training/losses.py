@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from litmt.data.tokenizer import PAD_ID
+from litmt.data.tokenization.tokenizer import PAD_ID
 
 
 def label_smoothed_nll(

@@ -24,9 +24,9 @@ from torch import Tensor
 
 from litmt.checkpoint.io import META_KEY, make_meta
 from litmt.config import plain
-from litmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.dispatch import decode
+from litmt.decoding.search.dispatch import decode
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 from litmt.runtime.precision import compute_dtype, precision_name
@@ -107,7 +107,7 @@ class TranslationModule(L.LightningModule):
         sync_steps: bool = False,
         prefixes: list[list[int]] | None = None,
     ) -> list[list[int]]:
-        """Decode with `litmt.decoding.dispatch.decode`: the best hypothesis' target ids per source row.
+        """Decode with `litmt.decoding.search.dispatch.decode`: the best hypothesis' target ids per source row.
 
         Callbacks call it through `trainer.model`, so that a DDP or FSDP wrapper runs it as a
         forward pass (FSDP gathers its sharded root weights only inside one).
@@ -116,7 +116,7 @@ class TranslationModule(L.LightningModule):
             src: (B, S) source ids, right-padded.
             config: decoding settings (None = `DecodeConfig`'s defaults).
             sync_steps: every rank runs the same number of decoder steps (under FSDP; see
-                `litmt.decoding.search`).
+                `litmt.decoding.search.beam`).
             prefixes: B lists of target ids each output starts with (a multilingual model's
                 language token with ``data.tag_placement=target``); None = none.
 

@@ -29,7 +29,7 @@ from litmt.attention.base import AttentionRequest
 from litmt.attention.linear import feature_map
 from litmt.attention.sparse import block_layout
 from litmt.attention.te import fp8_autocast
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import BackendError
 from litmt.models.config import AttentionConfig, TransformerConfig
 from litmt.models.transformer import Seq2SeqTransformer

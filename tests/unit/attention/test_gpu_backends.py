@@ -209,7 +209,7 @@ def test_te_cross_attention_with_tq_equal_tk_and_ragged_keys(dtype):
 def test_te_model_forward_with_target_as_long_as_the_source():
     """The training call site: a bf16 model forward, T == S, ragged sources; logits vs math."""
     require("te")
-    from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+    from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID
     from litmt.models import Seq2SeqTransformer
     from litmt.models.config import AttentionConfig
 

@@ -29,7 +29,7 @@ from litmt.checkpoint.io import (
 )
 from litmt.checkpoint.load import load_model, resolve_device
 from litmt.checkpoint.paths import checkpoint_paths
-from litmt.data.tokenizer import Tokenizer, TokenizerConfig
+from litmt.data.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from litmt.errors import BackendError, CheckpointError, ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 

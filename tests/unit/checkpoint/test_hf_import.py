@@ -29,7 +29,7 @@ from parity import assert_same_decisions
 
 from benchmarks.hf_models import EN_WORDS, make_marian_dir, sentences
 from litmt.checkpoint.hf_import import read_hf_dir, read_marian_dir
-from litmt.data.tokenizer import EOS_ID
+from litmt.data.tokenization.tokenizer import EOS_ID
 from litmt.decoding.translator import Translator
 from litmt.errors import CheckpointError
 from litmt.models import Seq2SeqTransformer
@@ -201,8 +201,8 @@ def test_import_script(tmp_path):
 def test_imported_model_exports_to_ct2(tmp_path):
     pytest.importorskip("ctranslate2")
     from litmt.checkpoint.io import save_model_checkpoint
-    from litmt.deploy.ct2_export import export_model
-    from litmt.deploy.engines import load_translator
+    from litmt.deploy.export.ct2 import export_model
+    from litmt.deploy.loader import load_translator
 
     directory = make_marian_dir(tmp_path / "m", layers=2, tie=False, init_std=0.3, eos_bias=2.5)
     imported = read_hf_dir(directory)

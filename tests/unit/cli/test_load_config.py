@@ -13,7 +13,7 @@ from tiny_checkpoint import tiny_checkpoint_path
 
 from litmt.cli.average import average
 from litmt.cli.translate import wants_scores
-from litmt.deploy.engines import LoadConfig, engine_options, load_translator
+from litmt.deploy.loader import LoadConfig, engine_options, load_translator
 from litmt.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[3] / "conf"

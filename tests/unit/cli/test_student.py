@@ -20,7 +20,7 @@ from litmt.cli.student import (
     student_settings,
 )
 from litmt.cli.student_stages import RESUME, RUN, SKIP, StageMarker, data_digest, quoted
-from litmt.data.corpus import ParallelCorpus
+from litmt.data.corpora.parallel import ParallelCorpus
 from litmt.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[3] / "conf"

@@ -8,7 +8,7 @@ import torch
 from lightning.fabric.utilities.data import _set_sampler_epoch
 
 from litmt.data import ResumableDataLoader, TokenBudgetBatchSampler, TokenizedPairs, collate
-from litmt.data.batch_sampler import equalize, pack_batches
+from litmt.data.batching.sampler import equalize, pack_batches
 from litmt.errors import ConfigError
 
 
@@ -240,7 +240,7 @@ def assert_walks_the_length_grid(order: np.ndarray, src: np.ndarray, tgt: np.nda
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_bucket_sort_walks_the_length_grid_and_keeps_ties_in_input_order(seed: int) -> None:
-    from litmt.data.batch_sampler import bucket_sort
+    from litmt.data.batching.sampler import bucket_sort
 
     rng = np.random.default_rng(seed)
     src, tgt = rng.integers(1, 9, 300), rng.integers(1, 9, 300)  # many equal (src, tgt) pairs

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from litmt.data import TranslationDataModule
-from litmt.data.collate import collate
+from litmt.data.batching.collate import collate
 from litmt.errors import ConfigError
 from litmt.runtime.fp8 import pad_multiple_for
 

@@ -1,4 +1,4 @@
-"""The one corpus interface (`litmt.data.corpora.Corpora`): a one-pair corpus and a
+"""The one corpus interface (`litmt.data.corpora.interface.Corpora`): a one-pair corpus and a
 multi-direction corpus answer the same questions, each in its own way."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 from tiny_corpora import write_multi
 
 from litmt.data.config import DataConfig
-from litmt.data.corpora import Corpora, PairCorpora
-from litmt.data.corpus import ParallelCorpus
+from litmt.data.corpora.interface import Corpora, PairCorpora
+from litmt.data.corpora.multi import MultiCorpus, open_corpora
+from litmt.data.corpora.parallel import ParallelCorpus
+from litmt.data.corpora.sources import TrainSource
 from litmt.data.directions import parse_directions
-from litmt.data.mixing import MultiCorpus, open_corpora
-from litmt.data.sources import TrainSource
 
 
 def never() -> None:

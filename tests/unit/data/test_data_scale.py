@@ -13,12 +13,12 @@ import pytest
 from tiny_corpora import make_pairs
 
 from litmt.data import TranslationDataModule
-from litmt.data.batch_sampler import TokenBudgetBatchSampler
-from litmt.data.corpus import HubSpec
-from litmt.data.memmap import CacheWriter
-from litmt.data.preprocess import PairDeduper
-from litmt.data.tokenizer import Tokenizer, TokenizerConfig
-from litmt.data.tokenizer_sample import sample_sentences
+from litmt.data.batching.sampler import TokenBudgetBatchSampler
+from litmt.data.corpora.parallel import HubSpec
+from litmt.data.preparation.encoding import PairDeduper
+from litmt.data.preparation.memmap import CacheWriter
+from litmt.data.tokenization.tokenizer import Tokenizer, TokenizerConfig
+from litmt.data.tokenization.training_sample import sample_sentences
 from litmt.errors import ConfigError, DataError
 
 
@@ -57,7 +57,7 @@ def test_large_plans_are_file_backed_and_leave_no_files(
     """Above `FILE_MIN_ITEMS` the sampler's per-example arrays (lengths, costs, the epoch's
     order) are memory-mapped scratch files, not private memory; the batches are the same as
     with in-memory arrays, and the unlinked files leave nothing on disk."""
-    from litmt.data import scratch
+    from litmt.data.batching import scratch
 
     dm = TranslationDataModule(**dm_kwargs)
     in_memory = _batches(dm)
@@ -236,7 +236,7 @@ def test_sample_size_zero_takes_every_sentence_like_sentencepiece(tmp_path: Path
 def test_sampler_plans_the_same_from_memory_mapped_or_file_backed_arrays(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from litmt.data import scratch
+    from litmt.data.batching import scratch
 
     rng = np.random.default_rng(1)
     s, t = rng.integers(1, 60, 5000), rng.integers(2, 60, 5000)
@@ -259,7 +259,7 @@ def test_sampler_plans_the_same_from_memory_mapped_or_file_backed_arrays(
 def test_scratch_in_a_read_only_directory_falls_back_to_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from litmt.data import scratch
+    from litmt.data.batching import scratch
 
     def read_only(**kwargs: object) -> None:
         raise OSError(errno.EROFS, "Read-only file system")
@@ -272,7 +272,7 @@ def test_scratch_in_a_read_only_directory_falls_back_to_memory(
 
 
 def test_scratch_full_disk_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from litmt.data import scratch
+    from litmt.data.batching import scratch
 
     def full(fd: int, offset: int, size: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -302,7 +302,7 @@ def test_cache_key_follows_the_input_files(dm_kwargs: dict) -> None:
 
 
 def test_chunked_counting_sort_equals_the_lexsort(monkeypatch: pytest.MonkeyPatch) -> None:
-    from litmt.data import batch_plan
+    from litmt.data.batching import plan as batch_plan
 
     rng = np.random.default_rng(2)
     s, t = rng.integers(0, 40, 3000).astype(np.int32), rng.integers(1, 41, 3000).astype(np.int32)

@@ -10,7 +10,7 @@ import pytest
 from tiny_corpora import make_pairs
 
 from litmt.data import ParallelCorpus
-from litmt.data.corpus import HubSpec
+from litmt.data.corpora.parallel import HubSpec
 from litmt.data.text import read_text_file
 
 SRC, TGT = make_pairs(20, seed=3)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from litmt.data import TranslationDataModule, collate
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 def test_batches_follow_the_interface(dm_kwargs: dict) -> None:
@@ -125,7 +125,9 @@ def test_eval_loaders_under_ddp(
     dm.setup("validate")
     gathered, counts = [], []
     for rank in range(world):
-        monkeypatch.setattr("litmt.data.batch_sampler.dist_rank_world", lambda r=rank: (r, world))
+        monkeypatch.setattr(
+            "litmt.data.batching.sampler.dist_rank_world", lambda r=rank: (r, world)
+        )
         batches = list(dm.val_dataloader())
         counts.append(len(batches))
         gathered += [i for b in batches for i in b["index"].tolist()]
@@ -182,7 +184,7 @@ def test_tokenizer_pickles_as_bytes(dm_kwargs: dict) -> None:
 def test_gather_rows_matches_python_slicing() -> None:
     import numpy as np
 
-    from litmt.data.preprocess import gather_rows
+    from litmt.data.preparation.encoding import gather_rows
 
     rows = [[1, 2], [], [3], [4, 5, 6], [7]]
     offsets = np.array([0, 2, 2, 3, 6, 7])

@@ -14,13 +14,13 @@ from temperature_corpus import BIG, temperature_kwargs
 from tiny_corpora import write_multi
 
 from litmt.data import TranslationDataModule
+from litmt.data.corpora.multi import MultiCorpus
 from litmt.data.directions import (
     epoch_subset,
     parse_directions,
     sampled_positions,
     sampling_weights,
 )
-from litmt.data.mixing import MultiCorpus
 from litmt.errors import ConfigError
 
 

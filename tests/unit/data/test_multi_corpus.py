@@ -12,9 +12,9 @@ import pytest
 from tiny_corpora import make_pairs, write_text_corpus
 
 from litmt.data import TranslationDataModule
-from litmt.data.corpus import ParallelCorpus
-from litmt.data.sources import TrainSource, split_fingerprint
-from litmt.data.tokenizer import Tokenizer, TokenizerConfig
+from litmt.data.corpora.parallel import ParallelCorpus
+from litmt.data.corpora.sources import TrainSource, split_fingerprint
+from litmt.data.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from litmt.errors import ConfigError, DataError
 
 SIZES = {"main": 120, "extra": 50, "bt": 40}

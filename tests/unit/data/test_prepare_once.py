@@ -23,7 +23,7 @@ from train_utils import (
 )
 
 from litmt.data import TranslationDataModule
-from litmt.data.prepare_once import launch_ranks
+from litmt.data.preparation.once import launch_ranks
 from litmt.errors import DataError
 
 # One rank of a torchrun-style job: both processes exist from the start (LOCAL_RANK in the
@@ -37,7 +37,7 @@ RANK_SCRIPT = textwrap.dedent(
     logging.basicConfig(level=logging.INFO)
     out, overrides = Path(sys.argv[1]), sys.argv[2:]
     rank = os.environ["RANK"]
-    from litmt.data import tokenizer as tk
+    from litmt.data.tokenization import tokenizer as tk
     from litmt.data.datamodule import TranslationDataModule
 
     train_tokenizer = tk.Tokenizer.train.__func__

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tiny_corpora import TINY_TOKENIZER, write_text_corpus
 
-from litmt.data.preprocess import WORKER_DIED
+from litmt.data.preparation.encoding import WORKER_DIED
 
 TIMEOUT_S = 300  # each case ends in 10-70 s on 2 loaded cores; a hang meets this limit
 # the parallel path needs at least 1000 pairs per process (`tokenize_to_cache`)
@@ -43,8 +43,8 @@ KILLED = textwrap.dedent(
     sys.path.insert(0, sys.argv[3])  # spawned workers inherit sys.path: they find `killer`
     import killer
     from tiny_corpora import make_pairs
-    from litmt.data import preprocess
-    from litmt.data.tokenizer import Tokenizer, TokenizerConfig
+    from litmt.data.preparation import encoding as preprocess
+    from litmt.data.tokenization.tokenizer import Tokenizer, TokenizerConfig
 
     if __name__ == "__main__":
         src, tgt = make_pairs(300)
@@ -62,7 +62,7 @@ KILLED = textwrap.dedent(
 KILLER = textwrap.dedent(
     """
     import os
-    from litmt.data import preprocess
+    from litmt.data.preparation import encoding as preprocess
 
     def encode_or_die(src, tgt, dedup):
         if src[0] == "DIE":

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from litmt.data.collate import TokenizedPairs
-from litmt.data.mixing import ResampledPairs
+from litmt.data.batching.collate import TokenizedPairs
+from litmt.data.corpora.multi import ResampledPairs
 
 
 def _base(stored: bool, max_len: int | None) -> TokenizedPairs:

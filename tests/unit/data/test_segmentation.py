@@ -1,4 +1,4 @@
-"""`litmt.data.segmentation`: the n-best sampler draws what sentencepiece's own n-best sampler
+"""`litmt.data.tokenization.segmentation`: the n-best sampler draws what sentencepiece's own n-best sampler
 draws (same distribution), and a seed gives the same segmentations in a new process, which
 sentencepiece's generator does not promise (absl::BitGen salts its seed per process)."""
 
@@ -15,8 +15,8 @@ import pytest
 import sentencepiece as spm
 from tiny_corpora import make_pairs
 
-from litmt.data.segmentation import SubwordSampling, _scores, encode_texts, nbest_probs
-from litmt.data.tokenizer import Tokenizer, TokenizerConfig
+from litmt.data.tokenization.segmentation import SubwordSampling, _scores, encode_texts, nbest_probs
+from litmt.data.tokenization.tokenizer import Tokenizer, TokenizerConfig
 
 TEXT = "der hund läuft rot"  # a short sentence of the toy corpus's words
 
@@ -112,7 +112,7 @@ def test_a_seed_gives_one_segmentation_and_others_vary(proc: tuple) -> None:
 _CHILD = """
 import json, sys
 import sentencepiece as spm
-from litmt.data.segmentation import SubwordSampling, encode_texts
+from litmt.data.tokenization.segmentation import SubwordSampling, encode_texts
 sp = spm.SentencePieceProcessor(model_file=sys.argv[1])
 texts = ["der hund läuft rot", "die katze sitzt", "ein großer ball"] * 4
 print(json.dumps([encode_texts(sp, texts, SubwordSampling(0.1, int(sys.argv[2]), seed=s))

@@ -22,11 +22,11 @@ from temperature_corpus import temperature_kwargs
 from tiny_corpora import make_pairs, write_multi
 
 from litmt.data import TranslationDataModule
-from litmt.data.collate import TokenizedPairs
-from litmt.data.memmap import TextPairs
-from litmt.data.piece_vocab import SPECIAL_PIECES
-from litmt.data.subword_sampling import SampledPairs
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerConfig
+from litmt.data.batching.collate import TokenizedPairs
+from litmt.data.preparation.memmap import TextPairs
+from litmt.data.preparation.subword_sampling import SampledPairs
+from litmt.data.tokenization.piece_vocab import SPECIAL_PIECES
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerConfig
 from litmt.errors import ConfigError, DataError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
@@ -187,7 +187,7 @@ def test_sampled_items_keep_the_language_tag_on_its_side(
     # toy sentences of 1-6 words: a sampled side often exceeds its planned length in every
     # draw and keeps its best segmentation, so fewer items differ than on real text (19 to
     # 36 of 160 across processes: sampling_nbest=-1 draws with sentencepiece's generator, whose
-    # samples differ between processes for the same seed, litmt.data.segmentation); without
+    # samples differ between processes for the same seed, litmt.data.tokenization.segmentation); without
     # sampling none would
     assert differ > len(train) // 20
 

@@ -13,10 +13,16 @@ from tiny_checkpoint import tiny_checkpoint_path
 from tiny_model import tiny_config
 
 from litmt.cli.translate import translate
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from litmt.decoding.alignment import AlignConfig, align_ids, hard_alignment, pharaoh, word_index
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.decoding.analysis.alignment import (
+    AlignConfig,
+    align_ids,
+    hard_alignment,
+    pharaoh,
+    word_index,
+)
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.dispatch import decode
+from litmt.decoding.search.dispatch import decode
 from litmt.decoding.translator import Translator
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer

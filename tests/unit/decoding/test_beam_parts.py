@@ -1,4 +1,4 @@
-"""The parts of a beam step (`litmt.decoding.beam_parts`), each on hand-made numbers: the score
+"""The parts of a beam step (`litmt.decoding.search.beam_parts`), each on hand-made numbers: the score
 update, the finished buffer (GNMT ranking, final before not final, full / beats, best-n),
 the stop test and the state rows; and dynamic beam allocation of the constrained search."""
 
@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from litmt.data.tokenizer import PAD_ID
-from litmt.decoding.beam_parts import FinishedBuffer, beam_done, beam_rows, update_scores
-from litmt.decoding.constraints import allocate
-from litmt.decoding.search_rules import NEG_INF, length_penalty_factor
+from litmt.data.tokenization.tokenizer import PAD_ID
+from litmt.decoding.search.beam import FinishedBuffer, beam_done, beam_rows, update_scores
+from litmt.decoding.search.constrained import allocate
+from litmt.decoding.search.rules import NEG_INF, length_penalty_factor
 
 INF = math.inf
 

@@ -14,9 +14,9 @@ import torch
 from tiny_checkpoint import corpus, tiny_checkpoint_path
 from tiny_glued import glued_checkpoint_path
 
-from litmt.data.tokenizer import Tokenizer
-from litmt.decoding.beam_parts import FinishedBuffer
-from litmt.decoding.constraint_tracker import Tracker
+from litmt.data.tokenization.tokenizer import Tokenizer
+from litmt.decoding.search.beam import FinishedBuffer
+from litmt.decoding.search.constraint_tracker import Tracker
 from litmt.decoding.translator import Translator
 from litmt.errors import ConfigError, LitmtError
 
@@ -82,7 +82,7 @@ def test_unknown_characters_are_refused_on_an_imported_marian(tmp_path):
 def test_unknown_characters_are_refused_on_the_ct2_engine():
     """The CTranslate2 engine encodes prefixes through the same check."""
     pytest.importorskip("ctranslate2")
-    from litmt.deploy.ct2_engine import CT2Translator
+    from litmt.deploy.engines.ct2 import CT2Translator
 
     ct2 = CT2Translator(LEGACY_CT2)
     with pytest.raises(ConfigError) as err:
@@ -132,7 +132,7 @@ def test_each_listed_occurrence_must_appear(translator):
 
 
 def test_tracker_counts_occurrences_and_glues_only_after_glue():
-    from litmt.decoding.constraint_tracker import WordPieces
+    from litmt.decoding.search.constraint_tracker import WordPieces
 
     tr = Tracker([[5], [5]])
     one = tr.advance(tr.start, 5)

@@ -18,10 +18,11 @@ import litmt.decoding.translator
 import litmt.training.module
 from litmt.cli.config_check import expand_short_overrides
 from litmt.decoding.config import DecodeConfig, decoding_options
-from litmt.decoding.dispatch import decode
-from litmt.decoding.search import beam_search, greedy_search
+from litmt.decoding.search.beam import beam_search
+from litmt.decoding.search.dispatch import decode
+from litmt.decoding.search.greedy import greedy_search
 from litmt.decoding.translator import Translator
-from litmt.deploy.ct2_export import DEFAULT_DECODING
+from litmt.deploy.export.ct2 import DEFAULT_DECODING
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 
@@ -97,7 +98,7 @@ def test_translator_and_server_and_module_decode_with_the_defaults(translator, r
 
     from fastapi.testclient import TestClient
 
-    from litmt.deploy.server import ServeConfig, create_app
+    from litmt.deploy.server.app import ServeConfig, create_app
 
     settings = ServeConfig(decoding=dict(compose_cfg("serve").decoding))
     with TestClient(create_app(translator, settings)) as client:

@@ -17,12 +17,12 @@ from tiny_model import tiny_config
 from litmt.checkpoint.io import save_model_checkpoint
 from litmt.cli.config_check import expand_short_overrides
 from litmt.cli.evaluate import evaluate
-from litmt.data.tokenizer import BOS_ID, Tokenizer, TokenizerConfig
+from litmt.data.tokenization.tokenizer import BOS_ID, Tokenizer, TokenizerConfig
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.dispatch import decode
 from litmt.decoding.ensemble import Ensemble
+from litmt.decoding.search.dispatch import decode
 from litmt.decoding.translator import Translator
-from litmt.deploy.engines import load_translator
+from litmt.deploy.loader import load_translator
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 

@@ -118,7 +118,7 @@ def test_a_one_pair_checkpoint_is_unchanged(tmp_path_factory) -> None:
 
 
 def test_alignments_leave_the_language_token_out(multi) -> None:
-    from litmt.decoding.alignment import AlignConfig
+    from litmt.decoding.analysis.alignment import AlignConfig
     from litmt.decoding.languages import Route
 
     _, path = multi

@@ -12,11 +12,10 @@ import torch.nn.functional as F
 from tiny_checkpoint import tiny_checkpoint_path
 from tiny_model import tiny_config
 
-from litmt.data.tokenizer import BOS_ID, EOS_ID
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.dispatch import decode
-from litmt.decoding.sampling_search import filter_logits
-from litmt.decoding.search import greedy_search
+from litmt.decoding.search.dispatch import decode
+from litmt.decoding.search.greedy import filter_logits, greedy_search
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 
@@ -56,7 +55,7 @@ def test_a_fixed_seed_reproduces_the_samples_and_another_seed_does_not():
 
 
 def test_a_sample_reports_the_models_own_log_probability():
-    """log_prob is the model's (temperature 1, no cut), as `litmt.decoding.forced` would give it."""
+    """log_prob is the model's (temperature 1, no cut), as `litmt.decoding.analysis.forced` would give it."""
     model, src = random_model(), sources()[:2]
     reference = copy.deepcopy(model).double()  # float64 full passes
     found = sample(model, src, n_best=2, seed=0, temperature=1.5, top_k=20)

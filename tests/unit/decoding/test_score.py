@@ -16,8 +16,8 @@ from tiny_checkpoint import corpus, tiny_checkpoint_path
 from train_utils import REPO, script_env
 
 from litmt import load_translator
-from litmt.decoding.forced import ForcedDecoder
-from litmt.decoding.search import beam_search
+from litmt.decoding.analysis.forced import ForcedDecoder
+from litmt.decoding.search.beam import beam_search
 
 pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
 
@@ -59,7 +59,7 @@ def reference_scores(
         with torch.no_grad():
             logp = F.log_softmax(model(src, tgt_in)[0].double(), dim=-1)  # (T, V)
         total = float(logp[torch.arange(len(gold)), gold].sum())
-        n = len(y) + 1  # eos counts in the length, as in litmt.decoding.search
+        n = len(y) + 1  # eos counts in the length, as in litmt.decoding.search.beam
         out.append((total, total / ((5 + n) / 6) ** alpha))
     return out
 
@@ -120,7 +120,7 @@ def test_force_decoding_runs_under_the_translators_autocast(forced, monkeypatch)
     # a flash/te checkpoint on CUDA computes in half only: score in the Translator's autocast
     import contextlib
 
-    import litmt.decoding.forced
+    import litmt.decoding.analysis.forced
 
     entered = []
 
@@ -128,7 +128,7 @@ def test_force_decoding_runs_under_the_translators_autocast(forced, monkeypatch)
         entered.append(dtype)
         return contextlib.nullcontext()
 
-    monkeypatch.setattr(litmt.decoding.forced, "autocast_context", spy)
+    monkeypatch.setattr(litmt.decoding.analysis.forced, "autocast_context", spy)
     monkeypatch.setattr(forced.translator, "autocast", torch.bfloat16)
     forced.force_decode_ids([[5, 6]], [[7]], length_penalty=1.0)
     assert entered == [torch.bfloat16]

@@ -8,16 +8,12 @@ import pytest
 import torch
 from tiny_model import tiny_config
 
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.dispatch import decode
-from litmt.decoding.search import (
-    beam_search,
-    greedy_search,
-    length_penalty_factor,
-    output_budgets,
-    topk_rows,
-)
+from litmt.decoding.search.beam import beam_search, topk_rows
+from litmt.decoding.search.dispatch import decode
+from litmt.decoding.search.greedy import greedy_search
+from litmt.decoding.search.rules import length_penalty_factor, output_budgets
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer
 

@@ -1,4 +1,4 @@
-"""What every search shares (`litmt.decoding.search_rules`): the argument checks (the same
+"""What every search shares (`litmt.decoding.search.rules`): the argument checks (the same
 one-line errors from every search), the per-sentence budgets and the rules a step applies
 (min_len, eos at the budget, prefixes), and the GNMT score of a hypothesis."""
 
@@ -10,9 +10,11 @@ import pytest
 import torch
 from tiny_model import tiny_config
 
-from litmt.data.tokenizer import EOS_ID
-from litmt.decoding.search import beam_search, greedy_search
-from litmt.decoding.search_rules import (
+from litmt.data.tokenization.tokenizer import EOS_ID
+from litmt.decoding.search.beam import beam_search
+from litmt.decoding.search.constrained import constrained_search
+from litmt.decoding.search.greedy import greedy_search
+from litmt.decoding.search.rules import (
     Hypothesis,
     StepRules,
     all_done,
@@ -51,7 +53,7 @@ def test_every_beam_search_raises_the_same_one_line_errors(model, kwargs, messag
     with pytest.raises(ConfigError) as plain:
         beam_search(model, SRC, **full)
     with pytest.raises(ConfigError) as constrained:
-        beam_search(model, SRC, **full, constraints=[[[8]], []])
+        constrained_search(model, SRC, [[[8]], []], **full)
     assert str(direct.value) == str(plain.value) == str(constrained.value) == message
 
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from tiny_checkpoint import corpus, tiny_checkpoint_path
 
-from litmt.data.tokenizer import BOS_ID, EOS_ID
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID
+from litmt.decoding.analysis.forced import ForcedDecoder
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.constraint_tracker import Tracker
-from litmt.decoding.dispatch import decode
-from litmt.decoding.forced import ForcedDecoder
+from litmt.decoding.search.constraint_tracker import Tracker
+from litmt.decoding.search.dispatch import decode
 from litmt.decoding.translator import Translator
 from litmt.errors import ConfigError
 

@@ -20,7 +20,8 @@ import torch.multiprocessing as mp
 from tiny_model import tiny_config
 from train_utils import free_port, start_method
 
-from litmt.decoding.search import beam_search, greedy_search
+from litmt.decoding.search.beam import beam_search
+from litmt.decoding.search.greedy import greedy_search
 from litmt.models import Seq2SeqTransformer
 
 VOCAB = 40

@@ -14,7 +14,7 @@ from litmt import Translator
 from litmt.cli.translate import format_result
 from litmt.data.text import read_lines, read_text_file, strip_line_end
 from litmt.decoding.batching import token_batches
-from litmt.decoding.dispatch import decode
+from litmt.decoding.search.dispatch import decode
 from litmt.errors import CheckpointError, ConfigError, DataError
 
 pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)

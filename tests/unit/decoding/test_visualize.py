@@ -10,8 +10,8 @@ from tiny_checkpoint import tiny_checkpoint_path
 
 from litmt.checkpoint.load import load_model
 from litmt.cli.visualize import restore_weight_kernels
-from litmt.data.tokenizer import BOS_ID
-from litmt.decoding.attention_maps import (
+from litmt.data.tokenization.tokenizer import BOS_ID
+from litmt.decoding.analysis.attention_maps import (
     attention_figure,
     collect_attention,
     cross_attention_figure,

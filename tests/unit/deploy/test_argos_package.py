@@ -25,9 +25,9 @@ from tiny_checkpoint import (
 
 from litmt.checkpoint.io import save_model_checkpoint
 from litmt.checkpoint.load import load_model
-from litmt.data.segmentation import model_proto
-from litmt.data.tokenizer import Tokenizer, TokenizerConfig
-from litmt.deploy.ct2_export import is_export_dir
+from litmt.data.tokenization.segmentation import model_proto
+from litmt.data.tokenization.tokenizer import Tokenizer, TokenizerConfig
+from litmt.deploy.export.ct2 import is_export_dir
 from litmt.models import Seq2SeqTransformer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -72,7 +72,7 @@ def test_a_multilingual_package_decodes_its_language_token_to_nothing(tmp_path):
     """Argos joins a paragraph's sentences' pieces, each headed by the forced ``<2fr>``, and
     decodes them with the package's sentencepiece model: there the tags are control pieces
     (decoded to nothing), with the pieces, ids and source segmentation of the checkpoint's."""
-    from litmt.deploy.argos_package import export_argos_package
+    from litmt.deploy.export.argos import export_argos_package
 
     path = build_tiny_multilingual_checkpoint(tmp_path, "target")
     settings = {"package_version": "1.0", "argos_version": "1.11", "tgt_lang": "fr"}

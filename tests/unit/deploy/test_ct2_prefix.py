@@ -1,19 +1,19 @@
-"""The parts of `litmt.deploy.ct2_prefix` on their own (the engine against torch:
+"""The parts of `litmt.deploy.engines.ct2_prefix` on their own (the engine against torch:
 test_ct2_prefix_parity.py)."""
 
 from __future__ import annotations
 
 import logging
 
-from litmt.data.tokenizer import PAD_ID
+from litmt.data.tokenization.tokenizer import PAD_ID
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.translator_base import DecodeRequest
-from litmt.deploy.ct2_prefix import Call, distinct, finished_before_stop, plan_calls
+from litmt.deploy.engines.ct2_prefix import Call, distinct, finished_before_stop, plan_calls
 
 
 def test_distinct_drops_repeats_and_blank_with_a_warning(caplog):
     found = [([5, 6], -1.0), ([5, 6], -1.0), ([5, PAD_ID], -2.0), ([5], -3.0)]
-    with caplog.at_level(logging.WARNING, logger="litmt.deploy.ct2_prefix"):
+    with caplog.at_level(logging.WARNING, logger="litmt.deploy.engines.ct2_prefix"):
         assert distinct(found) == [([5, 6], -1.0), ([5], -3.0)]
     assert caplog.messages == ["dropped a CTranslate2 hypothesis holding <blank> (a replaced eos)"]
 

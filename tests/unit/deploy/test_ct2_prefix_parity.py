@@ -1,4 +1,4 @@
-"""The ct2 engine with a target prefix gives the torch engine's n-best (`litmt.deploy.ct2_prefix`).
+"""The ct2 engine with a target prefix gives the torch engine's n-best (`litmt.deploy.engines.ct2_prefix`).
 
 The engines run the committed legacy fixture (`tests/fixtures/legacy_v0_1`: a checkpoint and
 its CTranslate2 export with fixed weights), so the cases that CTranslate2's own prefix rules
@@ -24,9 +24,9 @@ from parity import (
 )
 from tiny_checkpoint import corpus
 
-from litmt.data.tokenizer import EOS_ID, PAD_ID
+from litmt.data.tokenization.tokenizer import EOS_ID, PAD_ID
 from litmt.decoding.translator import Translator
-from litmt.deploy.ct2_engine import CT2Translator
+from litmt.deploy.engines.ct2 import CT2Translator
 
 pytestmark = pytest.mark.parity
 
@@ -94,7 +94,7 @@ def test_eos_ranked_below_first_after_the_prefix_never_comes_back_as_blank(engin
         if 1 <= int((logp > logp[EOS_ID]).sum()) < 3:
             cases[len(prefix)].append(i)
     assert sum(map(len, cases.values())) >= 5  # the fixture holds such cases
-    with caplog.at_level(logging.WARNING, logger="litmt.deploy.ct2_prefix"):
+    with caplog.at_level(logging.WARNING, logger="litmt.deploy.engines.ct2_prefix"):
         for length, idx in cases.items():
             options = dict(beam_size=3, n_best=3, max_len_a=0.0, max_len_b=length + 1)
             src, pre = [ids[i] for i in idx], [prefixes[i] for i in idx]

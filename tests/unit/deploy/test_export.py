@@ -21,12 +21,12 @@ from tiny_checkpoint import corpus, other_weights, tiny_checkpoint_path  # noqa:
 
 from litmt.checkpoint.io import save_model_checkpoint  # noqa: E402
 from litmt.checkpoint.load import load_model  # noqa: E402
-from litmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, TokenizerConfig  # noqa: E402
-from litmt.decoding.forced import ForcedDecoder  # noqa: E402
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, Tokenizer, TokenizerConfig  # noqa: E402
+from litmt.decoding.analysis.forced import ForcedDecoder  # noqa: E402
 from litmt.decoding.translator import Translator  # noqa: E402
-from litmt.deploy.ct2_engine import CT2Translator  # noqa: E402
-from litmt.deploy.ct2_export import ExportError, export_model, read_metadata  # noqa: E402
-from litmt.deploy.engines import load_translator  # noqa: E402
+from litmt.deploy.engines.ct2 import CT2Translator  # noqa: E402
+from litmt.deploy.export.ct2 import ExportError, export_model, read_metadata  # noqa: E402
+from litmt.deploy.loader import load_translator  # noqa: E402
 from litmt.errors import ConfigError  # noqa: E402
 from litmt.metrics import corpus_bleu  # noqa: E402
 from litmt.models import Seq2SeqTransformer, TransformerConfig  # noqa: E402

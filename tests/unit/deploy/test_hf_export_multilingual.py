@@ -22,8 +22,8 @@ from litmt.checkpoint.hf_import import read_hf_dir
 from litmt.checkpoint.load import load_model
 from litmt.cli.import_hf import import_hf
 from litmt.decoding.translator import Translator
-from litmt.deploy.ct2_spec import ExportError
-from litmt.deploy.hf_export import check_hf_exportable, export_hf
+from litmt.deploy.export.ct2_spec import ExportError
+from litmt.deploy.export.hf import check_hf_exportable, export_hf
 
 DIRECTIONS = {"en-de": "<2de>", "en-fr": "<2fr>"}
 

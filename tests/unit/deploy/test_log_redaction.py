@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from litmt.deploy.log_redaction import REDACTED, forget_keys_in_logs, redact_keys_in_logs
+from litmt.deploy.server.log_redaction import REDACTED, forget_keys_in_logs, redact_keys_in_logs
 
 
 def _line(caplog, msg: str, *args) -> str:

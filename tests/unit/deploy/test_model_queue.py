@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from litmt.deploy.model_queue import Job, ModelQueue, Overloaded, QueueFull, ServiceTimes
+from litmt.deploy.server.model_queue import Job, ModelQueue, Overloaded, QueueFull, ServiceTimes
 
 
 def _gated():

@@ -16,7 +16,7 @@ pytest.importorskip("httpx", reason="the serve extra is not installed")
 
 from fastapi.testclient import TestClient
 
-from litmt.deploy.server import ServeConfig, create_app
+from litmt.deploy.server.app import ServeConfig, create_app
 
 EN = ["A red dog runs.", "A small cat sleeps here.", "A young bird sings outside."]
 
@@ -69,8 +69,8 @@ def test_the_server_serves_zero_shot_only_when_asked(multi) -> None:
 
 def test_ct2_matches_torch_on_a_multilingual_model(multi, tmp_path: Path) -> None:
     pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
-    from litmt.deploy.ct2_engine import CT2Translator
-    from litmt.deploy.ct2_export import export_model
+    from litmt.deploy.engines.ct2 import CT2Translator
+    from litmt.deploy.export.ct2 import export_model
 
     placement, path = multi
     torch_engine = Translator.from_checkpoint(path, device="cpu")
@@ -87,7 +87,7 @@ def test_ct2_matches_torch_on_a_multilingual_model(multi, tmp_path: Path) -> Non
 
 
 def test_an_argos_package_is_one_direction_with_its_target_prefix() -> None:
-    from litmt.deploy.argos_package import argos_metadata
+    from litmt.deploy.export.argos import argos_metadata
     from litmt.errors import ConfigError
 
     settings = {"package_version": "1.0", "argos_version": "1.9", "tgt_lang": "fr"}

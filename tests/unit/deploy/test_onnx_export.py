@@ -23,13 +23,13 @@ from tiny_checkpoint import (
 
 from litmt.checkpoint.io import save_model_checkpoint
 from litmt.checkpoint.load import load_model
-from litmt.data.tokenizer import BOS_ID, Tokenizer, TokenizerConfig
+from litmt.data.tokenization.tokenizer import BOS_ID, Tokenizer, TokenizerConfig
 from litmt.decoding.batching import padded
 from litmt.decoding.translator import Translator
-from litmt.deploy.ct2_spec import ExportError
-from litmt.deploy.engines import load_translator
-from litmt.deploy.onnx_engine import OnnxStepModel, OnnxTranslator
-from litmt.deploy.onnx_export import export_onnx, read_onnx_config
+from litmt.deploy.engines.onnx import OnnxStepModel, OnnxTranslator
+from litmt.deploy.export.ct2_spec import ExportError
+from litmt.deploy.export.onnx import export_onnx, read_onnx_config
+from litmt.deploy.loader import load_translator
 from litmt.errors import ConfigError
 from litmt.metrics import corpus_bleu
 from litmt.models import Seq2SeqTransformer

@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("sentencex", reason="the serve extra is not installed")
 
-from litmt.deploy.http_errors import ApiError
-from litmt.deploy.sentences import Segmenter, split_sentences
+from litmt.deploy.server.errors import ApiError
+from litmt.deploy.server.sentences import Segmenter, split_sentences
 from litmt.errors import ConfigError
 
 

@@ -13,8 +13,8 @@ from parity import SCORE_ATOL  # noqa: E402
 from tiny_checkpoint import corpus, tiny_checkpoint_path  # noqa: E402
 
 from litmt.decoding.translator import Translator  # noqa: E402
-from litmt.deploy.ct2_engine import CT2Translator  # noqa: E402
-from litmt.deploy.ct2_export import export_model  # noqa: E402
+from litmt.deploy.engines.ct2 import CT2Translator  # noqa: E402
+from litmt.deploy.export.ct2 import export_model  # noqa: E402
 from litmt.errors import ConfigError  # noqa: E402
 
 pytestmark = pytest.mark.parity

@@ -14,7 +14,7 @@ from tiny_checkpoint import corpus, tiny_checkpoint_path
 
 pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
 
-from litmt.deploy.ct2_export import export_model
+from litmt.deploy.export.ct2 import export_model
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -1,4 +1,4 @@
-"""The hostable folder of the offline page (`litmt.deploy.web_export`), on a stand-in export and
+"""The hostable folder of the offline page (`litmt.deploy.export.web`), on a stand-in export and
 stand-in npm files: its layout, its refusals, and that the page imports only files it ships.
 The page itself runs in tests/integration/test_offline_page.py (headless Chromium)."""
 
@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from litmt.deploy.ct2_spec import ExportError
-from litmt.deploy.onnx_export import (
+from litmt.deploy.export.ct2_spec import ExportError
+from litmt.deploy.export.onnx import (
     CONFIG_FILE,
     DECODER_FILE,
     ENCODER_FILE,
     FORMAT_NAME,
     FORMAT_VERSION,
 )
-from litmt.deploy.web_export import (
+from litmt.deploy.export.web import (
     MODEL_DIR,
     PAGE_DIR,
     PAGE_FILES,

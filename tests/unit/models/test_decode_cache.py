@@ -14,7 +14,7 @@ from litmt.attention import build_backend
 from litmt.attention.cache import KVCache
 from litmt.attention.linear import LinearState
 from litmt.attention.local import WindowCache
-from litmt.data.tokenizer import PAD_ID
+from litmt.data.tokenization.tokenizer import PAD_ID
 from litmt.models import Seq2SeqTransformer
 
 pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)

@@ -10,7 +10,7 @@ from tiny_checkpoint import tiny_checkpoint_path
 
 from litmt.checkpoint.io import META_KEY
 from litmt.checkpoint.load import load_model
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 from litmt.models.config import LEGACY_IDS

@@ -9,7 +9,7 @@ import torch
 from tiny_model import tiny_config
 
 import litmt.models
-from litmt.data.tokenizer import PAD_ID
+from litmt.data.tokenization.tokenizer import PAD_ID
 from litmt.models import Seq2SeqTransformer
 
 MODELS_DIR = Path(litmt.models.__file__).parent

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_model import tiny_config
 
-from litmt.data.tokenizer import PAD_ID
+from litmt.data.tokenization.tokenizer import PAD_ID
 from litmt.errors import ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 

@@ -85,7 +85,7 @@ def test_exempt_ids_are_never_dropped():
 def test_the_training_module_exempts_eos_bos_and_the_tokenizers_tags():
     from tiny_corpora import make_pairs
 
-    from litmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, TokenizerConfig
+    from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, Tokenizer, TokenizerConfig
     from litmt.training.module import TranslationModule
 
     src, tgt = make_pairs(60, seed=5)

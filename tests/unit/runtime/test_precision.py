@@ -385,7 +385,7 @@ def test_kernels_that_serve_no_dtype_here_switch_to_sdpa() -> None:
 def tokenizer():
     from tiny_checkpoint import corpus
 
-    from litmt.data.tokenizer import Tokenizer, TokenizerConfig
+    from litmt.data.tokenization.tokenizer import Tokenizer, TokenizerConfig
 
     en, de = corpus()
     return Tokenizer.train(en, de, TokenizerConfig(vocab_size=80))

@@ -23,11 +23,11 @@ from train_utils import compose_train, tiny_overrides, write_toy_corpus
 
 from litmt.checkpoint.io import load_checkpoint
 from litmt.cli.train import train
-from litmt.data.collate import collate
-from litmt.data.tokenizer import Tokenizer
+from litmt.data.batching.collate import collate
+from litmt.data.tokenization.tokenizer import Tokenizer
 from litmt.decoding.config import DecodeConfig
-from litmt.decoding.dispatch import decode
-from litmt.decoding.search import greedy_search
+from litmt.decoding.search.dispatch import decode
+from litmt.decoding.search.greedy import greedy_search
 from litmt.training.callbacks.validation_bleu import ValidationBleu
 from litmt.training.module import TranslationModule
 

@@ -335,7 +335,7 @@ def test_an_average_worse_on_valid_is_not_the_reported_model(tmp_path, monkeypat
 
 
 def _text_corpus(tmp_path: Path, src: str, tgt: str, stems: list[str]):
-    from litmt.data.corpus import ParallelCorpus
+    from litmt.data.corpora.parallel import ParallelCorpus
 
     d = tmp_path / f"{src}-{tgt}"
     d.mkdir()

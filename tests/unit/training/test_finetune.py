@@ -17,7 +17,7 @@ from train_utils import REPO, compose_train, script_env, tiny_overrides
 from litmt.checkpoint.io import load_checkpoint
 from litmt.checkpoint.load import load_model
 from litmt.cli.train import train
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import CheckpointError, ConfigError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 from litmt.training.finetune import freeze, load_weights, read_init_checkpoint

@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 from train_utils import free_port, lr_schedule, start_method
 
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import LitmtError
 from litmt.training.grad import clip_gradients
 from litmt.training.losses import label_smoothed_nll
@@ -59,7 +59,7 @@ def tiny_module() -> TranslationModule:
 
 
 def make_batch(src_lengths: list[int], tgt_lengths: list[int], seed: int) -> Batch:
-    """A right-padded batch like `litmt.data.collate` builds: src (B, S), tgt_in/tgt_out
+    """A right-padded batch like `litmt.data.batching.collate` builds: src (B, S), tgt_in/tgt_out
     (B, T), ntokens = non-pad target tokens."""
     g = torch.Generator().manual_seed(seed)
     bsz = len(src_lengths)

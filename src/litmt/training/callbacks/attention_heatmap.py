@@ -41,7 +41,7 @@ class AttentionHeatmap(L.Callback):
             return
         import matplotlib.pyplot as plt
 
-        from litmt.decoding.attention_maps import cross_attention_figure
+        from litmt.decoding.analysis.attention_maps import cross_attention_figure
 
         try:
             # outside the step hooks Lightning runs no autocast: enter the precision plugin's

@@ -20,8 +20,9 @@ import torch
 from tiny_model import tiny_config
 
 from litmt.attention import build_backend, get_backend_class
-from litmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from litmt.decoding.search import beam_search, greedy_search
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from litmt.decoding.search.beam import beam_search
+from litmt.decoding.search.greedy import greedy_search
 from litmt.models import Seq2SeqTransformer
 from litmt.models.config import AttentionConfig
 from litmt.models.mha import MultiHeadAttention

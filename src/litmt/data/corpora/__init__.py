@@ -1,0 +1,1 @@
+"""Corpora as sentence pairs: one parallel corpus (parallel), extra training sources (sources), several directions in one model (multi), the interface the DataModule reads (interface), and pairs streamed in chunks (streams)."""

@@ -1,0 +1,1 @@
+"""Preparation, done once per corpus: tokenising and filtering (encoding), the memory-mapped caches (memmap, cache_layout), subword-sampled training splits (subword_sampling), the prepared data without Lightning (prepared), and one preparing process per node (once)."""

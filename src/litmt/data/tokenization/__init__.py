@@ -1,0 +1,1 @@
+"""Sentencepiece: the Tokenizer (tokenizer) and how it is trained (config, training_sample), encoding and subword sampling (segmentation), piece vocabularies of imported models (piece_vocab), the tokenizer cache (cache)."""

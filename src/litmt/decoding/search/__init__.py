@@ -1,0 +1,1 @@
+"""The searches over decode_step: decode() picks one from a DecodeConfig (dispatch); greedy and beam search with the named parts of a beam step (beam, beam_parts); constrained beam search (constrained, constraint_tracker); sampling (sampling); what every search shares (rules)."""

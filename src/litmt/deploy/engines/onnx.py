@@ -1,0 +1,212 @@
+"""The ``onnx`` engine: litmt's own searches over onnxruntime sessions of an ONNX export.
+
+>>> from litmt.deploy.loader import load_translator
+>>> load_translator("exports/en-de-onnx", engine="onnx").translate(["A man."], beam_size=5)
+
+Division of work, as in the torch engine (`litmt.decoding.translator.Translator`): the text
+side (input hygiene, directions, prefixes, n-best, `translate`) is
+`litmt.decoding.translator_base.BaseTranslator`'s, and a batch is decoded by
+`litmt.decoding.search.dispatch.decode`, so greedy, beam, n-best, sampling, prefixes and
+constraints run litmt's search code unchanged. Only the model differs: `OnnxStepModel`
+has the `StepModel` methods (``encode``, ``init_state``, ``decode_step``) and runs them in
+the export's two onnxruntime sessions (`litmt.deploy.export.onnx`), with torch tensors in
+and out; `OnnxState` reorders the cache tensors for the beams.
+
+What the engine lacks: word alignments and the attention explorer (no torch model; use
+engine=torch), GPUs (the CPU execution provider only).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from litmt.data.tokenization.tokenizer import PAD_ID, Tokenizer
+from litmt.decoding.config import DecodeConfig
+from litmt.decoding.languages import Languages
+from litmt.decoding.search.rules import Hypothesis
+from litmt.decoding.translator import Translator, decode_request
+from litmt.decoding.translator_base import DecodeRequest
+from litmt.deploy.engines.ct2 import default_cache_dir
+from litmt.deploy.export.ct2 import file_sha256
+from litmt.deploy.export.onnx import (
+    export_onnx,
+    import_onnxruntime,
+    is_onnx_dir,
+    read_onnx_config,
+)
+from litmt.errors import ConfigError
+from litmt.models import TransformerConfig
+from litmt.runtime.threads import check_threads
+
+log = logging.getLogger("litmt.deploy.engines.onnx")
+
+
+def default_onnx_cache_dir() -> Path:
+    """Where engine=onnx exports a ``.ckpt`` on first use: ``$XDG_CACHE_HOME/litmt/onnx``."""
+    return default_cache_dir("onnx")
+
+
+@dataclass
+class OnnxState:
+    """The decoder state of the ONNX step: L layers, R rows, H heads, S source, P past, D.
+
+    Attributes:
+        src_ids: (R, S) source ids (the step masks their padding).
+        cross_k, cross_v: (L, R, H, S, D) cross-attention keys/values from the encoder.
+        self_k, self_v: (L, R, H, P, D) the self-attention cache (P = 0 before the first step).
+    """
+
+    src_ids: Tensor
+    cross_k: Tensor
+    cross_v: Tensor
+    self_k: Tensor
+    self_v: Tensor
+
+    def reorder(self, index: Tensor, *, cross: bool = True) -> None:
+        """Keep rows `index` (R',) in that order (`litmt.models.transformer.DecoderState`'s
+        contract: ``cross=False`` leaves the source side as it is)."""
+        self.self_k = self.self_k.index_select(1, index)
+        self.self_v = self.self_v.index_select(1, index)
+        if cross:
+            self.src_ids = self.src_ids.index_select(0, index)
+            self.cross_k = self.cross_k.index_select(1, index)
+            self.cross_v = self.cross_v.index_select(1, index)
+
+
+def _np(t: Tensor) -> np.ndarray:
+    return t.detach().cpu().contiguous().numpy()
+
+
+class OnnxStepModel:
+    """A `litmt.decoding.search.rules.StepModel` over an export's onnxruntime sessions.
+
+    Args:
+        model_dir: an ONNX export directory.
+        meta: its ``config.json``.
+        threads: onnxruntime intra-op threads per session (0 = onnxruntime's default).
+    """
+
+    def __init__(self, model_dir: Path, meta: dict[str, Any], threads: int = 0) -> None:
+        ort = import_onnxruntime()
+        options = ort.SessionOptions()
+        if check_threads(threads) > 0:
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+        providers = ["CPUExecutionProvider"]
+        files = meta["files"]
+        self.encoder = ort.InferenceSession(
+            str(model_dir / files["encoder"]), options, providers=providers
+        )
+        self.decoder = ort.InferenceSession(
+            str(model_dir / files["decoder"]), options, providers=providers
+        )
+        self.config = TransformerConfig.from_dict(meta["model_config"])
+        self.pad_id = PAD_ID
+
+    def encode(self, src: Tensor) -> tuple[OnnxState, Tensor]:
+        """Run the encoder on src (B, S): the state's source side, and the padding mask."""
+        cross_k, cross_v = self.encoder.run(None, {"src_ids": _np(src)})
+        cfg = self.config
+        empty = torch.zeros(cfg.n_decoder_layers, src.size(0), cfg.n_heads, 0, cfg.head_dim)
+        state = OnnxState(src, torch.from_numpy(cross_k), torch.from_numpy(cross_v), empty, empty)
+        return state, src.eq(self.pad_id)
+
+    def init_state(
+        self, memory: OnnxState, src_padding_mask: Tensor | None, capacity: int | None = None
+    ) -> OnnxState:
+        """The state `encode` made (its cache is empty; the capacity is not needed)."""
+        return memory
+
+    def decode_step(self, tokens: Tensor, state: OnnxState) -> Tensor:
+        """One step: tokens (R,) -> logits (R, V); the state's cache grows by one position."""
+        logits, state.self_k, state.self_v = (
+            torch.from_numpy(a)
+            for a in self.decoder.run(
+                None,
+                {
+                    "tokens": _np(tokens.view(-1)),
+                    "src_ids": _np(state.src_ids),
+                    "cross_k": _np(state.cross_k),
+                    "cross_v": _np(state.cross_v),
+                    "self_k": _np(state.self_k),
+                    "self_v": _np(state.self_v),
+                },
+            )
+        )
+        return logits
+
+
+class OnnxTranslator(Translator):
+    """A `Translator` over an ONNX export (same `translate`/`search_ids` options).
+
+    Args:
+        model_dir: a directory written by `litmt.deploy.export.onnx.export_onnx`.
+        threads: onnxruntime intra-op threads (the ``threads`` key; 0 = its default).
+    """
+
+    def __init__(self, model_dir: str | Path, *, threads: int = 0) -> None:
+        self.model_dir = Path(model_dir)
+        self.meta = read_onnx_config(self.model_dir)
+        self.step_model = OnnxStepModel(self.model_dir, self.meta, threads)
+        self.model, self.models = None, []  # no torch model (no alignments, no explorer)
+        self.device = torch.device("cpu")
+        self.autocast = None
+        self.default_config = DecodeConfig.from_options(self.meta.get("decoding"))
+        self.tokenizer = Tokenizer.load(self.model_dir)
+        self.src_lang, self.tgt_lang = self.meta["src_lang"], self.meta["tgt_lang"]
+        self.languages = Languages.from_meta(self.meta)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        device: str | None = None,
+        threads: int = 0,
+        quantization: str = "none",
+        cache_dir: str | Path | None = None,
+    ) -> OnnxTranslator:
+        """From an export directory, or a ``.ckpt`` exported into `cache_dir` on first use
+        (named by its sha256 and `quantization`)."""
+        if device not in (None, "cpu", "auto"):
+            raise ConfigError(f"engine=onnx runs on the CPU; device={device} is not supported")
+        p = Path(path)
+        if not is_onnx_dir(p):
+            if p.is_dir():
+                read_onnx_config(p)  # raises: a directory that is not an ONNX export
+            if not p.is_file():
+                raise ConfigError(f"model not found: {p} (give a .ckpt file or an ONNX export)")
+            target = Path(cache_dir or default_onnx_cache_dir())
+            target = target / f"{p.stem}-{file_sha256(p)[:16]}-{quantization}"
+            if not is_onnx_dir(target):
+                log.info("exporting %s for engine=onnx into %s (first use)", p, target)
+                export_onnx(p, target, quantization=quantization, force=True)
+            p = target
+        return cls(p, threads=threads)
+
+    @property
+    def max_source_tokens(self) -> int:
+        """Longest source the model accepts (its `max_positions`)."""
+        return int(self.meta["model"]["max_positions"])
+
+    @property
+    def engine(self) -> str:
+        return "onnx"
+
+    def decode_batches(
+        self, request: DecodeRequest
+    ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
+        """`decode` of ``request.todo`` over the ONNX step model, in token-budget batches
+        (with constraints, grouped by beam: `by_beam`), as the torch engine does."""
+        yield from decode_request(self, self.step_model, request, PAD_ID)
+
+
+__all__ = ["OnnxState", "OnnxStepModel", "OnnxTranslator", "default_onnx_cache_dir"]

@@ -1,0 +1,1 @@
+"""Exports of a checkpoint: the shared base (base: staging, replace checks, digests, quantization names, ExportError), then one module per format: ct2 (with ct2_spec and ct2_converter), onnx (with onnx_graphs), hf (with hf_card), argos and web (the offline page in web_page/)."""

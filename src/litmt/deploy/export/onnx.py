@@ -1,0 +1,309 @@
+"""Export a litmt checkpoint to ONNX: an encoder graph and a decoder-step graph with a
+self-attention key/value cache, for onnxruntime (``engine=onnx``, `litmt.deploy.engines.onnx`)
+and onnxruntime-web in a page.
+
+An export directory holds:
+
+- ``encoder.onnx``: ``src_ids`` int64 (batch, src_len) -> ``cross_k``, ``cross_v`` float32
+  (layers, batch, heads, src_len, head_dim): the encoder and every decoder layer's
+  cross-attention keys and values, computed once per sentence.
+- ``decoder.onnx``: one step. ``tokens`` int64 (batch,), ``src_ids``, ``cross_k``,
+  ``cross_v``, ``self_k``/``self_v`` float32 (layers, batch, heads, past_len, head_dim; an
+  empty past_len=0 tensor at the first step) -> ``logits`` float32 (batch, tgt_vocab),
+  ``new_self_k``/``new_self_v`` (past_len + 1). The new token's position is past_len, read
+  inside the graph; the padding mask is ``src_ids == pad``.
+- ``config.json``: the format and its version, the special ids, languages, tags and their
+  placement, the decoding defaults, the model's sizes and the graphs' input/output names.
+- the tokenizer as `litmt.data.tokenization.tokenizer.Tokenizer.save` writes it: ``src.model``
+  (+ ``tgt.model``, + ``pieces.json`` for an imported Marian vocabulary).
+
+The graphs (`litmt.deploy.export.onnx_graphs`) are traced with torch's TorchScript-based exporter
+(``torch.onnx.export(..., dynamo=False)``): positions are counted from the input tensors'
+data, so one trace serves every batch size, source length and past length, including the
+empty cache of the first step and batch 1, which the torch.export-based exporter would
+specialise (it treats sizes 0 and 1 as constants), and it needs no ``onnxscript``.
+
+``quantization=int8`` applies onnxruntime's dynamic quantization
+(``onnxruntime.quantization.quantize_dynamic``: int8 weights of the MatMuls, activations
+quantized at run time) to both graphs, under the same file names.
+
+Refused with one line (`ExportError`): an approximate attention kernel at any site (local,
+sparse, linear, flex with a window), whose outputs the graphs' full softmax attention would
+change; other quantizations.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from litmt.attention import backend_support, build_backend
+from litmt.checkpoint.io import languages_of
+from litmt.checkpoint.load import LoadedModel, load_model
+from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID, PIECES_FILE, UNK_ID
+from litmt.deploy.export.ct2 import (
+    check_replaceable,
+    export_decoding,
+    file_sha256,
+    normalized_quantization,
+    staged_directory,
+)
+from litmt.deploy.export.ct2_spec import ExportError
+from litmt.deploy.export.onnx_graphs import DecoderStepGraph, EncoderGraph
+from litmt.errors import BackendError, ConfigError
+
+log = logging.getLogger("litmt.deploy.export.onnx")
+
+CONFIG_FILE = "config.json"
+FORMAT_NAME = "litmt-onnx"
+FORMAT_VERSION = 1
+OPSET = 17
+ONNX_QUANTIZATIONS = ("none", "int8")
+ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
+ENCODER_INPUTS, ENCODER_OUTPUTS = ["src_ids"], ["cross_k", "cross_v"]
+DECODER_INPUTS = ["tokens", "src_ids", "cross_k", "cross_v", "self_k", "self_v"]
+DECODER_OUTPUTS = ["logits", "new_self_k", "new_self_v"]
+_KV = {1: "batch", 3: "src_len"}  # cross_k/cross_v: (layers, batch, heads, src_len, head_dim)
+_ENCODER_AXES = {"src_ids": {0: "batch", 1: "src_len"}, "cross_k": _KV, "cross_v": _KV}
+_DECODER_AXES = {
+    "tokens": {0: "batch"},
+    "src_ids": {0: "batch", 1: "src_len"},
+    "cross_k": _KV,
+    "cross_v": _KV,
+    "self_k": {1: "batch", 3: "past_len"},
+    "self_v": {1: "batch", 3: "past_len"},
+    "logits": {0: "batch"},
+    "new_self_k": {1: "batch", 3: "new_len"},
+    "new_self_v": {1: "batch", 3: "new_len"},
+}
+
+
+def import_onnxruntime() -> Any:
+    """The onnxruntime module, or `ExportError` saying how to install it."""
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise ExportError(
+            "format=onnx and engine=onnx need onnx and onnxruntime: pip install 'litmt[onnx]'"
+        ) from exc
+    return onnxruntime
+
+
+def check_onnx_exportable(config: Any) -> None:
+    """Raise `ExportError` (one line) when a site's kernel is not full softmax attention.
+
+    Args:
+        config: the model's `TransformerConfig`.
+    """
+    for site in ("encoder_self", "decoder_self", "cross"):
+        name, options = config.attention.backend(site)
+        try:
+            exact = bool(build_backend(name, **options).support.exact)
+        except BackendError:  # its package is missing here: its declaration
+            exact = bool(backend_support(name).exact)
+        if not exact:
+            raise ExportError(
+                f"cannot export format=onnx: model.attention.{site}={name} is an approximate "
+                "attention (the ONNX graphs compute full softmax attention)"
+            )
+
+
+def _check_quantization(quantization: str | None) -> str:
+    q = normalized_quantization(quantization)
+    if q not in ONNX_QUANTIZATIONS:
+        raise ConfigError(
+            f"format=onnx supports quantization {' | '.join(ONNX_QUANTIZATIONS)}, not "
+            f"'{quantization}'"
+        )
+    return q
+
+
+def export_onnx(
+    ckpt_path: str | Path | Sequence[str | Path],
+    out: str | Path,
+    *,
+    quantization: str = "none",
+    force: bool = False,
+    decoding: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write the ONNX export of a checkpoint (several: weights averaged) into `out`.
+
+    Args:
+        ckpt_path: a litmt ``.ckpt`` or a list of them.
+        out: the directory to write (must not exist unless `force`).
+        quantization: "none" (float32) or "int8" (onnxruntime dynamic quantization).
+        force: replace an existing export at `out`.
+        decoding: decoding defaults for ``config.json`` (beam_size, length_penalty,
+            max_len_a, max_len_b); missing keys take `DecodeConfig`'s.
+
+    Returns:
+        `out`.
+
+    Raises:
+        ExportError: the model cannot be carried, or onnxruntime is missing. ConfigError:
+        `out` exists, a bad option.
+    """
+    q = _check_quantization(quantization)
+    out = Path(out)
+    check_replaceable(out, force, is_onnx_dir)
+    decoding_defaults = export_decoding(decoding)
+    import_onnxruntime()
+    paths = [ckpt_path] if isinstance(ckpt_path, str | Path) else list(ckpt_path)
+    loaded = load_model(paths if len(paths) > 1 else paths[0], map_location="cpu")
+    check_onnx_exportable(loaded.model.config)
+    model = loaded.model.float().eval()
+    with staged_directory(out) as tmp:
+        _trace(model, tmp)
+        if q == "int8":
+            _quantize(tmp)
+        loaded.tokenizer.save(tmp)
+        meta = onnx_config(loaded, q, decoding_defaults, file_sha256(paths))
+        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    log.info("exported %s (onnx, %s) to %s", paths[0], q, out)
+    return out
+
+
+def _trace(model: torch.nn.Module, directory: Path) -> None:
+    """Trace `EncoderGraph` and `DecoderStepGraph` of `model` into `directory` (float32,
+    every length and the batch dynamic)."""
+    cfg = model.config
+    src = torch.tensor([[4, 5, 6, 7], [8, 9, PAD_ID, PAD_ID]])  # (2, 4): any ids < vocab
+    src = src.clamp(max=cfg.src_vocab_size - 1)
+    encoder, decoder = EncoderGraph(model), DecoderStepGraph(model)
+    past = torch.zeros(cfg.n_decoder_layers, 2, cfg.n_heads, 3, cfg.head_dim)
+    with torch.no_grad(), warnings.catch_warnings():
+        # the TorchScript exporter is chosen on purpose (module docstring): not its notice
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch.onnx")
+        warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
+        cross_k, cross_v = encoder(src)
+        common = {"dynamo": False, "opset_version": OPSET, "do_constant_folding": True}
+        torch.onnx.export(
+            encoder,
+            (src,),
+            str(directory / ENCODER_FILE),
+            input_names=ENCODER_INPUTS,
+            output_names=ENCODER_OUTPUTS,
+            dynamic_axes=_ENCODER_AXES,
+            **common,
+        )
+        torch.onnx.export(
+            decoder,
+            (torch.full((2,), BOS_ID), src, cross_k, cross_v, past, past),
+            str(directory / DECODER_FILE),
+            input_names=DECODER_INPUTS,
+            output_names=DECODER_OUTPUTS,
+            dynamic_axes=_DECODER_AXES,
+            **common,
+        )
+
+
+def _quantize(directory: Path) -> None:
+    """Replace both graphs by their int8 dynamic quantization (MatMul weights)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    for name in (ENCODER_FILE, DECODER_FILE):
+        path = directory / name
+        pre, tmp = path.with_suffix(".pre.onnx"), path.with_suffix(".int8.onnx")
+        # onnx shape inference and fusions, as onnxruntime advises (its symbolic shape
+        # inference cannot follow the data-derived positions: skipped)
+        quant_pre_process(str(path), str(pre), skip_symbolic_shape=True)
+        quantize_dynamic(
+            str(pre), str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"]
+        )
+        pre.unlink()
+        tmp.replace(path)
+
+
+def onnx_config(
+    loaded: LoadedModel, quantization: str, decoding: dict[str, Any], sha256: str
+) -> dict[str, Any]:
+    """The ``config.json`` of an export (its keys: docs/deploy.md)."""
+    cfg, tok = loaded.model.config, loaded.tokenizer
+    tags = {p: i for p, i in tok.tgt_tags.items() if i in tok.lang_tag_ids}
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "files": {"encoder": ENCODER_FILE, "decoder": DECODER_FILE},
+        "quantization": quantization,
+        "opset": OPSET,
+        "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
+        "src_lang": loaded.src_lang,
+        "tgt_lang": loaded.tgt_lang,
+        **languages_of(loaded.meta),
+        "tags": tags,
+        "lang_tag_ids": sorted(tok.lang_tag_ids),
+        "tokenizer": {
+            "src_model": "src.model",
+            "tgt_model": None if tok.tgt_model_bytes is None else "tgt.model",
+            "pieces": PIECES_FILE if tok.vocab is not None else None,
+            "src_eos": tok.src_eos,
+            "joint": tok.joint,
+        },
+        "decoding": decoding,
+        "model": {
+            "d_model": cfg.d_model,
+            "n_heads": cfg.n_heads,
+            "head_dim": cfg.head_dim,
+            "n_encoder_layers": cfg.n_encoder_layers,
+            "n_decoder_layers": cfg.n_decoder_layers,
+            "src_vocab_size": cfg.src_vocab_size,
+            "tgt_vocab_size": cfg.tgt_vocab_size,
+            "max_positions": cfg.max_positions,
+        },
+        "inputs": {"encoder": ENCODER_INPUTS, "decoder": DECODER_INPUTS},
+        "outputs": {"encoder": ENCODER_OUTPUTS, "decoder": DECODER_OUTPUTS},
+        "checkpoint_sha256": sha256,
+        "model_config": cfg.to_dict(),
+    }
+
+
+def is_onnx_dir(path: str | Path) -> bool:
+    """True when `path` is a directory written by `export_onnx`."""
+    p = Path(path)
+    if not (p / CONFIG_FILE).is_file() or not (p / DECODER_FILE).is_file():
+        return False
+    try:
+        meta = json.loads((p / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT_NAME
+
+
+def read_onnx_config(path: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of an ONNX export directory.
+
+    Raises:
+        ExportError: not an ONNX export, or written by another format version.
+    """
+    p = Path(path)
+    if not is_onnx_dir(p):
+        raise ExportError(
+            f"{p} is not a litmt ONNX export (no {CONFIG_FILE} of format {FORMAT_NAME} and "
+            f"{DECODER_FILE}); create one with scripts/export.py format=onnx"
+        )
+    meta = json.loads((p / CONFIG_FILE).read_text(encoding="utf-8"))
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ExportError(
+            f"{p} has ONNX format version {meta.get('format_version')}, this litmt reads "
+            f"{FORMAT_VERSION}"
+        )
+    return meta
+
+
+__all__ = [
+    "CONFIG_FILE",
+    "ONNX_QUANTIZATIONS",
+    "check_onnx_exportable",
+    "export_onnx",
+    "import_onnxruntime",
+    "is_onnx_dir",
+    "onnx_config",
+    "read_onnx_config",
+]

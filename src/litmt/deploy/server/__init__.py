@@ -1,0 +1,1 @@
+"""The HTTP server: the app (app), its settings (config), the model's queue and the admission of jobs (model_queue, admission), the HTTP protocol with deadlines (protocol), operator access (access, log_redaction), request reading (request_params, sentences), the routes (routes/) and the explorer page (static/)."""
