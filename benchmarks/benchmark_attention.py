@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             unavailable[name] = reason
     import torch
 
-    from litmt.attention.auto import choose_backend
+    from litmt.attention.backends.auto import choose_backend
 
     auto = choose_backend(args.device, getattr(torch, DTYPES[args.dtype]))
     print(f"# attention benchmark on {machine(args.device)}", flush=True)

@@ -32,7 +32,8 @@ from litmt.cli.exits import cli_errors
 from litmt.decoding.translator import Translator
 from litmt.deploy.engines.ct2 import CT2Translator
 from litmt.deploy.engines.onnx import OnnxTranslator
-from litmt.deploy.export.ct2 import export_model, file_sha256, is_export_dir, read_metadata
+from litmt.deploy.export.base import file_sha256
+from litmt.deploy.export.ct2 import export_model, is_export_dir, read_metadata
 from litmt.deploy.export.onnx import export_onnx, is_onnx_dir, read_onnx_config
 from litmt.metrics import corpus_bleu
 

@@ -14,13 +14,13 @@ greedy search on the same export (engine=onnx, `OnnxTranslator`, one sentence pe
 - the source ids the page's sentencepiece (wasm) gave against python sentencepiece's: equal;
 - the output ids: equal, or a ``near-tie``: at the first token where they part, python
   onnxruntime's log-probabilities of the two tokens (eos for an ended output) differ by at
-  most `NEAR_TIE` (`benchmarks.decode_margins`), a choice float rounding may flip (wasm SIMD
+  most `NEAR_TIE` (`checks.decode_margins`), a choice float rounding may flip (wasm SIMD
   kernels against the native ones); anything else is ``real`` and the script exits 1;
 - requests: every request went to the static server, and none at all once the model was
   loaded (the page's promise: nothing typed leaves the machine).
 
 Prints the page's sentences/s (its own clock, from the click to the last line), the counts
-above, and the load size. The browser test (tests/integration/test_offline_page.py) runs the
+above, and the load size. The browser test (tests/integration/export/test_offline_page.py) runs the
 same functions on the tiny model.
 """
 
@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import MULTI30K, REPO
-from benchmarks.decode_margins import NEAR_TIE
+from checks.decode_margins import NEAR_TIE
 from litmt.data.text import read_text_file
 from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID
 from litmt.errors import LitmtError

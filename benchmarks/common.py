@@ -45,7 +45,7 @@ def export_of(
     """
     if given is None:
         return make()
-    from litmt.deploy.export.ct2 import file_sha256
+    from litmt.deploy.export.base import file_sha256
 
     export = Path(given)
     if checkpoint_sha256(export) != file_sha256(ckpt):

@@ -15,14 +15,14 @@ import warnings
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks import benchmark as bm
+from benchmarks import peers
 from benchmarks.common import REPO, decode_sources, load_tokenizer, training_batches
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="litmt", choices=list(bm.BUILDERS))
-    p.add_argument("--size", default="small", choices=list(bm.SIZES))
+    p.add_argument("--model", default="litmt", choices=list(peers.BUILDERS))
+    p.add_argument("--size", default="small", choices=list(peers.SIZES))
     p.add_argument("--what", default="train", choices=["train", "greedy", "beam"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=4096)
@@ -35,17 +35,17 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     tok = load_tokenizer(8000, None, REPO / "data" / "benchmark")
-    size, vocab = bm.SIZES[args.size], tok.src_vocab_size
+    size, vocab = peers.SIZES[args.size], tok.src_vocab_size
     torch.manual_seed(0)
-    model = bm.BUILDERS[args.model](size, vocab, 0.1)
+    model = peers.BUILDERS[args.model](size, vocab, 0.1)
     if args.what == "train":
         batch = training_batches(tok, args.max_tokens, 1)[0]
-        step = bm.make_train_step(args.model, model.train(), compile_model=args.compile)
+        step = peers.make_train_step(args.model, model.train(), compile_model=args.compile)
         run = lambda: step(batch)  # noqa: E731
     else:
         src = decode_sources(tok, args.decode_batch)
         beam = 1 if args.what == "greedy" else 5
-        fn = bm.decode_fn(args.model, model.eval(), beam, args.decode_steps)
+        fn = peers.decode_fn(args.model, model.eval(), beam, args.decode_steps)
         run = lambda: fn(src)  # noqa: E731
     run()  # warm-up (optimiser state, compilation)
     run()

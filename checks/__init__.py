@@ -1,0 +1,1 @@
+"""Parity and determinism checks on real models and before/after trees (engine against engine, batch hashes, decoding outputs): run each from the repository root as ``python -m checks.<name>``; tests run them on tiny models."""

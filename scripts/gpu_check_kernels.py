@@ -21,7 +21,7 @@ from gpu_check_common import (
     unavailable,
 )
 
-from litmt.attention.flex_compile import compile_fallback
+from litmt.attention.backends.flex_compile import compile_fallback
 
 Row = tuple[str, str]  # (result, status)
 

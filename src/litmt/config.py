@@ -1,20 +1,25 @@
 """The one home of the rules every settings object follows.
 
 A setting is a field of one dataclass (`TransformerConfig`, `DecodeConfig`, `DataConfig`,
-`ServeConfig`, ...) with its default and, on the line under it, a docstring that is its one
-documentation (litgpt's style). Hydra YAML files list the keys a user sets; the test
+`ServeConfig`, `TranslateConfig`, ...) with its default and, on the line under it, a docstring
+that is its one documentation (litgpt's style). The Hydra YAML a user reads sets each key to
+that real default with the docstring as its comment (`render_yaml`); the test
 `tests/unit/test_config_defaults.py` fails when a YAML default or comment differs from the
-dataclass.
+dataclass. So ``null`` in a YAML means None, for a field whose type allows it (``seed: null``),
+and an absent key keeps the default.
 
 This module holds what every command and every dataclass share:
 
 - `plain`: a DictConfig/ListConfig (or any mapping/list) as plain dicts/lists;
 - `check_keys`: the one unknown-key check, with a close-match hint;
 - `renamed_keys`: old spellings of a key keep working for one release, with a deprecation line;
-- `build`: a dataclass from a mapping (null = the field's default);
+- `build`: a dataclass from a mapping (absent = the default, null = None where allowed);
+- `job_config`: a command's own dataclass from the top-level keys of its composed config;
+- `nullable_fields`, `check_null`: which fields take None, and the one refusal of a null;
+- `command_line_keys`: the keys of a block that the running job's command line sets;
 - `field_docs`: the docstrings under a dataclass's fields;
-- `render_yaml`, `yaml_comment`: a dataclass as YAML keys (null = the default) whose comments
-  are the field docstrings with the default in brackets, what the YAML test compares;
+- `render_yaml`, `yaml_comment`: a dataclass as YAML keys set to their real defaults, whose
+  comments are the field docstrings, what the YAML test compares;
 - `renamed_attribute`: a module's old class names, kept one release with a warning.
 """
 
@@ -27,6 +32,7 @@ import functools
 import inspect
 import itertools
 import logging
+import re
 import textwrap
 import warnings
 from collections.abc import Iterable, Mapping
@@ -109,7 +115,8 @@ def build(
     renames: Mapping[str, str] | None = None,
     ignore: Iterable[str] = (),
 ) -> T:
-    """The dataclass `cls` from `data`: unknown keys refused, null keys keep the default.
+    """The dataclass `cls` from `data`: unknown keys refused, absent keys keep the default, a
+    null key is None (refused for a field whose type does not allow None).
 
     Args:
         cls: a dataclass.
@@ -117,6 +124,9 @@ def build(
         where: the config path for messages, e.g. ``serve``.
         renames: old key → new key, accepted with a deprecation line (`renamed_keys`).
         ignore: keys of `data` that belong to something else (dropped, never refused).
+
+    Raises:
+        ConfigError: an unknown key, or null for a field that does not take None.
     """
     values = plain(data) or {}
     values = renamed_keys(values, renames or {}, where)
@@ -124,7 +134,64 @@ def build(
         values.pop(key, None)
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     check_keys(values, names, where)
-    return cls(**{k: v for k, v in values.items() if v is not None})
+    for key, value in values.items():
+        check_null(cls, key, value, where)
+    return cls(**values)
+
+
+def job_config(cls: type[T], cfg: Any, where: str) -> T:
+    """The dataclass `cls` from the top-level keys of a composed job config that are its fields
+    (`build`; the job's other keys belong to its config groups).
+
+    Raises:
+        ConfigError: null for a field that needs a value, or a value the dataclass refuses.
+    """
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    return build(cls, {k: cfg[k] for k in names if k in cfg}, where)
+
+
+@functools.cache
+def nullable_fields(cls: type) -> frozenset[str]:
+    """The fields of the dataclass `cls` whose type allows None (``int | None``, ``Any``),
+    read from the annotation's text (no import of the names it mentions)."""
+    names = set()
+    for f in dataclasses.fields(cls):
+        text = f.type if isinstance(f.type, str) else repr(f.type)
+        if re.search(r"\b(None|Any|Optional)\b", text):
+            names.add(f.name)
+    return frozenset(names)
+
+
+def check_null(cls: type, key: str, value: Any, where: str) -> None:
+    """Refuse a null `value` for the field `key` of `cls` when its type does not allow None.
+
+    Raises:
+        ConfigError: one line naming the key, its default and how to keep it.
+    """
+    if value is not None or key in nullable_fields(cls):
+        return
+    field = {f.name: f for f in dataclasses.fields(cls)}[key]
+    default = default_of(field)
+    shown = "" if dataclasses.is_dataclass(default) else f" (default {yaml_scalar(default)})"
+    raise ConfigError(
+        f"{where}.{key} cannot be null; give it a value or drop the key to keep its default{shown}"
+    )
+
+
+def command_line_keys(block: str) -> frozenset[str]:
+    """The keys of `block` (e.g. ``decoding``) that the running Hydra job's command line sets
+    (``decoding.beam_size=5``, also with ``+``/``++``); empty outside a Hydra job."""
+    from hydra.core.hydra_config import HydraConfig  # only jobs started by Hydra have any
+
+    if not HydraConfig.initialized():
+        return frozenset()
+    keys = set()
+    for override in HydraConfig.get().overrides.task:
+        path = str(override).lstrip("+~").split("=", 1)[0]
+        head, _, key = path.partition(".")
+        if head == block and key:
+            keys.add(key.split(".", 1)[0])
+    return frozenset(keys)
 
 
 @functools.cache
@@ -167,19 +234,14 @@ def default_of(field: dataclasses.Field) -> Any:
 
 
 def yaml_comment(cls: type, name: str) -> str:
-    """The comment a YAML key of `cls`'s field `name` carries: its docstring and its default
-    in brackets (a nested dataclass's default is its own keys, so it has no bracket)."""
-    field = {f.name: f for f in dataclasses.fields(cls)}[name]
-    doc = field_docs(cls).get(name, "")
-    default = default_of(field)
-    if dataclasses.is_dataclass(default):
-        return doc
-    return f"{doc} [{yaml_scalar(default)}]"
+    """The comment a YAML key of `cls`'s field `name` carries: its docstring (the value on the
+    key is the default itself, so the comment never repeats it)."""
+    return field_docs(cls).get(name, "")
 
 
 def render_yaml(cls: type, indent: int = 0) -> str:
-    """`cls`'s fields as YAML keys set to null (= the dataclass default), each with its
-    `yaml_comment`; a nested dataclass field becomes a block of its own keys."""
+    """`cls`'s fields as YAML keys set to their real defaults, each with its `yaml_comment`;
+    a nested dataclass field becomes a block of its own keys."""
     pad = " " * indent
     lines = []
     for field in dataclasses.fields(cls):
@@ -188,7 +250,8 @@ def render_yaml(cls: type, indent: int = 0) -> str:
             lines.append(f"{pad}{field.name}:  # {yaml_comment(cls, field.name)}")
             lines.append(render_yaml(type(default), indent + 2).rstrip("\n"))
         else:
-            lines.append(f"{pad}{field.name}: null  # {yaml_comment(cls, field.name)}")
+            value = yaml_scalar(default)
+            lines.append(f"{pad}{field.name}: {value}  # {yaml_comment(cls, field.name)}")
     return "\n".join(lines) + "\n"
 
 
@@ -212,8 +275,12 @@ def renamed_attribute(module: str, name: str, renames: Mapping[str, str], scope:
 __all__ = [
     "build",
     "check_keys",
+    "check_null",
+    "command_line_keys",
     "default_of",
     "field_docs",
+    "job_config",
+    "nullable_fields",
     "plain",
     "renamed_attribute",
     "renamed_keys",

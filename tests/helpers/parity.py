@@ -17,7 +17,7 @@ Bit-for-bit equality stays where it must hold: resume against an uninterrupted r
 against one process on the same machine, a kernel against itself.
 
 The tolerances (`SCORE_ATOL`, `NEAR_TIE`) and the torch search's decision margins
-(`search_margin`) live in `benchmarks/decode_margins.py`, so the parity benchmarks use the same
+(`search_margin`) live in `checks/decode_margins.py`, so the parity benchmarks use the same
 numbers; they are imported here.
 """
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from benchmarks.decode_margins import (  # the tolerances and margins, shared with benchmarks/
+from checks.decode_margins import (  # the tolerances and margins, shared with benchmarks/
     NEAR_TIE,
     SCORE_ATOL,
     search_margin,

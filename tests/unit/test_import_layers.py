@@ -5,13 +5,19 @@ the source: every ``import`` in ``src/litmt`` (module level, inside functions, u
 1. No import cycle between files.
 2. Imports run one way, down `LAYERS`: a module may import a module of a lower rank, or of its
    own subpackage; never one of a higher or of another subpackage of the same rank.
-3. ``models`` and ``attention`` (pure torch) import neither Lightning nor Hydra/OmegaConf.
+3. Inside ``deploy``, ``decoding`` and ``data``, imports run down `SUBLAYERS` too (down or
+   sideways: modules of one rank may import each other): the server above the loader above
+   the engines above the exports; the translator above the search; the DataModule above
+   preparation above corpora and batching above tokenization.
+4. ``models`` and ``attention`` (pure torch) import neither Lightning nor Hydra/OmegaConf.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = SRC / "litmt"
@@ -32,6 +38,42 @@ LAYERS: dict[str, int] = {
     "metrics": -1,  # sacrebleu wrappers
     "config": -1,  # the rules of every settings dataclass: key checks, renames, field docs
     "errors": -2,  # project exceptions
+}
+# Ranks inside a part, keyed by the module path below it (the longest key that prefixes a
+# module's path is its rank; a module no key covers has no rank there).
+SUBLAYERS: dict[str, dict[str, int]] = {
+    "deploy": {
+        "server": 4,  # the HTTP server: app, queue, admission, protocol, routes
+        "loader": 3,  # load_translator: the one way any tool gets a translator
+        "engines": 2,  # ct2 and onnx engines, their caches
+        "export": 1,  # the shared base and one module per format
+    },
+    "decoding": {
+        "distill": 6,  # a corpus translated by a teacher
+        "analysis.forced": 6,  # forced scoring through the Translator
+        "translator": 5,  # the torch engine's Translator
+        "translator_base": 4,  # what every engine's translator shares
+        "steering": 3,  # prefixes and constraints checked and encoded
+        "languages": 3,
+        "requests": 3,
+        "batching": 3,
+        "analysis.alignment": 3,
+        "analysis.attention_maps": 3,
+        "search": 2,  # decode() and the searches: below every translator
+        "ensemble": 1,
+        "config": 0,  # DecodeConfig
+    },
+    "data": {
+        "datamodule": 3,  # the LightningDataModule on top
+        "preparation.prepared": 2,  # corpus, tokenizer and caches without Lightning
+        "preparation": 1,
+        "corpora": 1,
+        "batching": 1,
+        "config": 1,
+        "tokenization": 0,  # sentencepiece at the bottom
+        "directions": 0,
+        "text": 0,
+    },
 }
 # Modules that must not import these third-party packages (pure torch).
 NO_FRAMEWORK = {"models", "attention"}
@@ -99,19 +141,71 @@ def test_imports_resolve_to_files() -> None:
     assert not bad, "\n".join(bad)
 
 
-def test_imports_run_down_the_layers() -> None:
+def sub_rank(module: str) -> tuple[str, int] | None:
+    """(its key, its rank) in `SUBLAYERS` of its part, or None."""
+    parts = module.split(".")
+    table = SUBLAYERS.get(part(module), {})
+    for n in range(len(parts) - 2, 0, -1):
+        key = ".".join(parts[2 : 2 + n])
+        if key in table:
+            return key, table[key]
+    return None
+
+
+def upward_imports(edges: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """The imports of `edges` (module -> (imported, line)) that run up `LAYERS` or, inside a
+    part, up `SUBLAYERS`."""
     bad = []
-    for module, targets in graph().items():
+    for module, targets in edges.items():
         for target, line in targets:
             src, dst = part(module), part(target)
-            if src == dst or dst == "litmt":
+            if dst == "litmt":
                 continue
-            if LAYERS[dst] >= LAYERS[src]:
-                bad.append(
-                    f"{module}:{line} imports {target} ({src} {LAYERS[src]} -> {dst} {LAYERS[dst]})"
-                )
+            if src != dst:
+                if LAYERS[dst] >= LAYERS[src]:
+                    bad.append(
+                        f"{module}:{line} imports {target} ({src} {LAYERS[src]} -> {dst} {LAYERS[dst]})"
+                    )
+                continue
+            here, there = sub_rank(module), sub_rank(target)
+            if here and there and there[1] > here[1]:
+                bad.append(f"{module}:{line} imports {target} ({src}: {here} -> {there})")
+    return bad
+
+
+def test_imports_run_down_the_layers() -> None:
+    bad = upward_imports(graph())
     # `litmt` itself (the package __init__) is imported by every module, which is Python's doing
     assert not bad, "imports against the layer order:\n" + "\n".join(bad)
+
+
+def test_every_sublayer_key_names_a_module() -> None:
+    missing = [
+        f"litmt.{p}.{key}"
+        for p, table in SUBLAYERS.items()
+        for key in table
+        if not exists(f"litmt.{p}.{key}")
+    ]
+    assert not missing, f"SUBLAYERS names what does not exist: {missing}"
+
+
+@pytest.mark.parametrize(
+    ("module", "target"),
+    [
+        ("litmt.deploy.export.base", "litmt.deploy.server.app"),  # an export importing the server
+        ("litmt.deploy.engines.ct2", "litmt.deploy.loader"),
+        (
+            "litmt.decoding.search.beam",
+            "litmt.decoding.translator",
+        ),  # the search above the translator
+        ("litmt.data.tokenization.tokenizer", "litmt.data.corpora.parallel"),
+        ("litmt.models.mha", "litmt.decoding.config"),  # across parts
+    ],
+)
+def test_a_planted_upward_import_is_caught(module: str, target: str) -> None:
+    edges = graph()
+    bad = upward_imports({**edges, module: [*edges[module], (target, 1)]})
+    assert len(bad) == 1 and bad[0].startswith(f"{module}:1 imports {target}"), bad
 
 
 def test_pure_torch_parts_import_no_framework() -> None:

@@ -27,16 +27,16 @@ from litmt.attention.cache import DecodeCache, KVCache
 from litmt.errors import BackendError
 
 _REGISTRY: dict[str, str] = {
-    "math": "litmt.attention.math:MathAttention",
-    "sdpa": "litmt.attention.sdpa:SDPAAttention",
-    "flash": "litmt.attention.flash:FlashAttention",
-    "xformers": "litmt.attention.xformers:XFormersAttention",
-    "te": "litmt.attention.te:TEAttention",
-    "flex": "litmt.attention.flex:FlexAttention",
-    "local": "litmt.attention.local:LocalAttention",
-    "sparse": "litmt.attention.sparse:SparseAttention",
-    "linear": "litmt.attention.linear:LinearAttention",
-    "auto": "litmt.attention.auto:AutoAttention",
+    "math": "litmt.attention.backends.math:MathAttention",
+    "sdpa": "litmt.attention.backends.sdpa:SDPAAttention",
+    "flash": "litmt.attention.backends.flash:FlashAttention",
+    "xformers": "litmt.attention.backends.xformers:XFormersAttention",
+    "te": "litmt.attention.backends.te:TEAttention",
+    "flex": "litmt.attention.backends.flex:FlexAttention",
+    "local": "litmt.attention.backends.local:LocalAttention",
+    "sparse": "litmt.attention.backends.sparse:SparseAttention",
+    "linear": "litmt.attention.backends.linear:LinearAttention",
+    "auto": "litmt.attention.backends.auto:AutoAttention",
 }
 
 

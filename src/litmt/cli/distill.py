@@ -24,7 +24,7 @@ from litmt.config import build, plain
 from litmt.data.config import DataConfig, resolve_path
 from litmt.data.corpora.parallel import ParallelCorpus
 from litmt.data.corpora.streams import count_pairs, pair_chunks
-from litmt.decoding.config import DecodeConfig
+from litmt.decoding.config import DecodeConfig, job_options
 from litmt.decoding.distill import (
     FORMAT,
     DistillConfig,
@@ -33,7 +33,8 @@ from litmt.decoding.distill import (
     distill_corpus,
     log_counts,
 )
-from litmt.deploy.export.ct2 import file_sha256, is_export_dir, read_metadata
+from litmt.deploy.export.base import file_sha256
+from litmt.deploy.export.ct2 import is_export_dir, read_metadata
 from litmt.deploy.loader import LoadConfig, engine_options, load_translator
 from litmt.errors import ConfigError
 
@@ -166,7 +167,7 @@ def distill(cfg: DictConfig) -> dict[str, Any]:
         ``max_chunks`` stopped the run, ``{"finished": False, "counts": ...}``.
     """
     keys = [f.name for f in dataclasses.fields(DistillConfig)]
-    settings = build(DistillConfig, {k: cfg.get(k) for k in keys}, "distill")
+    settings = build(DistillConfig, {k: cfg[k] for k in keys if k in cfg}, "distill")
     if settings.out is None:
         raise ConfigError("give out=DIR, the directory of the distilled corpus")
     load = LoadConfig.from_cfg(cfg, "distill")
@@ -174,7 +175,7 @@ def distill(cfg: DictConfig) -> dict[str, Any]:
     out, langs = resolve_path(settings.out), (data.src_lang, data.tgt_lang)
     DistillOutput(out, langs, {}).refuse_foreign()  # before the teacher loads
     translator, teacher, engine = load_teacher(cfg, load)
-    config = DecodeConfig.from_options(cfg.decoding, base=translator.default_config)
+    config = DecodeConfig.from_options(job_options(cfg.decoding), base=translator.default_config)
     if config.method == "sample" or config.n_best != 1:
         raise ConfigError("distill keeps one translation per line: use method=beam or greedy")
     direction = load.direction()

@@ -13,13 +13,15 @@ import dataclasses
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
+from litmt.config import job_config
 from litmt.data.text import read_text_file
-from litmt.decoding.config import DecodeConfig
+from litmt.decoding.config import DecodeConfig, job_options
 from litmt.deploy.loader import LoadConfig
 from litmt.errors import ConfigError, DataError
 from litmt.metrics import corpus_scores
@@ -27,22 +29,44 @@ from litmt.metrics import corpus_scores
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """The evaluate command's own keys (conf/evaluate.yaml's top level; the checkpoint, the
+    corpus, the decoding and the engine are the load, data, decoding and engine groups')."""
+
+    src_file: str | None = None
+    """plain-text source, one sentence per line (with ref_file)"""
+    ref_file: str | None = None
+    """plain-text reference, aligned with src_file"""
+    split: str = "test"
+    """with data=...: train | valid | test"""
+    max_tokens: int = 4096
+    """padded source tokens per decoding batch"""
+    hyp_file: str | None = None
+    """write the hypotheses here (one per line, aligned with the source)"""
+    scores_file: str | None = None
+    """write a JSON report here (scores, signatures, checkpoints, decoding options)"""
+    progress: bool = True
+    """tqdm progress bar on stderr while decoding"""
+
+
 # -- data --------------------------------------------------------------------------------
 def load_eval_data(cfg: DictConfig) -> tuple[list[str], list[str], str]:
     """(sources, references, description) from src_file/ref_file or data + split."""
-    if cfg.get("src_file") or cfg.get("ref_file"):
+    settings = job_config(EvaluateConfig, cfg, "evaluate")
+    if settings.src_file or settings.ref_file:
         if cfg.get("data") is not None:
             raise ConfigError("give either src_file/ref_file or data=<config>, not both")
-        if not (cfg.get("src_file") and cfg.get("ref_file")):
+        if not (settings.src_file and settings.ref_file):
             raise ConfigError("src_file and ref_file go together: pass both")
-        src = read_text_file(cfg.src_file, "src_file")
-        ref = read_text_file(cfg.ref_file, "ref_file")
+        src = read_text_file(settings.src_file, "src_file")
+        ref = read_text_file(settings.ref_file, "ref_file")
         if len(src) != len(ref):
             raise DataError(
                 f"src_file has {len(src)} lines but ref_file has {len(ref)}; "
                 "they must align line by line"
             )
-        return src, ref, f"{cfg.src_file} / {cfg.ref_file}"
+        return src, ref, f"{settings.src_file} / {settings.ref_file}"
     if cfg.get("data") is None:
         raise ConfigError(
             "no evaluation data: pass src_file=... ref_file=..., or data=<config> split=test"
@@ -52,7 +76,7 @@ def load_eval_data(cfg: DictConfig) -> tuple[list[str], list[str], str]:
     # one pair: src_lang/tgt_lang (a direction of a multilingual model) override the data's
     pair = {k: str(cfg[k]) for k in ("src_lang", "tgt_lang") if cfg.get(k)}
     datamodule = instantiate(cfg.data, **pair, directions=[])
-    split = str(cfg.get("split") or "test")
+    split = str(settings.split)
     corpus = datamodule.corpus.load(split)
     label = f"data={datamodule.name} split={split} ({datamodule.src_lang}→{datamodule.tgt_lang})"
     return list(corpus["src"]), list(corpus["tgt"]), label
@@ -68,14 +92,15 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     Returns:
         {"bleu": ..., "chrf": ..., "ter": ...}
     """
+    settings = job_config(EvaluateConfig, cfg, "evaluate")
     load = LoadConfig.from_cfg(cfg, "evaluate")
     paths = load.paths()
     sources, references, label = load_eval_data(cfg)
     translator = load.translator(cfg)
     direction = eval_direction(translator, load, cfg.get("data"))
     route = translator.route(**direction)  # an unknown direction fails before decoding
-    # null/absent keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
-    config = DecodeConfig.from_options(cfg.decoding, base=translator.default_config)
+    # keys left at DecodeConfig's default: the translator's (an export's litmt.json ones)
+    config = DecodeConfig.from_options(job_options(cfg.decoding), base=translator.default_config)
     log.info(
         "decoding %d sentences (%s) with %s on %s",
         len(sources),
@@ -87,12 +112,16 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     )
     t0 = time.perf_counter()
     hyps = translator.translate(
-        sources, config, max_tokens=int(cfg.max_tokens), progress=bool(cfg.progress), **direction
+        sources,
+        config,
+        max_tokens=int(settings.max_tokens),
+        progress=bool(settings.progress),
+        **direction,
     )
     seconds = time.perf_counter() - t0
     assert all(isinstance(h, str) for h in hyps)
-    if cfg.get("hyp_file"):
-        write_text(cfg.hyp_file, "".join(f"{h}\n" for h in hyps))
+    if settings.hyp_file:
+        write_text(settings.hyp_file, "".join(f"{h}\n" for h in hyps))
     results = corpus_scores(hyps, references)  # type: ignore[arg-type]
     for result in results.values():
         print(result.line, flush=True)
@@ -102,7 +131,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         seconds,
         len(sources) / max(seconds, 1e-9),
     )
-    if cfg.get("scores_file"):
+    if settings.scores_file:
         report: dict[str, Any] = {
             "checkpoints": paths,
             "data": label,
@@ -112,10 +141,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             "decoding": dataclasses.asdict(config),
             "ensemble": bool(load.ensemble),
             "decode_seconds": round(seconds, 3),
-            "hyp_file": str(cfg.hyp_file) if cfg.get("hyp_file") else None,
+            "hyp_file": str(settings.hyp_file) if settings.hyp_file else None,
             "scores": {key: r.to_dict() for key, r in results.items()},
         }
-        write_text(cfg.scores_file, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        write_text(settings.scores_file, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return {key: r.score for key, r in results.items()}
 
 
@@ -150,4 +179,4 @@ def write_text(path: Any, text: str) -> None:
     out.write_text(text, encoding="utf-8")
 
 
-__all__ = ["eval_direction", "evaluate", "load_eval_data"]
+__all__ = ["EvaluateConfig", "eval_direction", "evaluate", "load_eval_data"]

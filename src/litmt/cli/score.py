@@ -7,13 +7,31 @@ score of `Hypothesis.score`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from omegaconf import DictConfig
 
+from litmt.config import job_config
 from litmt.data.text import open_output, read_text_file
 from litmt.decoding.analysis.forced import ForcedDecoder, PairScore
 from litmt.decoding.config import DecodeConfig
 from litmt.deploy.loader import LoadConfig, load_translator
 from litmt.errors import DataError
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    """The score command's own keys (conf/score.yaml's top level; the checkpoint is the load
+    group's, the length penalty the decoding group's)."""
+
+    src_file: str | None = None
+    """sources, one per line (UTF-8)"""
+    tgt_file: str | None = None
+    """targets, one per line, aligned with src_file"""
+    output: str | None = None
+    """write the scores to this file; null = stdout"""
+    max_tokens: int = 4096
+    """per batch: pairs x max(source, target + 1) subwords, padding included"""
 
 
 def format_score(result: PairScore) -> str:
@@ -30,26 +48,27 @@ def score(cfg: DictConfig) -> list[PairScore]:
         DataError: a missing file, or the files differ in line count.
         ConfigError / CheckpointError: from the checkpoint arguments.
     """
+    settings = job_config(ScoreConfig, cfg, "score")
     load = LoadConfig.from_cfg(cfg, "score", ignores=("ensemble",))
     ckpt = load.paths()
-    if not cfg.get("src_file") or not cfg.get("tgt_file"):
+    if not settings.src_file or not settings.tgt_file:
         raise DataError("pass src_file=FILE and tgt_file=FILE (one sentence per line, aligned)")
-    sources = read_text_file(str(cfg.src_file), "src_file")
-    targets = read_text_file(str(cfg.tgt_file), "tgt_file")
+    sources = read_text_file(str(settings.src_file), "src_file")
+    targets = read_text_file(str(settings.tgt_file), "tgt_file")
     if len(sources) != len(targets):
         raise DataError(
-            f"src_file {cfg.src_file} has {len(sources)} lines but tgt_file {cfg.tgt_file} has "
-            f"{len(targets)}; the files must align line by line"
+            f"src_file {settings.src_file} has {len(sources)} lines but tgt_file "
+            f"{settings.tgt_file} has {len(targets)}; the files must align line by line"
         )
     translator = load_translator(ckpt, engine="torch", device=load.device, attention=load.attention)
     results = ForcedDecoder(translator).force_decode(
         sources,
         targets,
-        length_penalty=DecodeConfig.from_options(cfg.decoding).length_penalty,  # null: the default
-        max_tokens=int(cfg.max_tokens),
+        length_penalty=DecodeConfig.from_options(cfg.decoding).length_penalty,
+        max_tokens=int(settings.max_tokens),
         **load.direction(),
     )
-    output = cfg.get("output")
+    output = settings.output
     with open_output(None if output is None else str(output)) as out:
         for r in results:
             out.write(format_score(r) + "\n")

@@ -35,7 +35,7 @@ from litmt.cli.student_stages import RUN, SKIP, StageMarker, data_digest, model_
 from litmt.cli.student_stages import run_script as run_stage_script
 from litmt.config import build, plain
 from litmt.data.config import resolve_path
-from litmt.deploy.export.ct2 import DECODING_KEYS, file_sha256
+from litmt.deploy.export.base import DECODING_KEYS, file_sha256
 from litmt.errors import ConfigError
 from litmt.training.finalize import SCORES_FILE
 

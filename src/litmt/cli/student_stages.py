@@ -25,7 +25,8 @@ from typing import Any
 
 from litmt.checkpoint.io import weights_digest
 from litmt.decoding.distill import write_json
-from litmt.deploy.export.ct2 import file_sha256, is_export_dir
+from litmt.deploy.export.base import file_sha256
+from litmt.deploy.export.ct2 import is_export_dir
 from litmt.errors import ConfigError, LitmtError
 
 log = logging.getLogger(__name__)

@@ -10,20 +10,22 @@ could not all be met within the output budget gets its best translation with
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from omegaconf import DictConfig, ListConfig
 
-from litmt.config import renamed_keys
+from litmt.config import job_config, renamed_keys
 from litmt.data.text import open_output, read_lines
 from litmt.decoding.analysis.alignment import AlignConfig
-from litmt.decoding.config import DecodeConfig
+from litmt.decoding.config import DecodeConfig, job_options
 from litmt.decoding.translator import Aligned, NBest, Translation
 from litmt.deploy.loader import LoadConfig
 from litmt.errors import ConfigError, DataError
@@ -32,6 +34,51 @@ log = logging.getLogger(__name__)
 
 # translate.yaml keys that changed their name: the old spelling works for one release.
 RENAMES = {"scores": "return_scores"}
+
+
+@dataclass(frozen=True)
+class TranslateConfig:
+    """The translate command's own keys (conf/translate.yaml's top level; what to load and how
+    to decode are the load, engine and decoding groups')."""
+
+    text: str | list[str] | None = None
+    """sentences given on the command line: a string or a list of strings"""
+    input: str | None = None
+    """read sentences from this file (UTF-8, one per line); null = stdin (or text); a name
+    ending in .jsonl: one {"src", "prefix", "constraints"} object per line (prefix and
+    constraints optional)"""
+    output: str | None = None
+    """write translations to this file; null = stdout"""
+    max_tokens: int = 4096
+    """padded source tokens per decoding batch"""
+    chunk_lines: int = 256
+    """lines read before decoding a chunk (an interactive terminal uses 1)"""
+    return_scores: bool = False
+    """prefix each line with the length-normalised log-prob score and a tab (as
+    Translator.translate's return_scores)"""
+    print_alignment: bool = False
+    """append "<TAB>0-0 1-2 ..." (source word - target word) from cross-attention"""
+    alignment_layer: int = -1
+    """decoder layer whose cross-attention aligns (-1 = last, -2 = penultimate)"""
+    alignment_heads: list[int] | None = None
+    """list of heads to average, e.g. [0,1]; null = all heads"""
+
+    def __post_init__(self) -> None:
+        if self.text is not None and self.input is not None:
+            raise ConfigError("give either text=[...] or input=FILE, not both")
+        if int(self.chunk_lines) < 1:
+            raise ConfigError(f"chunk_lines must be at least 1, got {self.chunk_lines}")
+
+    @classmethod
+    def from_cfg(cls, cfg: Any) -> TranslateConfig:
+        """The fields from the composed translate config (the other keys are the groups');
+        ``scores`` is the old name of ``return_scores`` (`wants_scores`).
+
+        Raises:
+            ConfigError: a field set to null that needs a value, or a bad value.
+        """
+        settings = job_config(cls, cfg, "translate")
+        return dataclasses.replace(settings, return_scores=wants_scores(cfg))
 
 
 def format_result(
@@ -194,28 +241,27 @@ def translate(cfg: DictConfig) -> int:
     Returns:
         Number of input lines translated.
     """
+    settings = TranslateConfig.from_cfg(cfg)
     load = LoadConfig.from_cfg(cfg, "translate")
-    text, input_path, output_path = cfg.get("text"), cfg.get("input"), cfg.get("output")
-    if text is not None and input_path is not None:
-        raise ConfigError("give either text=[...] or input=FILE, not both")
+    text, input_path, output_path = settings.text, settings.input, settings.output
     if input_path is not None and not Path(str(input_path)).is_file():
         raise DataError(f"input file not found: {input_path}")
     translator = load.translator(cfg)
-    # null keys: the translator's defaults (an export's litmt.json ones on engine=ct2)
-    config = DecodeConfig.from_options(cfg.decoding, base=translator.default_config)
-    n_best, scores = config.n_best, wants_scores(cfg) or config.n_best > 1
+    # keys left at DecodeConfig's default: the translator's (an export's litmt.json ones)
+    config = DecodeConfig.from_options(job_options(cfg.decoding), base=translator.default_config)
+    n_best, scores = config.n_best, settings.return_scores or config.n_best > 1
     direction = load.direction()
     route = translator.route(**direction)  # an unknown direction fails before any input is read
     if route.zero_shot:
         print(f"note: {route.src_lang}-{route.tgt_lang} is zero-shot", file=sys.stderr)
     options: dict[str, Any] = dict(config=config, return_scores=scores, **direction)
-    if cfg.get("print_alignment"):
-        heads = cfg.get("alignment_heads")
+    if settings.print_alignment:
+        heads = settings.alignment_heads
         options["alignment"] = AlignConfig(
-            layer=int(cfg.get("alignment_layer", -1)),
+            layer=int(settings.alignment_layer),
             heads=None if heads is None else tuple(int(h) for h in heads),
         )
-    chunk_lines = int(cfg.chunk_lines)
+    chunk_lines = int(settings.chunk_lines)
     with ExitStack() as stack:
         lines: Iterable[str]
         if text is not None:
@@ -231,11 +277,11 @@ def translate(cfg: DictConfig) -> int:
         if input_path is not None and str(input_path).endswith(".jsonl"):
             name = str(input_path)
             found = translate_jsonl(
-                translator, lines, name, chunk_lines, int(cfg.max_tokens), **options
+                translator, lines, name, chunk_lines, int(settings.max_tokens), **options
             )
             return write_jsonl(found, out, name, n_best, scores)
         results = translator.translate_stream(
-            lines, chunk_lines=chunk_lines, max_tokens=int(cfg.max_tokens), **options
+            lines, chunk_lines=chunk_lines, max_tokens=int(settings.max_tokens), **options
         )
         for i, result in enumerate(results):
             out.write("\n".join(format_result(result, i, n_best, scores)) + "\n")

@@ -1,9 +1,9 @@
 """`DataConfig`: every data setting (a key of `conf/data/*.yaml`), defined once.
 
 Each field carries its default and, on the line under it, its one documentation.
-`conf/data/base.yaml` lists every key set to null (= the default here) with that docstring
-as its comment (`litmt.config.render_yaml`); the corpus files (`multi30k.yaml`, ...) inherit
-it and set only their differences. `tests/unit/test_config_defaults.py` fails when the base
+`conf/data/base.yaml` lists every key set to its real default with that docstring as its
+comment (`litmt.config.render_yaml`); the corpus files (`multi30k.yaml`, ...) inherit it and
+set only their differences. `tests/unit/test_config_defaults.py` fails when the base
 YAML drifts from these fields.
 
 Null always means the default. A setting that can be switched off spells "off" with a value:
@@ -252,7 +252,8 @@ def _nested(cls: type, value: Any, where: str) -> Any:
     a new `cls` (a copy: the DataModule adjusts its filter and tokenizer settings)."""
     if isinstance(value, cls):
         return dataclasses.replace(value)
-    data = dict(plain(value) or {})
+    # data settings keep "null = the default" at every level (saved run configs spell it so)
+    data = {k: v for k, v in (plain(value) or {}).items() if v is not None}
     if cls is HubConfig:
         data["splits"] = _nested(HubSplitNames, data.get("splits"), f"{where}.splits")
     return build(cls, data, where)

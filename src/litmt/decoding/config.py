@@ -1,18 +1,20 @@
 """`DecodeConfig`: every decoding setting, validated, with the project's one set of defaults.
 
 `litmt.decoding.search.dispatch.decode` runs it; the searches (`litmt.decoding.search.beam`) take their keyword defaults
-from it; job configs override it (`DecodeConfig.from_options`: absent or null keys keep the
-default).
+from it; job configs override it (`DecodeConfig.from_options`: absent keys keep the base, null
+is None for the one field that takes it, ``seed``). A job's composed decoding node lists every
+key (the YAML shows the real defaults), so `job_options` keeps only the keys the job chose, and
+an export's own decoding defaults (its ``litmt.json``) stay in force for the rest.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from litmt.config import check_keys
+from litmt.config import check_keys, check_null, command_line_keys, nullable_fields
 from litmt.errors import ConfigError
 
 METHODS = ("beam", "greedy", "sample")
@@ -84,26 +86,33 @@ class DecodeConfig:
         """`base` (default: the defaults) with the DecodeConfig fields that `options` sets.
 
         Keys of `options` that are not fields are ignored (a job config holds other keys
-        too); a field set to None keeps `base`'s value. Works on dicts and DictConfigs.
+        too); an absent field keeps `base`'s value; null is None where the field takes it
+        (``seed``: torch's global generator). Works on dicts and DictConfigs.
+
+        Raises:
+            ConfigError: a value of the wrong type, or null for a field that needs a value.
         """
         base = base or cls()
         if not options:
             return base
         changes = {}
         for f in dataclasses.fields(cls):
-            value = options.get(f.name)
-            if value is not None:
-                kind = type(getattr(cls, f.name))  # every default is set: str, int or float
-                if kind is int and isinstance(value, float) and not value.is_integer():
-                    raise ConfigError(
-                        f"decoding option {f.name} must be a whole number, got {value!r}"
-                    )
-                try:
-                    changes[f.name] = kind(value)  # e.g. YAML's 1 for a float field
-                except (TypeError, ValueError):
-                    raise ConfigError(
-                        f"decoding option {f.name} must be of type {kind.__name__}, got {value!r}"
-                    ) from None
+            if f.name not in options:
+                continue
+            value = options[f.name]
+            check_null(cls, f.name, value, "decoding")
+            if value is None:
+                changes[f.name] = None
+                continue
+            kind = type(f.default)  # every default is set: str, int or float
+            if kind is int and isinstance(value, float) and not value.is_integer():
+                raise ConfigError(f"decoding option {f.name} must be a whole number, got {value!r}")
+            try:
+                changes[f.name] = kind(value)  # e.g. YAML's 1 for a float field
+            except (TypeError, ValueError):
+                raise ConfigError(
+                    f"decoding option {f.name} must be of type {kind.__name__}, got {value!r}"
+                ) from None
         return dataclasses.replace(base, **changes)
 
     @property
@@ -115,13 +124,41 @@ class DecodeConfig:
 
 
 def decoding_options(config: DecodeConfig | None, options: Mapping[str, Any]) -> DecodeConfig:
-    """`config` with keyword `options` (DecodeConfig fields; None = keep) applied.
+    """`config` with keyword `options` (DecodeConfig fields) applied: the Python API of
+    ``Translator.translate(..., beam_size=4)``. None keeps `config`'s value for a field that
+    needs one (``beam_size=None``), and is None where the field takes it (``seed=None``: torch's
+    global generator).
 
     Raises:
-        ConfigError: a key that is not a decoding option.
+        ConfigError: a key that is not a decoding option, or a value `from_options` refuses.
     """
     check_keys(options, (f.name for f in dataclasses.fields(DecodeConfig)), "decoding option")
-    return DecodeConfig.from_options(options, base=config)
+    nullable = nullable_fields(DecodeConfig)
+    given = {k: v for k, v in options.items() if v is not None or k in nullable}
+    return DecodeConfig.from_options(given, base=config)
 
 
-__all__ = ["METHODS", "DecodeConfig", "decoding_options"]
+def job_options(node: Mapping[str, Any] | None, named: Iterable[str] | None = None) -> dict:
+    """The keys of a job's composed decoding node that override the translator's own defaults.
+
+    The node lists every field (conf/decoding/default.yaml shows the real defaults), so a key
+    overrides only when the job chose it: its value differs from DecodeConfig's default, or the
+    command line names it (`named`; None = the running Hydra job's, `command_line_keys`). A key
+    that merely repeats the default keeps the base's value: an export's ``litmt.json`` beam size
+    stays in force unless ``beam_size=...`` is given. Other keys of `node` are dropped.
+    """
+    named = command_line_keys("decoding") if named is None else frozenset(named)
+    defaults = DecodeConfig()
+    chosen = {}
+    for f in dataclasses.fields(DecodeConfig):
+        if node is None or f.name not in node:
+            continue
+        value = node[f.name]
+        default = getattr(defaults, f.name)
+        same = value == default and (value is None) == (default is None)
+        if f.name in named or not same:
+            chosen[f.name] = value
+    return chosen
+
+
+__all__ = ["METHODS", "DecodeConfig", "decoding_options", "job_options"]

@@ -82,7 +82,8 @@ class LoadConfig:
 
     @classmethod
     def from_cfg(cls, cfg: Any, command: str, ignores: Iterable[str] = ()) -> LoadConfig:
-        """The load keys of `command`'s config (they sit at its top level); null = the default.
+        """The load keys of `command`'s config (they sit at its top level); absent = the
+        default, null = None where the field takes it.
 
         Args:
             cfg: the composed job config.
@@ -93,7 +94,7 @@ class LoadConfig:
         Raises:
             ConfigError: a key of `ignores` is set.
         """
-        keys = {f.name: cfg.get(f.name) for f in dataclasses.fields(cls)}
+        keys = {f.name: cfg[f.name] for f in dataclasses.fields(cls) if f.name in cfg}
         load = build(cls, keys, command)
         default = cls()
         given = [
@@ -163,7 +164,7 @@ def load_translator(
             intra-op threads on engine=onnx; 0 = defaults.
         compute_type: ct2 only: CTranslate2 compute type ("default" = as exported).
         ct2_cache_dir: ct2 only: where checkpoints are converted (default
-            `litmt.deploy.engines.ct2.default_cache_dir`).
+            `litmt.deploy.engines.cache.default_cache_dir`).
         quantization: ct2 and onnx: quantization of a checkpoint converted on first use
             (onnx: none or int8).
         ensemble: torch only: decode the checkpoints as an ensemble (`litmt.decoding.ensemble`)

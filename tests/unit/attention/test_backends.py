@@ -24,11 +24,12 @@ from emulations import flash_attn as flash_emulation
 from emulations import transformer_engine as te_emulation
 from emulations import xformers as xformers_emulation
 
-from litmt.attention import build_backend, flex_compile, get_backend_class, list_backends
+from litmt.attention import build_backend, get_backend_class, list_backends
+from litmt.attention.backends import flex_compile
+from litmt.attention.backends.linear import feature_map
+from litmt.attention.backends.sparse import block_layout
+from litmt.attention.backends.te import fp8_autocast
 from litmt.attention.base import AttentionRequest
-from litmt.attention.linear import feature_map
-from litmt.attention.sparse import block_layout
-from litmt.attention.te import fp8_autocast
 from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from litmt.errors import BackendError
 from litmt.models.config import AttentionConfig, TransformerConfig
@@ -131,7 +132,7 @@ def test_compiled_flex_compiles_a_bounded_number_of_times(monkeypatch):
     recompile limit (8) and silently ran eager flex. Each output still equals `math`."""
     from torch._dynamo.utils import counters
 
-    from litmt.attention import flex
+    from litmt.attention.backends import flex
 
     torch._dynamo.reset()
     counters.clear()
@@ -159,7 +160,7 @@ def test_flex_builds_one_block_mask_per_forward_shared_by_the_layers(monkeypatch
     """Every encoder layer gets the same padding mask: its BlockMask is built once per
     forward, not once per layer; a new batch (a new mask) builds a new one, and the output
     still equals the same model on `math`."""
-    from litmt.attention import flex
+    from litmt.attention.backends import flex
     from litmt.models import Seq2SeqTransformer
 
     if compiled:
@@ -218,7 +219,7 @@ def _oom_inside_the_compiler() -> Exception:
 def test_flex_falls_back_to_eager_only_when_it_cannot_compile(
     error, falls_back, monkeypatch, caplog
 ):
-    from litmt.attention import flex
+    from litmt.attention.backends import flex
 
     def compiled(*args, **kwargs):
         raise error()
@@ -231,7 +232,7 @@ def test_flex_falls_back_to_eager_only_when_it_cannot_compile(
             kernel(q, k, v, key_padding_mask=mask)
         assert not flex.compile_fallback()  # compilation stays on for the next batch
         return
-    with caplog.at_level(logging.WARNING, logger="litmt.attention.flex_compile"):
+    with caplog.at_level(logging.WARNING, logger="litmt.attention.backends.flex_compile"):
         out = kernel(q, k, v, key_padding_mask=mask)
     assert flex.compile_fallback().startswith("InvalidCxxCompiler: ")
     assert "torch.compile cannot build the kernel here (InvalidCxxCompiler" in caplog.text
@@ -243,7 +244,7 @@ def test_flex_falls_back_to_eager_only_when_it_cannot_compile(
 def test_a_refused_torch_compile_is_a_visible_fallback_to_eager_flex(monkeypatch, caplog):
     """torch.compile refusing to build the kernel when asked runs eager flex, with one
     warning and `compile_fallback()` naming why: never a silent fallback."""
-    from litmt.attention import flex
+    from litmt.attention.backends import flex
 
     original = torch.compile
 
@@ -257,7 +258,7 @@ def test_a_refused_torch_compile_is_a_visible_fallback_to_eager_flex(monkeypatch
     q, k, v, mask = make_inputs(CASES["padding"])
     kernel = build_backend("flex")
     assert flex.compile_fallback() is None
-    with caplog.at_level(logging.WARNING, logger="litmt.attention.flex_compile"):
+    with caplog.at_level(logging.WARNING, logger="litmt.attention.backends.flex_compile"):
         out = kernel(q, k, v, key_padding_mask=mask)
         kernel(q, k, v, key_padding_mask=mask)  # the second call does not try again
     why = "RuntimeError: torch.compile is not supported on this platform"
@@ -287,7 +288,7 @@ def test_flex_trains_on_cpu_through_the_dense_fallback():
 
 
 # Block layouts written out by hand from the rules in Child et al. 2019 (as stated in
-# litmt.attention.sparse), stride S = 2, 6 blocks: expected values that do not come from
+# litmt.attention.backends.sparse), stride S = 2, 6 blocks: expected values that do not come from
 # the code's own `block_layout`.
 # strided: |I - J| < 2 (neighbours) or I - J even (every 2nd block, both directions)
 # fixed: same group {0,1} {2,3} {4,5}, or J a summary block (J mod 2 == 1, summary=1)
@@ -371,7 +372,7 @@ def test_local_never_builds_a_full_length_mask(monkeypatch):
         seen.append((tuple(k.shape), tuple(attn_mask.shape)))
         return real_sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
 
-    monkeypatch.setattr("litmt.attention.local.F.scaled_dot_product_attention", spy)
+    monkeypatch.setattr("litmt.attention.backends.local.F.scaled_dot_product_attention", spy)
     t, w = 1024, 8
     q = k = v = torch.randn(1, t, 2, 8)
     build_backend("local", window=w, chunk_size=16)(q, k, v, causal=False)
@@ -611,7 +612,7 @@ AUTO_TABLE = [
     ids=[f"{r[0]}-{r[1]}-{str(r[2])[6:]}-{'+'.join(sorted(r[3])) or 'none'}" for r in AUTO_TABLE],
 )
 def test_auto_choice_table(device, capability, dtype, installed, expected, monkeypatch):
-    from litmt.attention import auto
+    from litmt.attention.backends import auto
 
     problem = None if "flash_attn" in installed else ("not installed", "flash_attn")
     monkeypatch.setattr(auto.FlashAttention, "unavailable", classmethod(lambda cls: problem))
@@ -622,7 +623,7 @@ def test_auto_choice_table(device, capability, dtype, installed, expected, monke
 
 def test_auto_skips_an_installed_but_unusable_flash_attn(monkeypatch, caplog):
     """A flash_attn that imports without what flash calls (e.g. no FA2) is never chosen."""
-    from litmt.attention import auto
+    from litmt.attention.backends import auto
 
     why = "flash_attn.flash_attn_func: AttributeError: no such name"
     monkeypatch.setattr(
@@ -630,14 +631,14 @@ def test_auto_skips_an_installed_but_unusable_flash_attn(monkeypatch, caplog):
     )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    with caplog.at_level(logging.WARNING, logger="litmt.attention.auto"):
+    with caplog.at_level(logging.WARNING, logger="litmt.attention.backends.auto"):
         assert auto.choose_backend("cuda", torch.bfloat16) == "sdpa"
     assert any("not usable" in r.getMessage() and why in r.getMessage() for r in caplog.records)
 
 
 def test_auto_logs_its_choice(caplog):
     kernel = build_backend("auto")
-    with caplog.at_level(logging.INFO, logger="litmt.attention.auto"):
+    with caplog.at_level(logging.INFO, logger="litmt.attention.backends.auto"):
         kernel.validate(AttentionRequest(device="cpu", dtype=torch.float32, site="encoder_self"))
     assert "attention=auto at encoder_self: using 'sdpa' on cpu (float32)" in caplog.text
 

@@ -18,7 +18,7 @@ import torch
 from tiny_model import tiny_config
 
 from litmt.attention import build_backend, get_backend_class
-from litmt.attention.auto import choose_backend
+from litmt.attention.backends.auto import choose_backend
 
 pytestmark = pytest.mark.gpu
 
@@ -136,7 +136,7 @@ def test_gradients_match_math(backend, case):
 def test_flex_compiled_on_cuda_with_local_window():
     """The compiled Triton kernel, forward and backward, against `local` in float32."""
     require("flex")
-    from litmt.attention.flex import compile_fallback
+    from litmt.attention.backends.flex import compile_fallback
 
     c = CASES["causal_padding"]
     q, k, v, mask = make_inputs(c, torch.bfloat16)
@@ -180,7 +180,7 @@ def test_te_attention_runs_under_fp8_autocast():
     require("te")
     if CAPABILITY < (8, 9):
         pytest.skip("FP8 needs sm89+")
-    from litmt.attention.te import fp8_autocast
+    from litmt.attention.backends.te import fp8_autocast
 
     c = CASES["causal"]
     q, k, v, _ = make_inputs(c, torch.bfloat16)
@@ -243,7 +243,7 @@ def test_compiled_flex_on_cuda_compiles_per_bucket_not_per_shape():
     require("flex")
     from torch._dynamo.utils import counters
 
-    from litmt.attention import flex, flex_compile
+    from litmt.attention.backends import flex, flex_compile
 
     torch._dynamo.reset()
     counters.clear()

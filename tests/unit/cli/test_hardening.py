@@ -95,8 +95,8 @@ def test_the_short_form_of_decoding_keys_is_spelled_out():
     assert expand_short_overrides(["beam_size=2"], "train", CONF) == ["beam_size=2"]
 
 
-def test_decoding_group_holds_every_decode_config_field_as_null():
-    """conf/decoding/default.yaml: the DecodeConfig fields, null (the dataclass's default)."""
+def test_decoding_group_holds_every_decode_config_field_at_its_default():
+    """conf/decoding/default.yaml: the DecodeConfig fields, each at the dataclass's default."""
     import dataclasses
 
     from omegaconf import OmegaConf
@@ -104,7 +104,7 @@ def test_decoding_group_holds_every_decode_config_field_as_null():
     from litmt.decoding.config import DecodeConfig
 
     group = OmegaConf.to_container(OmegaConf.load(CONF / "decoding" / "default.yaml"))
-    assert group == {f.name: None for f in dataclasses.fields(DecodeConfig)}
+    assert group == dataclasses.asdict(DecodeConfig())
 
 
 def test_valid_choices_and_other_overrides_pass():

@@ -1,7 +1,7 @@
 """The student pipeline's parts without training (`litmt.cli.student`, `student_stages`): the
 stage markers (skip, resume, refuse), the student's corpus overrides and the split stem that is
 a path, the checkpoint a run reports, the settings' one-line errors, and the student recipe's
-shape. scripts/student.py end to end: tests/integration/test_student_script.py (slow)."""
+shape. scripts/student.py end to end: tests/integration/cli/test_student_script.py (slow)."""
 
 from __future__ import annotations
 

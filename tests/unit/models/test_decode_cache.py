@@ -11,9 +11,9 @@ import torch
 from tiny_model import tiny_config
 
 from litmt.attention import build_backend
+from litmt.attention.backends.linear import LinearState
+from litmt.attention.backends.local import WindowCache
 from litmt.attention.cache import KVCache
-from litmt.attention.linear import LinearState
-from litmt.attention.local import WindowCache
 from litmt.data.tokenization.tokenizer import PAD_ID
 from litmt.models import Seq2SeqTransformer
 

@@ -432,7 +432,9 @@ def test_checkpoint_of_a_kernel_that_cannot_run_here_translates_with_sdpa_and_on
     from litmt.decoding.translator import Translator
 
     if torch.cuda.is_available():
-        pytest.skip("checks the CPU path; the GPU path is tests/integration/test_gpu_precision.py")
+        pytest.skip(
+            "checks the CPU path; the GPU path is tests/integration/gpu/test_gpu_precision.py"
+        )
     fake = types.ModuleType("flash_attn")  # installed, as far as the kernel can tell
     fake.flash_attn_func = fake.flash_attn_varlen_func = lambda *a, **k: None
     monkeypatch.setitem(sys.modules, "flash_attn", fake)

@@ -121,7 +121,7 @@ def test_the_scorer_decodes_through_the_strategys_wrapper(tiny) -> None:
 
 def test_decoding_runs_in_lock_step_only_across_ranks_that_shard_parameters(monkeypatch) -> None:
     """`sync_steps` (every rank the same number of decoder steps) under FSDP with 2 ranks;
-    not under DDP, nor without a process group (see tests/unit/decoding/test_sync_steps.py)."""
+    not under DDP, nor without a process group (see tests/unit/decoding/search/test_sync_steps.py)."""
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
     from litmt.training.callbacks import validation_bleu

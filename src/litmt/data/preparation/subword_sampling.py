@@ -259,7 +259,7 @@ class SampledPairs(TokenizedPairs):
     def first_draw(self, pos: int) -> Example:
         """Example `pos` with each side's first sampled draw, cut only to `max_len` (never
         fitted to its planned length): what `length_ratio` measures, and what batches held
-        before draws were fitted (`benchmarks/subword_batches.py` compares the two)."""
+        before draws were fitted (`reports/subword_batches.py` compares the two)."""
         return self._sample(pos, planned=False)
 
     def _positions(self, n: int) -> list[int]:

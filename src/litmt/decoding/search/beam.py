@@ -1,6 +1,6 @@
 """Batched beam search over `decode_step` (KV-cache decoding), with the named parts of a beam
 step beside the loop (`_beam_loop`), each unit-tested on its own
-(``tests/unit/decoding/test_beam_parts.py``) and shared with the constrained search
+(``tests/unit/decoding/search/test_beam_parts.py``) and shared with the constrained search
 (`litmt.decoding.search.constrained`):
 
 - `update_scores`: a step's log-probabilities plus each beam's cumulative score;

@@ -110,21 +110,14 @@ class _Beams:
     just_met: list[bool]  # per row, its last token completed a constraint
 
 
-_D = DecodeConfig()  # the keyword defaults below are the project's one set
-
-
 @torch.no_grad()
 def constrained_search(
     model: StepModel,
     src: Tensor,
     constraints: Sequence[Sequence[Sequence[int]]],
+    config: DecodeConfig,
     *,
-    beam_size: int = _D.beam_size,
-    length_penalty: float = _D.length_penalty,
-    max_len_a: float = _D.max_len_a,
-    max_len_b: int = _D.max_len_b,
-    n_best: int = _D.n_best,
-    min_len: int = _D.min_len,
+    beam_size: int | None = None,
     sync_steps: bool = False,
     prefixes: Sequence[Sequence[int]] | None = None,
     words: WordPieces | None = None,
@@ -136,27 +129,31 @@ def constrained_search(
         src: (B, S) source ids, right-padded with pad.
         constraints: B lists of target id sequences each output must contain (a list may be
             empty: plain beam search for that sentence).
-        beam_size, length_penalty, max_len_a, max_len_b, n_best, min_len, prefixes: as
-            `litmt.decoding.search.beam.beam_search`'s.
+        config: the length penalty, output budget, ``min_len`` and ``n_best``.
+        beam_size: K (None: ``config.beam_size``); `litmt.decoding.search.rules.beam_groups`
+            gives the K each sentence needs.
         sync_steps: refused (the constrained search steps each sentence apart).
+        prefixes: B lists of target ids each output starts with; None = none.
         words: the target pieces that continue a word (blocked right after a constraint is
             completed) and the glued forms of the constraints (`WordPieces`); None = neither.
 
     Returns:
-        For each source row, `n_best` hypotheses meeting every constraint, best first; a
+        For each source row, ``n_best`` hypotheses meeting every constraint, best first; a
         sentence where none does within its budget gives its best hypothesis,
         ``constraints_met=False``.
     """
-    check_search_args(model, src, min_len=min_len, beam_size=beam_size, n_best=n_best)
+    k = config.beam_size if beam_size is None else beam_size
+    check_search_args(model, src, min_len=config.min_len, beam_size=k, n_best=config.n_best)
     check_constraint_ids(constraints, src.size(0))
     if sync_steps:
         raise ConfigError("constrained decoding does not support sync_steps")
     if src.size(0) == 0:
         return []
-    rules = StepRules.build(model, src, max_len_a, max_len_b, min_len, prefixes, constraints)
-    finished = FinishedBuffer(rules.budget, beam_size, length_penalty, torch.float64)
-    constrained_beam_search(model, src, constraints, rules, finished, n_best, words)
-    return finished.best(n_best, final_only=True)
+    budget = (config.max_len_a, config.max_len_b, config.min_len)
+    rules = StepRules.build(model, src, *budget, prefixes, constraints)
+    finished = FinishedBuffer(rules.budget, k, config.length_penalty, torch.float64)
+    constrained_beam_search(model, src, constraints, rules, finished, config.n_best, words)
+    return finished.best(config.n_best, final_only=True)
 
 
 @torch.no_grad()

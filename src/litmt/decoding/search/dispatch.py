@@ -2,8 +2,8 @@
 
 Every caller decodes through `decode(models, src, config)`: the validation callback, the
 `Translator` (translate, evaluate, the server), the benchmark. The defaults live in
-`DecodeConfig` only; configs override them (`DecodeConfig.from_options` drops absent and
-null keys, so a YAML key left ``null`` means the dataclass default).
+`DecodeConfig` only; configs override them (`DecodeConfig.from_options`: an absent key keeps
+the default, ``seed: null`` is torch's global generator).
 
 Methods:
 
@@ -132,15 +132,15 @@ def _decode_constrained(
     for k, rows in beam_groups(config, constraints, with_):
         if k > beam:
             log.debug("beam %d raised to %d for %d constrained sentence(s)", beam, k, len(rows))
-        rows_prefixes = None if prefixes is None else [prefixes[i] for i in rows]
         found = constrained_search(
             model,
             src.index_select(0, torch.tensor(rows, device=src.device)),
             [constraints[i] for i in rows],
+            config,
             beam_size=k,
-            n_best=config.n_best,
+            sync_steps=sync_steps,
+            prefixes=None if prefixes is None else [prefixes[i] for i in rows],
             words=words,
-            **shared_limits(config, sync_steps, rows_prefixes),
         )
         for i, hyps in zip(rows, found, strict=True):
             out[i] = hyps

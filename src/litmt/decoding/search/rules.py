@@ -2,7 +2,7 @@
 argument checks, the output budget and its floor, the rules each step applies to the
 log-probabilities (``min_len``, eos forced at the budget, target prefixes), the beam a
 constrained sentence needs and the grouping of sentences by it, and the lock step of
-``sync_steps``. Each part has its own unit test (``tests/unit/decoding/test_search_rules.py``).
+``sync_steps``. Each part has its own unit test (``tests/unit/decoding/search/test_search_rules.py``).
 
 Shapes: B sentences, R rows decoded token by token, S source length, P longest prefix,
 t tokens generated so far, V target vocabulary, L longest allowed hypothesis (tokens, eos

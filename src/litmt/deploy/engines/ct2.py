@@ -1,11 +1,11 @@
-"""Decoding engines: ``torch`` (litmt's own search) and ``ct2`` (CTranslate2).
+"""The ``ct2`` engine: a `Translator` on a CTranslate2 export (`CT2Translator`), with litmt's semantics.
 
-Both give a `Translator` with the same methods and the same meaning of every option:
+Every engine gives a `Translator` with the same methods and the same meaning of every option:
 
 >>> from litmt.deploy.loader import load_translator
 >>> load_translator("model.ckpt", engine="ct2").translate(["A man is walking."], beam_size=5)
 
-How the CTranslate2 engine keeps litmt's semantics (``litmt.decoding.search.beam`` module docstring):
+How it keeps litmt's semantics (the conventions of `litmt.decoding.search.rules`):
 
 - Tokenisation and detokenisation are litmt's sentencepiece models (the same `prepare`:
   control characters, empty lines, truncation to max_positions); ids travel to
@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,6 +76,7 @@ from litmt.decoding.languages import Languages
 from litmt.decoding.search.rules import Hypothesis, budget_floor, output_budgets
 from litmt.decoding.translator import Translator
 from litmt.decoding.translator_base import DecodeRequest
+from litmt.deploy.engines.cache import default_cache_dir
 from litmt.deploy.engines.ct2_prefix import (
     Call,
     distinct,
@@ -91,13 +91,6 @@ from litmt.errors import ConfigError
 from litmt.runtime.threads import ct2_thread_options
 
 log = logging.getLogger("litmt.deploy.engines.ct2")
-
-
-def default_cache_dir(engine: str = "ct2") -> Path:
-    """Where checkpoints are converted for an engine: ``$XDG_CACHE_HOME/litmt/{engine}``
-    (ct2; onnx: `litmt.deploy.engines.onnx.default_onnx_cache_dir`)."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "litmt" / engine
 
 
 class CT2Translator(Translator):
@@ -368,4 +361,4 @@ def _best(found: list[tuple[list[int], float]], alpha: float, n_best: int) -> li
     return ranked[:n_best]
 
 
-__all__ = ["CT2Translator", "default_cache_dir"]
+__all__ = ["CT2Translator"]

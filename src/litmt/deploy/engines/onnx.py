@@ -34,8 +34,8 @@ from litmt.decoding.languages import Languages
 from litmt.decoding.search.rules import Hypothesis
 from litmt.decoding.translator import Translator, decode_request
 from litmt.decoding.translator_base import DecodeRequest
-from litmt.deploy.engines.ct2 import default_cache_dir
-from litmt.deploy.export.ct2 import file_sha256
+from litmt.deploy.engines.cache import default_cache_dir
+from litmt.deploy.export.base import file_sha256
 from litmt.deploy.export.onnx import (
     export_onnx,
     import_onnxruntime,

@@ -16,20 +16,22 @@ sentencepiece model(s) (``src.model``, ``tgt.model`` when separate) and ``litmt.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from litmt.checkpoint.io import languages_of
-from litmt.decoding.config import DecodeConfig
-from litmt.deploy.export.ct2_spec import CT2_SPECIAL_PIECES, ExportError, import_ctranslate2
-from litmt.errors import ConfigError
+from litmt.deploy.export.base import (
+    ExportError,
+    check_replaceable,
+    checked_quantization,
+    export_decoding,
+    file_sha256,
+    staged_directory,
+)
+from litmt.deploy.export.ct2_spec import CT2_SPECIAL_PIECES, import_ctranslate2
 
 log = logging.getLogger("litmt.deploy.export.ct2")
 
@@ -37,45 +39,6 @@ METADATA_FILE = "litmt.json"
 EXPORT_FORMAT = 1
 # quantization= values: "none" keeps float32 weights; the others are CTranslate2 model types.
 QUANTIZATIONS = ("none", "int8", "int8_float32", "int8_float16", "float16", "bfloat16")
-# The decoding defaults litmt.json records: these DecodeConfig fields, DecodeConfig's defaults.
-DECODING_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b")
-DEFAULT_DECODING = {key: getattr(DecodeConfig(), key) for key in DECODING_KEYS}
-
-
-def export_decoding(decoding: Mapping[str, Any] | None) -> dict[str, Any]:
-    """`DEFAULT_DECODING` with the keys `decoding` sets (None = keep), type-checked."""
-    config = DecodeConfig.from_options(decoding)  # ConfigError for a mistyped value
-    return {key: getattr(config, key) for key in DECODING_KEYS}
-
-
-def file_sha256(paths: str | Path | Sequence[str | Path]) -> str:
-    """sha256 of a file (several files: of their digests, in order)."""
-    path_list = [paths] if isinstance(paths, str | Path) else list(paths)
-    digests = []
-    for p in path_list:
-        h = hashlib.sha256()
-        with Path(p).open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        digests.append(h.hexdigest())
-    if len(digests) == 1:
-        return digests[0]
-    return hashlib.sha256("".join(digests).encode()).hexdigest()
-
-
-def normalized_quantization(quantization: str | None) -> str:
-    """The one spelling of float32 weights on every export: None, "null" and "float32" are
-    "none"; any other value is returned as a string (each format checks its own list)."""
-    return "none" if quantization in (None, "null", "float32") else str(quantization)
-
-
-def _check_quantization(quantization: str | None) -> str:
-    q = normalized_quantization(quantization)
-    if q not in QUANTIZATIONS:
-        raise ConfigError(
-            f"unknown quantization '{quantization}'; valid values: {', '.join(QUANTIZATIONS)}"
-        )
-    return q
 
 
 def export_model(
@@ -102,7 +65,7 @@ def export_model(
     Raises:
         ExportError: the model cannot be represented. CheckpointError: unreadable checkpoint.
     """
-    q = _check_quantization(quantization)
+    q = checked_quantization(quantization, QUANTIZATIONS, "ct2")
     out = Path(out)
     check_replaceable(out, force, is_export_dir)
     decoding_defaults = export_decoding(decoding)  # ConfigError before any work
@@ -138,35 +101,6 @@ def export_model(
     return out
 
 
-def check_replaceable(out: Path, force: bool, is_ours: Callable[[Path], bool]) -> None:
-    """Refuse (`ConfigError`) to write `out` when it exists, unless `force` and it is an
-    export of this kind (`is_ours`) or an empty directory: force never deletes other data."""
-    if not out.exists():
-        return
-    if not force:
-        raise ConfigError(f"export directory {out} already exists; pass force=true to replace it")
-    if not is_ours(out) and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(
-            f"{out} exists and is not a litmt export; force=true only replaces exports"
-        )
-
-
-@contextmanager
-def staged_directory(out: Path) -> Iterator[Path]:
-    """A fresh directory next to `out` to write an export into; when the block succeeds it
-    replaces `out` (rename), when it fails it is removed: never a half-written `out`."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        yield tmp
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def is_export_dir(path: str | Path) -> bool:
     """True when `path` is a directory written by `export_model`."""
     p = Path(path)
@@ -199,7 +133,7 @@ def cached_export(ckpt_path: str | Path, cache_dir: str | Path, quantization: st
     The cache entry is named by the checkpoint's sha256 and the quantization, so a changed
     checkpoint is converted again.
     """
-    q = _check_quantization(quantization)
+    q = checked_quantization(quantization, QUANTIZATIONS, "ct2")
     digest = file_sha256(ckpt_path)
     target = Path(cache_dir) / f"{Path(ckpt_path).stem}-{digest[:16]}-{q}"
     if is_export_dir(target):
@@ -209,11 +143,9 @@ def cached_export(ckpt_path: str | Path, cache_dir: str | Path, quantization: st
 
 
 __all__ = [
-    "DEFAULT_DECODING",
     "QUANTIZATIONS",
     "cached_export",
     "export_model",
-    "file_sha256",
     "is_export_dir",
     "read_metadata",
 ]

@@ -47,15 +47,12 @@ from torch import nn
 
 from litmt.attention import backend_support, build_backend
 from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from litmt.errors import BackendError, LitmtError
+from litmt.deploy.export.base import ExportError
+from litmt.errors import BackendError
 from litmt.models import Seq2SeqTransformer, TransformerConfig
 
 # litmt special ids -> the pieces CTranslate2's vocabulary conventions use for them.
 CT2_SPECIAL_PIECES = {PAD_ID: "<blank>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
-
-
-class ExportError(LitmtError, ValueError):
-    """A model or option that cannot be exported to CTranslate2."""
 
 
 def import_ctranslate2() -> Any:

@@ -67,8 +67,13 @@ from litmt.checkpoint.load import LoadedModel, load_model
 from litmt.data.directions import parse_directions
 from litmt.data.tokenization.segmentation import model_proto
 from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from litmt.deploy.export.ct2 import check_replaceable, export_decoding, staged_directory
-from litmt.deploy.export.ct2_spec import ExportError, check_exportable
+from litmt.deploy.export.base import (
+    ExportError,
+    check_replaceable,
+    export_decoding,
+    staged_directory,
+)
+from litmt.deploy.export.ct2_spec import check_exportable
 from litmt.deploy.export.hf_card import write_model_card
 from litmt.models import TransformerConfig
 

@@ -47,16 +47,16 @@ from litmt.attention import backend_support, build_backend
 from litmt.checkpoint.io import languages_of
 from litmt.checkpoint.load import LoadedModel, load_model
 from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID, PAD_ID, PIECES_FILE, UNK_ID
-from litmt.deploy.export.ct2 import (
+from litmt.deploy.export.base import (
+    ExportError,
     check_replaceable,
+    checked_quantization,
     export_decoding,
     file_sha256,
-    normalized_quantization,
     staged_directory,
 )
-from litmt.deploy.export.ct2_spec import ExportError
 from litmt.deploy.export.onnx_graphs import DecoderStepGraph, EncoderGraph
-from litmt.errors import BackendError, ConfigError
+from litmt.errors import BackendError
 
 log = logging.getLogger("litmt.deploy.export.onnx")
 
@@ -114,16 +114,6 @@ def check_onnx_exportable(config: Any) -> None:
             )
 
 
-def _check_quantization(quantization: str | None) -> str:
-    q = normalized_quantization(quantization)
-    if q not in ONNX_QUANTIZATIONS:
-        raise ConfigError(
-            f"format=onnx supports quantization {' | '.join(ONNX_QUANTIZATIONS)}, not "
-            f"'{quantization}'"
-        )
-    return q
-
-
 def export_onnx(
     ckpt_path: str | Path | Sequence[str | Path],
     out: str | Path,
@@ -149,7 +139,7 @@ def export_onnx(
         ExportError: the model cannot be carried, or onnxruntime is missing. ConfigError:
         `out` exists, a bad option.
     """
-    q = _check_quantization(quantization)
+    q = checked_quantization(quantization, ONNX_QUANTIZATIONS, "onnx")
     out = Path(out)
     check_replaceable(out, force, is_onnx_dir)
     decoding_defaults = export_decoding(decoding)

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from litmt.deploy.export.ct2 import check_replaceable, staged_directory
+from litmt.deploy.export.base import check_replaceable, staged_directory
 from litmt.deploy.export.onnx import export_onnx, read_onnx_config
 from litmt.errors import ConfigError
 

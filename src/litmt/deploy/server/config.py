@@ -1,7 +1,7 @@
 """`ServeConfig`: every setting of the HTTP server, validated, with its one default and doc.
 
 Each field's docstring is its one documentation; ``conf/serve.yaml`` lists the fields set to
-null (= the default here) with that doc as their comment (`litmt.config.render_yaml`), and
+their real defaults with that doc as their comment (`litmt.config.render_yaml`), and
 `tests/unit/test_config_defaults.py` fails when the two differ. ``scripts/serve.py`` builds
 it from the composed config (`litmt.cli.serve`), `litmt.deploy.server.app.create_app` takes it.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from litmt.config import build, renamed_keys
-from litmt.decoding.config import DecodeConfig
+from litmt.decoding.config import DecodeConfig, job_options
 from litmt.deploy.server.access import AccessConfig
 from litmt.deploy.server.sentences import MODES
 from litmt.errors import ConfigError
@@ -107,7 +107,7 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         self._coerce_numbers()
-        if isinstance(self.access, Mapping):  # a YAML block: null keys keep their default
+        if isinstance(self.access, Mapping):  # a YAML block: absent keys keep their default
             old = {k: self.access[k] for k in OLD_ACCESS if self.access.get(k) is not None}
             values = {k: v for k, v in self.access.items() if k not in OLD_ACCESS}
             self.access = build(AccessConfig, values, "serve.access")
@@ -158,20 +158,39 @@ class ServeConfig:
 
 
 def old_serve_keys(values: Mapping[str, Any]) -> dict[str, Any]:
-    """serve.yaml's keys with the old spellings of the access keys resolved, ready for `build`.
+    """serve.yaml's composed keys ready for `build`: the old spellings of the access keys
+    resolved, and the decoding block cut to the keys the job chose (`job_options`: the group
+    lists every default, and a key that merely repeats one must not override an export's own
+    decoding defaults).
 
     An old spelling left at null is dropped (serve.yaml lists each so that the command line
     accepts it); a flat access key that is set (``req_limit=7``) moves into the ``access``
-    block with a deprecation line. `RENAMES` are left to `build`.
+    block with a deprecation line, replacing the block's key where that only shows its default.
+    `RENAMES` are left to `build`; where an old spelling is set, its new key is dropped when it
+    only shows its default (serve.yaml lists it), so ``max_batch_texts=3`` is not a conflict.
 
     Raises:
         ConfigError: an access key set under both its old and its new spelling.
     """
     old = (*RENAMES, *MOVED_TO_ACCESS, *OLD_ACCESS)
     out = {k: v for k, v in values.items() if not (k in old and v is None)}
+    shown = {f.name: f.default for f in dataclasses.fields(ServeConfig)}
+    for old_key, new_key in RENAMES.items():
+        if old_key in out and new_key in out and out[new_key] == shown.get(new_key):
+            del out[new_key]
+    if isinstance(out.get("decoding"), Mapping):
+        decoding = dict(out["decoding"])
+        others = {k: v for k, v in decoding.items() if k not in DecodeConfig.__dataclass_fields__}
+        out["decoding"] = {**others, **job_options(decoding)}
     flat_old = {k: out.pop(k) for k in OLD_ACCESS if k in out}  # AccessConfig logs these
     if flat_old:
         out["access"] = {**(out.get("access") or {}), **flat_old}
+    moved = [k for k in MOVED_TO_ACCESS if k in out]
+    if moved and isinstance(out.get("access"), Mapping):
+        defaults = AccessConfig()
+        out["access"] = {
+            k: v for k, v in out["access"].items() if not (k in moved and v == getattr(defaults, k))
+        }
     return renamed_keys(out, {k: f"access.{k}" for k in MOVED_TO_ACCESS}, "serve")
 
 

@@ -23,7 +23,7 @@ as it is), and `GuardedH11Protocol` is that class:
 - uvicorn's plain-text 400 for a malformed request is JSON too.
 
 Everything here is checked against a real uvicorn on loopback
-(``tests/integration/test_serve_slow_clients.py``), so a uvicorn release that changes these
+(``tests/integration/serve/test_serve_slow_clients.py``), so a uvicorn release that changes these
 internals fails those tests instead of silently dropping a guard.
 """
 

@@ -1,0 +1,1 @@
+"""The attention kernels, one module per backend, each behind the contract of `litmt.attention.base`: math (the reference, with weights), sdpa, flash, xformers, te, flex (+ flex_compile), the approximate local, sparse and linear, and auto (the fastest exact one here). The registry in `litmt.attention` builds them by name."""

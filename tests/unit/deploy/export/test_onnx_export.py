@@ -1,0 +1,250 @@
+"""ONNX export and the onnx engine: the step graph against the torch model, search parity
+with the torch engine (pre-norm, post-norm + rotary, a multilingual target-tag model), int8,
+config.json and the refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+
+from parity import SCORE_ATOL, assert_same_decisions
+from tiny_checkpoint import (
+    build_tiny_checkpoint,
+    build_tiny_multilingual_checkpoint,
+    corpus,
+    tiny_checkpoint_path,
+    tiny_config,
+)
+
+from litmt.checkpoint.io import save_model_checkpoint
+from litmt.checkpoint.load import load_model
+from litmt.data.tokenization.tokenizer import BOS_ID, Tokenizer, TokenizerConfig
+from litmt.decoding.batching import padded
+from litmt.decoding.translator import Translator
+from litmt.deploy.engines.onnx import OnnxStepModel, OnnxTranslator
+from litmt.deploy.export.base import ExportError
+from litmt.deploy.export.onnx import export_onnx, read_onnx_config
+from litmt.deploy.loader import load_translator
+from litmt.errors import ConfigError
+from litmt.metrics import corpus_bleu
+from litmt.models import Seq2SeqTransformer
+
+pytestmark = pytest.mark.parity  # rerun in CI under another CPU setting (.ci/run)
+
+# The step graph computes attention in its own order of operations (matmul, softmax) where the
+# torch engine calls its kernel (sdpa): on the tiny models the logits differ by ~1e-6.
+STEP_ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return tiny_checkpoint_path(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def onnx_dir(ckpt, tmp_path_factory) -> Path:
+    return export_onnx(ckpt, tmp_path_factory.mktemp("onnx") / "fp32")
+
+
+def held_sentences(n: int = 60) -> list[str]:
+    """Template sentences in another order, half of them changed so the model never saw them."""
+    en, _ = corpus(seed=1)
+    half = n // 2
+    return en[:half] + [s.replace("A ", "The ", 1).rstrip(".") for s in en[half:n]]
+
+
+def _sources(translator: Translator, texts: list[str]) -> list[list[int]]:
+    return [translator.prepare(t) for t in texts]
+
+
+def _assert_parity(torch_engine: Translator, onnx_engine: OnnxTranslator, sources, **options):
+    """Token outputs equal wherever the torch search's margin exceeds NEAR_TIE; equal outputs
+    have equal scores (SCORE_ATOL)."""
+    ref = torch_engine.search_ids(sources, **options)
+    got = onnx_engine.search_ids(sources, **options)
+    tokens = [[h.tokens for h in hyps] for hyps in ref], [[h.tokens for h in hyps] for hyps in got]
+    assert_same_decisions(torch_engine, sources, *tokens, **options)
+    for a, b in zip(ref, got, strict=True):
+        for x, y in zip(a, b, strict=False):
+            if x.tokens == y.tokens:
+                assert y.score == pytest.approx(x.score, abs=SCORE_ATOL)
+    return ref, got
+
+
+def test_step_logits_equal_torch(ckpt, onnx_dir):
+    """Encoder + decoder steps of the ONNX graphs give the torch model's logits (STEP_ATOL) on
+    a padded batch, and follow a row reorder (what a beam step does) like the torch state."""
+    model = load_model(ckpt).model
+    step = OnnxStepModel(onnx_dir, read_onnx_config(onnx_dir), threads=1)
+    src = padded([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], 0)
+    memory, mask = model.encode(src)
+    ref_state = model.init_state(memory, mask)
+    state = step.init_state(*step.encode(src))
+    tokens = torch.full((3,), BOS_ID)
+    for t in range(6):
+        with torch.no_grad():
+            ref = model.decode_step(tokens, ref_state)
+        got = step.decode_step(tokens, state)
+        torch.testing.assert_close(got, ref, atol=STEP_ATOL, rtol=0)
+        if t == 2:  # rows move as beams do
+            index = torch.tensor([2, 0, 0])
+            ref_state.reorder(index, cross=True)
+            state.reorder(index, cross=True)
+        tokens = ref.argmax(-1)
+    assert state.self_k.shape == (2, 3, 4, 6, 16)  # (L, R, H, P, D)
+
+
+def test_greedy_and_beam_equal_torch(ckpt, onnx_dir):
+    torch_engine = Translator.from_checkpoint(ckpt, device="cpu")
+    onnx_engine = load_translator(onnx_dir, engine="onnx", threads=1)
+    sources = _sources(torch_engine, held_sentences())
+    _assert_parity(torch_engine, onnx_engine, sources, beam_size=1)
+    _assert_parity(torch_engine, onnx_engine, sources, beam_size=5)
+    _assert_parity(torch_engine, onnx_engine, sources[:20], beam_size=4, n_best=3)
+    prefix = torch_engine.tokenizer.encode_tgt(["Ein großer"])[0]
+    _, got = _assert_parity(
+        torch_engine, onnx_engine, sources[:10], beam_size=3, prefixes=[prefix] * 10
+    )
+    assert all(h[0].tokens[: len(prefix)] == prefix for h in got)
+
+
+def test_post_norm_rotary_model(tmp_path):
+    """A post-norm model with rotary positions (the other code paths of the graphs)."""
+    ckpt = build_tiny_checkpoint(tmp_path, steps=40, norm_first=False, positional="rope")
+    out = export_onnx(ckpt, tmp_path / "onnx")
+    torch_engine = Translator.from_checkpoint(ckpt, device="cpu")
+    onnx_engine = OnnxTranslator(out, threads=1)
+    sources = _sources(torch_engine, held_sentences(30))
+    _assert_parity(torch_engine, onnx_engine, sources, beam_size=1)
+    _assert_parity(torch_engine, onnx_engine, sources, beam_size=5)
+
+
+def test_multilingual_target_tag(tmp_path):
+    """A model whose <2xx> tag is the first target token (forced as a one-token prefix, as the
+    text side routes it), its tags in config.json."""
+    ckpt = build_tiny_multilingual_checkpoint(tmp_path, placement="target", steps=40)
+    out = export_onnx(ckpt, tmp_path / "onnx")
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["tag_placement"] == "target"
+    assert set(meta["tags"]) == {"<2de>", "<2fr>"}
+    assert sorted(meta["tags"].values()) == meta["lang_tag_ids"]
+    torch_engine = Translator.from_checkpoint(ckpt, device="cpu")
+    onnx_engine = OnnxTranslator(out, threads=1)
+    sources = _sources(torch_engine, held_sentences(20))
+    for lang in ("de", "fr"):
+        tag = torch_engine.route(tgt_lang=lang).tag_id
+        for beam in (1, 4):
+            _assert_parity(
+                torch_engine, onnx_engine, sources, beam_size=beam, prefixes=[[tag]] * 20
+            )
+    texts = onnx_engine.translate(held_sentences(5), tgt_lang="fr")
+    assert texts and not any("<2" in t for t in texts)  # the tag is not part of the text
+
+
+def test_imported_marian(tmp_path):
+    """A model imported from transformers' Marian: post-norm, Marian's split sinusoids, an
+    output bias, separate embedding tables and a piece vocabulary (pieces.json, src_eos)."""
+    pytest.importorskip("transformers")
+    from benchmarks.hf_models import EN_WORDS, make_marian_dir, sentences
+    from litmt.checkpoint.hf_import import read_hf_dir
+
+    directory = make_marian_dir(tmp_path / "m", layers=2, tie=False, init_std=0.3, eos_bias=2.5)
+    imported = read_hf_dir(directory)
+    model = Seq2SeqTransformer(imported.config)
+    model.load_state_dict(imported.weights)
+    ckpt = save_model_checkpoint(tmp_path / "m.ckpt", model, imported.tokenizer, "en", "de")
+    out = export_onnx(ckpt, tmp_path / "onnx")
+    meta = read_onnx_config(out)
+    assert meta["tokenizer"]["pieces"] == "pieces.json" and meta["tokenizer"]["src_eos"]
+    torch_engine = Translator.from_checkpoint(ckpt, device="cpu")
+    onnx_engine = OnnxTranslator(out, threads=1)
+    sources = imported.tokenizer.encode_src(sentences(EN_WORDS, 30, seed=21))
+    for beam in (1, 5):
+        _assert_parity(
+            torch_engine, onnx_engine, sources, beam_size=beam, max_len_a=0.0, max_len_b=20
+        )
+
+
+def test_config_json(onnx_dir, ckpt):
+    meta = read_onnx_config(onnx_dir)
+    cfg = load_model(ckpt).model.config
+    assert meta["format"] == "litmt-onnx" and meta["format_version"] == 1
+    assert meta["special_ids"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
+    assert (meta["src_lang"], meta["tgt_lang"]) == ("en", "de")
+    assert meta["model"]["n_decoder_layers"] == cfg.n_decoder_layers
+    assert meta["model"]["head_dim"] == cfg.d_model // cfg.n_heads
+    assert meta["inputs"]["decoder"] == [
+        "tokens",
+        "src_ids",
+        "cross_k",
+        "cross_v",
+        "self_k",
+        "self_v",
+    ]
+    assert meta["tokenizer"] == {
+        "src_model": "src.model", "tgt_model": None, "pieces": None, "src_eos": False, "joint": True
+    }  # fmt: skip
+    assert {p.name for p in onnx_dir.iterdir()} == {
+        "config.json", "encoder.onnx", "decoder.onnx", "src.model"
+    }  # fmt: skip
+
+
+def test_int8_export(ckpt, onnx_dir, tmp_path):
+    """int8 changes the numbers, so outputs are compared by agreement, not equality: on the
+    tiny model int8 greedy output stays within 5 BLEU of the float32 export's."""
+    out = export_onnx(ckpt, tmp_path / "int8", quantization="int8")
+    assert read_onnx_config(out)["quantization"] == "int8"
+    size = lambda d: sum(p.stat().st_size for p in d.glob("*.onnx"))  # noqa: E731
+    assert size(out) < 0.6 * size(onnx_dir)
+    texts = held_sentences(40)
+    ref = OnnxTranslator(onnx_dir, threads=1).translate(texts, beam_size=1)
+    got = OnnxTranslator(out, threads=1).translate(texts, beam_size=1)
+    assert corpus_bleu(got, [ref]) >= 95.0
+
+
+def test_refusals(ckpt, onnx_dir, tmp_path):
+    with pytest.raises(ConfigError, match=r"format=onnx supports quantization none \| int8"):
+        export_onnx(ckpt, tmp_path / "x", quantization="float16")
+    with pytest.raises(ConfigError, match="already exists; pass force=true"):
+        export_onnx(ckpt, onnx_dir)
+    with pytest.raises(ConfigError, match="engine=onnx does not ensemble"):
+        load_translator([ckpt, ckpt], engine="onnx", ensemble=True)
+    with pytest.raises(ConfigError, match="is an ONNX export: decode it with engine=onnx"):
+        load_translator(onnx_dir, engine="torch")
+    with pytest.raises(ConfigError, match="engine=onnx runs on the CPU"):
+        load_translator(onnx_dir, engine="onnx", device="cuda")
+    with pytest.raises(ExportError, match="is not a litmt ONNX export"):
+        load_translator(tmp_path, engine="onnx")
+    with pytest.raises(ConfigError, match="valid values: torch, ct2, onnx"):
+        load_translator(onnx_dir, engine="tflite")
+
+
+def test_refuses_approximate_attention(tmp_path):
+    en, de = corpus()
+    tok = Tokenizer.train(en, de, TokenizerConfig(vocab_size=80, model_type="unigram"))
+    config = tiny_config(tok.src_vocab_size)
+    config.attention.decoder_self, config.attention.decoder_self_options = "local", {"window": 4}
+    path = save_model_checkpoint(
+        tmp_path / "local.ckpt", Seq2SeqTransformer(config), tok, "en", "de"
+    )
+    with pytest.raises(
+        ExportError, match=r"model.attention.decoder_self=local is an approximate attention"
+    ):
+        export_onnx(path, tmp_path / "onnx")
+    assert not (tmp_path / "onnx").exists()
+
+
+def test_ckpt_exported_on_first_use(ckpt, tmp_path):
+    """engine=onnx with a .ckpt exports it once into the cache, named by its sha256."""
+    first = OnnxTranslator.from_pretrained(ckpt, cache_dir=tmp_path)
+    (entry,) = tmp_path.iterdir()
+    assert entry.name.startswith("tiny-") and entry.name.endswith("-none")
+    mtime = (entry / "decoder.onnx").stat().st_mtime_ns
+    second = OnnxTranslator.from_pretrained(ckpt, cache_dir=tmp_path)
+    assert (entry / "decoder.onnx").stat().st_mtime_ns == mtime
+    assert first.translate(["A red dog runs."]) == second.translate(["A red dog runs."])

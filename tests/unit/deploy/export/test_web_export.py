@@ -1,0 +1,112 @@
+"""The hostable folder of the offline page (`litmt.deploy.export.web`), on a stand-in export and
+stand-in npm files: its layout, its refusals, and that the page imports only files it ships.
+The page itself runs in tests/integration/export/test_offline_page.py (headless Chromium)."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from litmt.deploy.export.base import ExportError
+from litmt.deploy.export.onnx import (
+    CONFIG_FILE,
+    DECODER_FILE,
+    ENCODER_FILE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+)
+from litmt.deploy.export.web import (
+    MODEL_DIR,
+    PAGE_DIR,
+    PAGE_FILES,
+    RUNTIME_FILES,
+    VENDOR_DIR,
+    build_web_folder,
+    missing_runtime,
+)
+from litmt.errors import ConfigError
+
+
+def fake_node_modules(root: Path) -> Path:
+    """Every runtime file (its own path as content) and each package's package.json."""
+    for package, inside in RUNTIME_FILES.values():
+        path = root / package / inside
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{package}/{inside}")
+        meta = {"name": package, "version": "9.9.9", "license": "MIT"}
+        (root / package / "package.json").write_text(json.dumps(meta))
+    return root
+
+
+def fake_onnx_export(directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    config = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION}
+    (directory / CONFIG_FILE).write_text(json.dumps(config))
+    for name in (ENCODER_FILE, DECODER_FILE, "src.model"):
+        (directory / name).write_bytes(b"stand-in")
+    return directory
+
+
+def test_the_folder_holds_the_page_the_runtime_and_the_export(tmp_path):
+    modules = fake_node_modules(tmp_path / "node_modules")
+    out = build_web_folder(fake_onnx_export(tmp_path / "onnx"), tmp_path / "site", modules)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*PAGE_FILES, MODEL_DIR, VENDOR_DIR])
+    for name, (package, inside) in RUNTIME_FILES.items():
+        assert (out / VENDOR_DIR / name).read_text() == f"{package}/{inside}"
+    versions = json.loads((out / VENDOR_DIR / "VERSIONS.json").read_text())
+    assert versions["onnxruntime-web"] == {"version": "9.9.9", "license": "MIT"}
+    assert (out / MODEL_DIR / DECODER_FILE).read_bytes() == b"stand-in"
+    for folder in (out, out / MODEL_DIR):  # a web server running as another user reads it
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+
+
+def test_missing_runtime_files_say_how_to_get_them(tmp_path):
+    modules = fake_node_modules(tmp_path / "node_modules")
+    (modules / "onnxruntime-web" / "dist" / "ort-wasm-simd-threaded.wasm").unlink()
+    assert missing_runtime(modules) == ["onnxruntime-web/dist/ort-wasm-simd-threaded.wasm"]
+    with pytest.raises(ConfigError, match=r"lacks onnxruntime-web/dist/ort-wasm.*npm ci"):
+        build_web_folder(fake_onnx_export(tmp_path / "onnx"), tmp_path / "site", modules)
+    assert not (tmp_path / "site").exists()
+
+
+def test_refuses_what_is_not_an_onnx_export_and_an_existing_folder(tmp_path):
+    modules = fake_node_modules(tmp_path / "node_modules")
+    (tmp_path / "ct2").mkdir()
+    with pytest.raises(ExportError, match="is not a litmt ONNX export"):
+        build_web_folder(tmp_path / "ct2", tmp_path / "site", modules)
+    onnx = fake_onnx_export(tmp_path / "onnx")
+    out = build_web_folder(onnx, tmp_path / "site", modules)
+    with pytest.raises(ConfigError, match="already exists; pass force=true"):
+        build_web_folder(onnx, out, modules)
+    assert build_web_folder(onnx, out, modules, force=True) == out
+    with pytest.raises(ConfigError, match="is not a litmt export"):
+        build_web_folder(onnx, tmp_path / "onnx", modules, force=True)  # never deletes data
+
+
+def test_the_page_loads_only_files_the_folder_ships():
+    """Every relative URL in the page's HTML and JS (imports, the import map, fetches of
+    fixed files) is a page file or a vendor file, so the served folder is complete."""
+    shipped = {*PAGE_FILES, *(f"{VENDOR_DIR}/{name}" for name in RUNTIME_FILES)}
+    referenced = set()
+    for name in PAGE_FILES:
+        text = (PAGE_DIR / name).read_text(encoding="utf-8")
+        referenced |= set(re.findall(r"""["']\./([\w./-]+\.(?:m?js|css|wasm))["']""", text))
+        referenced |= set(re.findall(r"""["'](vendor/[\w./-]+)["']""", text))
+        referenced |= set(re.findall(r"""(?:href|src)="([\w./-]+)\"""", text))
+    assert {
+        "translator.js",
+        "vendor/ort.wasm.bundle.min.mjs",
+        "vendor/sentencepiece.js",
+    } <= referenced
+    assert "vendor/ort-wasm-simd-threaded.wasm" in referenced
+    assert referenced <= shipped, referenced - shipped
+
+
+def test_the_page_reads_the_export_format_python_writes():
+    js = (PAGE_DIR / "translator.js").read_text(encoding="utf-8")
+    assert re.search(r"const FORMAT_VERSION = (\d+);", js).group(1) == str(FORMAT_VERSION)
+    assert f'"{FORMAT_NAME}"' in js
