@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from litmt.checkpoint.average import average_checkpoints
-from litmt.config import renamed_keys
+from litmt.config import job_config, renamed_keys
 from litmt.deploy.loader import WEIGHTS_ONLY_IGNORES, LoadConfig
 from litmt.errors import ConfigError
 
@@ -18,11 +19,21 @@ log = logging.getLogger(__name__)
 RENAMES = {"inputs": "ckpt_path"}
 
 
+@dataclass(frozen=True)
+class AverageConfig:
+    """The average_checkpoints command's own key (conf/average_checkpoints.yaml's top level; the
+    checkpoints are the load group's ``ckpt_path`` or ``run_dir`` + ``average_last``)."""
+
+    output: str | None = None
+    """path of the averaged checkpoint (required)"""
+
+
 def average(cfg: DictConfig) -> Path:
     """The `scripts/average_checkpoints.py` job: ``ckpt_path=[...]`` or ``run_dir`` +
     ``average_last`` (conf/load/default.yaml); ``inputs=[...]`` is the old name of ``ckpt_path``.
     """
-    if not cfg.get("output"):
+    settings = job_config(AverageConfig, cfg, "average_checkpoints")
+    if not settings.output:
         raise ConfigError("no output given: pass output=<path of the averaged .ckpt>")
     given = {key: cfg.get(key) for key in ("inputs", "ckpt_path")}
     given = renamed_keys({k: v for k, v in given.items() if v}, RENAMES, "average_checkpoints")
@@ -34,6 +45,6 @@ def average(cfg: DictConfig) -> Path:
             "nothing to average: pass ckpt_path=[a.ckpt,b.ckpt] or run_dir=DIR average_last=N"
         )
     paths = load.paths()
-    out = average_checkpoints(paths, cfg.output)
+    out = average_checkpoints(paths, settings.output)
     log.info("averaged %d checkpoint(s) → %s", len(paths), out)
     return out

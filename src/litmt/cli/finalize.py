@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +12,39 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litmt.checkpoint.io import load_checkpoint
+from litmt.config import build, job_config
 from litmt.errors import ConfigError
 from litmt.training.finalize import check_finalize_config, finalize, summary_lines
+
+
+@dataclass(frozen=True)
+class FinalizeOverrides:
+    """The finalize keys a rerun may change; null = the run's own value (its
+    .hydra/config.yaml), else this one."""
+
+    average_best: int | None = None
+    """average the N checkpoints with the best valid BLEU"""
+    beam_sizes: list[int] | None = None
+    """beam sizes tried on valid"""
+    length_penalties: list[float] | None = None
+    """length penalties tried on valid with each beam size"""
+    max_tokens: int | None = None
+    """tokens per decoding batch"""
+
+
+@dataclass(frozen=True)
+class FinalizeConfig:
+    """The finalize command's keys (conf/finalize.yaml)."""
+
+    run_dir: str | None = None
+    """a training run directory: .hydra/config.yaml and checkpoints/last.ckpt (required)"""
+    data_dir: str | None = None
+    """the corpus directory if it moved since training (null = the run's data.dir)"""
+    extra_test: list[str] | None = None
+    """more test splits to score, e.g. [test_2017_flickr, test_2017_mscoco] (null = the run's
+    data.extra_test)"""
+    finalize: FinalizeOverrides = field(default_factory=FinalizeOverrides)
+    """null = the run's own value (its .hydra/config.yaml), else this one"""
 
 
 def kept_checkpoints(last_ckpt: Path) -> dict[str, float]:
@@ -39,21 +72,26 @@ def finalize_run(cfg: DictConfig) -> dict[str, Any]:
     Raises:
         ConfigError: no run_dir, or it lacks the saved config or last.ckpt or kept checkpoints.
     """
-    if not cfg.get("run_dir"):
+    values = {k: cfg[k] for k in ("run_dir", "data_dir", "extra_test") if k in cfg}
+    overrides = build(FinalizeOverrides, cfg.get("finalize"), "finalize.finalize")
+    settings = dataclasses.replace(
+        job_config(FinalizeConfig, values, "finalize"), finalize=overrides
+    )
+    if not settings.run_dir:
         raise ConfigError("run_dir is required: python scripts/finalize.py run_dir=RUN_DIR")
-    run = Path(cfg.run_dir)
+    run = Path(settings.run_dir)
     saved, last = run / ".hydra" / "config.yaml", run / "checkpoints" / "last.ckpt"
     for path, what in ((saved, "the run's saved config"), (last, "last.ckpt")):
         if not path.is_file():
             raise ConfigError(f"{path} not found: run_dir must be a training run ({what})")
     train_cfg = OmegaConf.load(saved)
-    given = {k: v for k, v in (cfg.get("finalize") or {}).items() if v is not None}
+    given = {k: v for k, v in dataclasses.asdict(overrides).items() if v is not None}
     with open_dict(train_cfg):
         train_cfg.paths.output_dir = str(run)
-        if cfg.get("data_dir"):
-            train_cfg.data.dir = str(cfg.data_dir)
-        if cfg.get("extra_test") is not None:
-            train_cfg.data.extra_test = list(cfg.extra_test)
+        if settings.data_dir:
+            train_cfg.data.dir = str(settings.data_dir)
+        if settings.extra_test is not None:
+            train_cfg.data.extra_test = list(settings.extra_test)
         train_cfg.finalize = OmegaConf.merge(train_cfg.get("finalize") or {}, given)
     check_finalize_config(train_cfg)
     kept = kept_checkpoints(last)

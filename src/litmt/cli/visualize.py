@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig
 
 from litmt.attention import backend_support
+from litmt.config import job_config
 from litmt.decoding.analysis.attention_maps import KINDS, collect_attention, plot_attention
 from litmt.deploy.loader import LoadConfig
 from litmt.errors import ConfigError
@@ -19,6 +21,45 @@ log = logging.getLogger(__name__)
 # conf/load keys the heatmaps do not read: the kernels are chosen per site
 # (`restore_weight_kernels`), one model is drawn, and the sentence is the direction.
 VISUALIZE_IGNORES = ("attention", "ensemble", "src_lang", "tgt_lang", "allow_zero_shot")
+
+
+@dataclass(frozen=True)
+class VisualizeConfig:
+    """The visualize_attention command's own keys (conf/visualize_attention.yaml's top level; the
+    checkpoint and the device are the load group's)."""
+
+    sentence: str | None = None
+    """source sentence to visualise (required)"""
+    target: str | None = None
+    """target to force-decode; null = the model's own greedy translation"""
+    kind: Any = "cross"
+    """cross | encoder | decoder, or a list (then out gets a _<kind> suffix)"""
+    layers: list[int] | None = None
+    """layer indices, e.g. [0,5] or [-1]; null = the last layer"""
+    heads: list[int] | None = None
+    """head indices, e.g. [0,3]; null = all heads"""
+    grid: bool = False
+    """true: one panel per (layer, head); false: one panel, mean of the selection"""
+    out: str = "attention.png"
+    """PNG path"""
+    figsize: list[float] | None = None
+    """[width, height] in inches; null = sized from the number of tokens"""
+    dpi: int = 100
+    """PNG resolution: the image is figsize * dpi pixels"""
+
+    def kinds(self) -> list[str]:
+        """The kinds asked for, as a list.
+
+        Raises:
+            ConfigError: an unknown kind.
+        """
+        kinds = [str(k) for k in self.kind] if isinstance(self.kind, list) else [str(self.kind)]
+        for kind in kinds:
+            if kind not in KINDS:
+                raise ConfigError(
+                    f"unknown attention kind '{kind}'; valid kinds: {', '.join(KINDS)}"
+                )
+        return kinds
 
 
 def restore_weight_kernels(model: Seq2SeqTransformer, trained: dict[str, Any]) -> None:
@@ -51,36 +92,32 @@ def visualize(cfg: DictConfig) -> list[Path]:
 
     load = LoadConfig.from_cfg(cfg, "visualize_attention", ignores=VISUALIZE_IGNORES)
     ckpt = load.paths()
-    if not cfg.get("sentence") or not str(cfg.sentence).strip():
+    settings = job_config(VisualizeConfig, cfg, "visualize_attention")
+    if not settings.sentence or not str(settings.sentence).strip():
         raise ConfigError('no sentence given: pass sentence="A man is walking."')
-    kinds = [str(k) for k in cfg.kind] if isinstance(cfg.kind, ListConfig) else [str(cfg.kind)]
-    for kind in kinds:
-        if kind not in KINDS:
-            raise ConfigError(f"unknown attention kind '{kind}'; valid kinds: {', '.join(KINDS)}")
+    kinds = settings.kinds()
     loaded = load_model(ckpt, map_location=load.device, attention="math")
     restore_weight_kernels(loaded.model, loaded.meta["model_config"])
     maps = collect_attention(
-        loaded.model, loaded.tokenizer, str(cfg.sentence), target=cfg.get("target")
+        loaded.model, loaded.tokenizer, str(settings.sentence), target=settings.target
     )
-    layers = list(cfg.layers) if cfg.get("layers") is not None else None
-    heads = list(cfg.heads) if cfg.get("heads") is not None else None
-    figsize = tuple(float(v) for v in cfg.figsize) if cfg.get("figsize") is not None else None
-    out = Path(str(cfg.out))
+    figsize = tuple(float(v) for v in settings.figsize) if settings.figsize is not None else None
+    out = Path(settings.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     written = []
     for kind in kinds:
         fig = plot_attention(
             maps,
             kind,
-            layers=layers,
-            heads=heads,
-            grid=bool(cfg.grid),
+            layers=settings.layers,
+            heads=settings.heads,
+            grid=settings.grid,
             figsize=figsize,  # type: ignore[arg-type]
-            dpi=int(cfg.dpi),
+            dpi=settings.dpi,
         )
         path = out if len(kinds) == 1 else out.with_name(f"{out.stem}_{kind}{out.suffix}")
-        fig.savefig(path, dpi=int(cfg.dpi), format="png")
-        w, h = fig.get_size_inches() * int(cfg.dpi)
+        fig.savefig(path, dpi=settings.dpi, format="png")
+        w, h = fig.get_size_inches() * settings.dpi
         log.info("wrote %s (%dx%d px): %s", path, round(w), round(h), maps.translation)
         written.append(path)
     return written

@@ -28,12 +28,18 @@ class AttentionConfig:
     ``model.attention.encoder_self=local model.attention.encoder_self_options.window=64``.
     """
 
-    encoder_self: str = "sdpa"  # encoder self-attention backend
-    decoder_self: str = "sdpa"  # decoder causal self-attention backend
-    cross: str = "sdpa"  # decoder→encoder cross-attention backend
+    encoder_self: str = "sdpa"
+    """encoder self-attention backend"""
+    decoder_self: str = "sdpa"
+    """decoder causal self-attention backend"""
+    cross: str = "sdpa"
+    """decoder→encoder cross-attention backend"""
     encoder_self_options: dict[str, Any] = field(default_factory=dict)
+    """options of the encoder self-attention backend (e.g. local's window)"""
     decoder_self_options: dict[str, Any] = field(default_factory=dict)
+    """options of the decoder self-attention backend"""
     cross_options: dict[str, Any] = field(default_factory=dict)
+    """options of the cross-attention backend"""
 
     def backend(self, site: str) -> tuple[str, dict[str, Any]]:
         """(name, options) of the kernel at `site` (one of `ATTENTION_SITES`)."""
@@ -44,34 +50,52 @@ class AttentionConfig:
 class TransformerConfig:
     """Hyper-parameters of a `Seq2SeqTransformer`. Invalid combinations raise `ConfigError`."""
 
-    src_vocab_size: int = 8000  # source vocabulary (the joint one when shared)
-    tgt_vocab_size: int | None = None  # target vocabulary; None = same as source (joint)
-    d_model: int = 512  # model width
-    n_heads: int = 8  # attention heads; d_model must be divisible by it
-    d_ff: int = 2048  # feed-forward inner width
+    src_vocab_size: int = 8000
+    """source vocabulary (the joint one when shared); filled in from the tokenizer at run time"""
+    tgt_vocab_size: int | None = None
+    """target vocabulary; filled in from the tokenizer at run time (null = the source's: joint)"""
+    d_model: int = 512
+    """model width"""
+    n_heads: int = 8
+    """attention heads (d_model must be divisible by it)"""
+    d_ff: int = 2048
+    """feed-forward inner width"""
     n_encoder_layers: int = 6
+    """encoder layers"""
     n_decoder_layers: int = 6
-    dropout: float = 0.1  # residual and embedding dropout
-    attention_dropout: float = 0.0  # dropout on attention weights
-    activation_dropout: float = 0.0  # dropout after the FFN activation
-    # the probability of dropping a whole source token while training: its embedding is
-    # zeroed before the positions are added (Sennrich et al. 2016, "Edinburgh NMT systems")
+    """decoder layers"""
+    dropout: float = 0.1
+    """residual and embedding dropout"""
+    attention_dropout: float = 0.0
+    """dropout on attention weights"""
+    activation_dropout: float = 0.0
+    """dropout after the FFN activation"""
     word_dropout: float = 0.0
-    activation: str = "relu"  # relu | gelu | silu (swish, Marian's) | swiglu
-    norm_first: bool = True  # pre-norm (True, stable) or post-norm (False, the 2017 paper)
-    # sinusoidal (sin/cos interleaved) | sinusoidal_split (sin in the first half of the
-    # channels, cos in the second: Marian's layout) | learned | rope
+    """while training, drop whole source tokens with this probability: the embedding is zeroed
+    before the positions are added (Sennrich et al. 2016, "Edinburgh NMT systems")"""
+    activation: str = "relu"
+    """relu | gelu | silu (swish, Marian's) | swiglu"""
+    norm_first: bool = True
+    """pre-norm (true, stable) or post-norm (false, as in the 2017 paper)"""
     positional: str = "sinusoidal"
-    max_positions: int = 1024  # longest sequence (learned table / sinusoid cache size)
-    share_embeddings: bool = True  # tie source and target embeddings (needs a joint vocab)
-    tie_output: bool = True  # tie the target embedding and the output projection
-    scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model)
-    output_bias: bool = (
-        False  # a fixed (untrained) bias added to the logits (Marian's final_logits_bias)
-    )
-    bias: bool = True  # biases in linear layers
+    """sinusoidal (sin/cos interleaved) | sinusoidal_split (sin in the first half of the
+    channels, cos in the second: Marian's layout) | learned | rope"""
+    max_positions: int = 1024
+    """longest sequence the model accepts (learned table / sinusoid cache size)"""
+    share_embeddings: bool = True
+    """tie source and target embeddings (needs a joint vocabulary)"""
+    tie_output: bool = True
+    """tie the target embedding and the output projection"""
+    scale_embeddings: bool = True
+    """multiply embeddings by sqrt(d_model)"""
+    output_bias: bool = False
+    """a fixed (untrained) bias added to the logits (Marian's final_logits_bias)"""
+    bias: bool = True
+    """biases in linear layers"""
     layer_norm_eps: float = 1e-5
+    """LayerNorm epsilon"""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
+    """the kernel of each attention site (the attention group: conf/attention/)"""
 
     def __post_init__(self) -> None:
         if isinstance(self.attention, dict):
