@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 from fastapi.testclient import TestClient  # noqa: E402
-from parity import assert_same_decisions  # noqa: E402
+from parity import assert_parity  # noqa: E402
 from server_thread import ServerThread  # noqa: E402
 
 from litmt.deploy.server.app import (  # noqa: E402
@@ -106,7 +107,7 @@ def test_sixteen_concurrent_requests_are_answered_and_batched(server, reference)
     got = [r.json()["translatedText"] for r in responses]
     # batched with other requests: float32 sums of another batch shape (equal but at near-ties)
     sources = [reference.prepare(t) for t in texts]
-    assert_same_decisions(reference, sources, expected, got, **DECODING)
+    assert_parity(reference, sources, expected, got, **DECODING)
     after = httpx.get(server.url + "/health").json()
     assert after["largest_batch"] > 1, "concurrent requests were never batched together"
     assert after["batches"] - before["batches"] < 16
@@ -760,9 +761,17 @@ def test_batcher_runs_a_full_batch_at_once_and_a_lone_request_after_max_wait():
         assert results == requests
         return time.monotonic() - start
 
-    assert timed([["a", "b", "c", "d"]], max_wait_ms=10_000) < 4  # a full batch: no wait
-    assert timed([["a", "b"], ["c", "d"]], max_wait_ms=10_000) < 4
-    assert 0.45 <= timed([["a"]], max_wait_ms=500) < 4  # waits max_wait_ms for company
+    # the queue's own cost in this run (start, one batch, stop), with no waiting at all: the
+    # bounds below are that plus a fraction of the 10 s wait a full batch must skip, so a
+    # loaded machine slows the baseline and the measured runs alike
+    baseline = statistics.median(timed([["a", "b", "c", "d"]], max_wait_ms=0) for _ in range(3))
+    skipped_wait_s = 10.0
+    slack = skipped_wait_s / 2
+    # a full batch (one request of 4, or two that fill it) runs at once: no wait
+    assert timed([["a", "b", "c", "d"]], max_wait_ms=skipped_wait_s * 1000) < baseline + slack
+    assert timed([["a", "b"], ["c", "d"]], max_wait_ms=skipped_wait_s * 1000) < baseline + slack
+    # a lone request waits max_wait_ms (0.5 s) for company, and then runs
+    assert 0.45 <= timed([["a"]], max_wait_ms=500) < baseline + 0.5 + slack
 
 
 # -- holding under abuse (issue 24) -----------------------------------------------------
@@ -1019,8 +1028,20 @@ def long_ckpt(tmp_path_factory) -> Path:
     return build_tiny_checkpoint(tmp_path_factory.mktemp("long"), steps=3, max_positions=600)
 
 
+def _health_latency(client: httpx.Client) -> float:
+    """Seconds one GET /health takes (it must answer 200)."""
+    t0 = time.perf_counter()
+    assert client.get("/health").status_code == 200
+    return time.perf_counter() - t0
+
+
 @pytest.mark.slow
 def test_health_answers_fast_while_a_1000_character_attention_request_is_served(long_ckpt):
+    """/health never waits for the model: while a 1000-character /attention request is
+    decoded, a typical /health answer is within a generous factor of one on the idle server
+    and a small fraction of the decoding. Medians, both measured in this run (a loaded
+    machine slows both alike); a /health that waited for the model would answer once or
+    twice, each taking about as long as the decoding."""
     text = ("A big man sleeps here and a small cat eats today. " * 20)[:1000]
     settings = ServeConfig(max_wait_ms=0, max_chars=1000, attention_max_tokens=600)
     app = build_server_app(long_ckpt, device="cpu", settings=settings)
@@ -1028,28 +1049,29 @@ def test_health_answers_fast_while_a_1000_character_attention_request_is_served(
         ServerThread(app) as running,
         ThreadPoolExecutor(1) as pool,
         httpx.Client(base_url=running.url, timeout=60) as c,
-        httpx.Client(base_url=running.url, timeout=10) as h,
+        httpx.Client(base_url=running.url, timeout=60) as h,
     ):
         h.get("/health")  # connection warm
-        start = time.monotonic()
+        idle = statistics.median(_health_latency(h) for _ in range(20))
+        start = time.perf_counter()
         big = pool.submit(c.post, "/attention", json={"q": text, "layer": "all"})
         latencies = []
         while not big.done():
-            t0 = time.monotonic()
-            assert h.get("/health").status_code == 200
-            latencies.append(time.monotonic() - t0)
+            latencies.append(_health_latency(h))
             time.sleep(0.02)
         r = big.result()
-        took = time.monotonic() - start
+        took = time.perf_counter() - start
     assert r.status_code == 200, r.text
     body = r.json()
     assert len(body["source_pieces"]) > 256 and len(body["weights"]) == body["layers"]
-    assert len(latencies) >= 5, (
-        f"{len(latencies)} /health answers in {took:.2f}s: the loop was blocked"
+    busy = statistics.median(latencies) if latencies else took
+    seen = (
+        f"{len(latencies)} /health answers in {took:.2f}s, median {busy * 1000:.1f} ms "
+        f"(idle: {idle * 1000:.1f} ms), slowest {[round(x * 1000) for x in sorted(latencies)[-3:]]} ms"
     )
-    slowest = sorted(latencies)[-3:]
-    assert max(latencies) < 0.1, f"/health took {[round(x * 1000) for x in slowest]} ms"
-    assert took < 60
+    assert len(latencies) >= 5, f"the loop was blocked: {seen}"
+    assert busy < took / 10, f"/health waited for the model: {seen}"
+    assert busy < max(20 * idle, took / 50), f"/health slowed by the decoding: {seen}"
 
 
 def test_attention_caps_its_source_and_its_target(long_ckpt):

@@ -156,11 +156,15 @@ def test_bad_input_is_a_json_4xx_before_any_decoding(client, spy, name):
     assert spy.calls == before, "the model ran for a request refused as bad input"
 
 
-def test_the_same_requests_well_formed_are_translated(client, spy):
+def test_the_same_requests_well_formed_are_translated(client, spy, reference):
     """The checks refuse only the bad part: each route still decodes a good request."""
+    nbest = reference.translate(["A red dog runs."], n_best=2, return_scores=True, **DECODING)
+    best, second = [text for text, _ in nbest[0]]
+    assert second not in (best, ""), "the beam's second is no alternative: the test proves nothing"
     before = spy.calls
     r = client.post("/translate", **_json(b', "alternatives": 1'))
-    assert r.status_code == 200 and len(r.json()["alternatives"]) <= 1
+    assert r.status_code == 200, r.text
+    assert r.json() == {"translatedText": best, "alternatives": [second]}  # the one asked for
     r = client.post("/attention", json={"q": "A red dog runs.", "layer": "1", "head": -1})
     assert r.status_code == 200 and (r.json()["layer"], r.json()["head"]) == (1, 3)
     r = client.post(

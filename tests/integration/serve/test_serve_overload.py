@@ -7,6 +7,7 @@ the server the way a real model does without depending on this machine's speed."
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections import Counter
@@ -96,7 +97,16 @@ def test_200_concurrent_alternatives_requests_get_503_with_retry_after_not_504()
             assert len(r.json()["alternatives"]) == 3
     assert health["rejected"] + health["shed"] == codes[503]
     assert health["timed_out"] == 0
-    assert took < 30  # refusals come at once, not after request_timeout_s
+    # refusals come at once, not after request_timeout_s: a typical refusal is answered well
+    # within it, and sooner than a typical served request (which waits its turn in the
+    # queue); medians of this run, so a loaded machine slows both sides alike
+    refused = statistics.median(
+        r.elapsed.total_seconds() for r in responses if r.status_code == 503
+    )
+    served = statistics.median(r.elapsed.total_seconds() for r in responses if r.status_code == 200)
+    seen = f"median 503 {refused:.3f}s, median 200 {served:.3f}s, all {took:.1f}s"
+    assert refused < settings.request_timeout_s / 2, seen
+    assert refused < served, seen
 
 
 def test_alternatives_requests_share_batches():

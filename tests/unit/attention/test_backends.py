@@ -95,11 +95,13 @@ def test_exact_backends_match_math(backend, case):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["padding", "causal"])
-def test_compiled_flex_matches_math(case):
+def test_compiled_flex_matches_math(case, monkeypatch):
     """The compiled (inductor, C++) flex kernel on CPU; compiling takes ~10-20 s per shape."""
     c = CASES[case]
     q, k, v, mask = make_inputs(c)
+    fresh_compile_state(monkeypatch)
     out = build_backend("flex")(q, k, v, key_padding_mask=mask, causal=c["causal"])
+    require_compiled_flex()  # never eager flex compared with math unseen
     ref = build_backend("math")(q, k, v, key_padding_mask=mask, causal=c["causal"])
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
@@ -120,6 +122,42 @@ def test_flex_mask_mod_masks_indices_past_the_lengths(options):
     assert mask_mod(b, h, q_idx, kv_idx).tolist() == [True, False, False, False]
 
 
+# The only reasons compiled flex may fall back in a test: a machine that cannot build the
+# kernel. torch/_inductor/exc.py: InvalidCxxCompiler (no C++ compiler), TritonMissing,
+# GPUTooOldForTriton; torch/_inductor/kernel/flex/flex_cpu.py (`check_cpu_supported`): "torch.compile
+# on current platform is not supported for CPU" (no vectorised ISA, e.g. ATEN_CPU_CAPABILITY=default).
+MISSING_TOOLCHAIN = (
+    "InvalidCxxCompiler",
+    "TritonMissing",
+    "GPUTooOldForTriton",
+    "torch.compile on current platform is not supported for CPU",
+)
+
+
+def require_compiled_flex() -> None:
+    """After compiled flex ran: skip where the machine cannot build the kernel (a missing
+    toolchain, `MISSING_TOOLCHAIN`); fail on any other fallback to eager flex, so a regression
+    in the lowering of litmt's mask cannot turn a compiled test into a skip or an eager pass."""
+    from litmt.attention.backends import flex
+
+    why = flex.compile_fallback()
+    if why is None:
+        return
+    if any(reason in why for reason in MISSING_TOOLCHAIN):
+        pytest.skip(f"torch.compile cannot build flex on this machine: {why}")
+    pytest.fail(f"compiled flex fell back to eager flex: {why}")
+
+
+def test_a_lowering_failure_fails_the_compiled_tests(monkeypatch) -> None:
+    """The rule above bites: a fallback for any other reason is a failure, not a skip."""
+    monkeypatch.setitem(flex_compile.STATE, "why", "InductorError: LoweringException: mask_mod")
+    with pytest.raises(pytest.fail.Exception, match="fell back to eager flex"):
+        require_compiled_flex()
+    monkeypatch.setitem(flex_compile.STATE, "why", "InvalidCxxCompiler: no working C++ compiler")
+    with pytest.raises(pytest.skip.Exception):
+        require_compiled_flex()
+
+
 def fresh_compile_state(monkeypatch: pytest.MonkeyPatch, fn=None) -> None:
     """A process that has compiled nothing and never fell back (restored after the test)."""
     for key, value in (("fn", fn), ("why", None), ("buckets", set()), ("capped", False)):
@@ -132,8 +170,6 @@ def test_compiled_flex_compiles_a_bounded_number_of_times(monkeypatch):
     recompile limit (8) and silently ran eager flex. Each output still equals `math`."""
     from torch._dynamo.utils import counters
 
-    from litmt.attention.backends import flex
-
     torch._dynamo.reset()
     counters.clear()
     fresh_compile_state(monkeypatch)
@@ -145,8 +181,7 @@ def test_compiled_flex_compiles_a_bounded_number_of_times(monkeypatch):
         lengths = torch.randint(1, t + 1, (b,), generator=gen)
         mask = torch.arange(t)[None, :] >= lengths[:, None]  # (B, T) True = pad
         out = kernel(q, k, v, key_padding_mask=mask)
-        if flex.compile_fallback():
-            pytest.skip("torch.compile cannot build kernels on this machine (no C++ compiler?)")
+        require_compiled_flex()
         rows = ~mask
         ref = reference(q, k, v, key_padding_mask=mask)
         torch.testing.assert_close(out[rows], ref[rows], atol=1e-5, rtol=1e-5)
@@ -187,8 +222,8 @@ def test_flex_builds_one_block_mask_per_forward_shared_by_the_layers(monkeypatch
             src[i, n:] = PAD_ID
         with torch.no_grad():
             memory, mask = model.encode(src)
-            if compiled and flex.compile_fallback():
-                pytest.skip("torch.compile cannot build kernels on this machine")
+            if compiled:
+                require_compiled_flex()
             want, _ = reference.encode(src)
         assert len(built) == step + 1, f"{len(built)} block masks after {step + 1} forwards"
         torch.testing.assert_close(memory[~mask], want[~mask], atol=1e-5, rtol=1e-5)

@@ -89,6 +89,30 @@ def test_members_may_not_differ_in_vocabulary_size():
         Ensemble([random_model(0), Seq2SeqTransformer(tiny_config(src_vocab_size=50))])
 
 
+@pytest.mark.parametrize("short_first", [True, False], ids=["short_first", "short_last"])
+def test_an_ensembles_max_positions_is_its_smallest_members(short_first):
+    """Every member must read the source and every output position, so the shortest
+    `max_positions` (12 here, beside 64) bounds both, whichever member it is."""
+    torch.manual_seed(1)
+    short = Seq2SeqTransformer(tiny_config(src_vocab_size=VOCAB, max_positions=12)).eval()
+    long = random_model(0)
+    assert long.config.max_positions == 64
+    members = [short, long] if short_first else [long, short]
+    assert Ensemble(members).config.max_positions == 12
+    # the output budget is max_positions - 1 = 11 tokens, not the long member's 63: these
+    # untrained models never end early, so each hypothesis runs to the budget
+    for config in (DecodeConfig(method="greedy", max_len_a=0, max_len_b=100),
+                   DecodeConfig(beam_size=3, max_len_a=0, max_len_b=100)):  # fmt: skip
+        out = decode(members, sources(), config)
+        assert [len(h.tokens) for hyps in out for h in hyps] == [11] * 5, config
+        assert all(len(h.tokens) == 63 for hyps in decode(long, sources(), config) for h in hyps)
+    # a source of 13 tokens fits the long member, not the short one: refused
+    with pytest.raises(
+        ConfigError, match=r"source of 13 tokens exceeds the model's max_positions=12"
+    ):
+        decode(members, torch.randint(4, VOCAB, (1, 13)), DecodeConfig(method="greedy"))
+
+
 def train_member(tokenizer: Tokenizer, seed: int, out: Path, steps: int = 60) -> Path:
     """Another tiny translator (as `tiny_checkpoint.build_tiny_checkpoint`), own seed."""
     torch.manual_seed(seed)

@@ -468,6 +468,33 @@ def test_bad_finalize_config_fails_before_training(tmp_path, overrides, message)
         check_finalize_config(cfg)
 
 
+@pytest.mark.parametrize("average_best", [2, 5, 50])
+def test_save_top_k_minus_one_keeps_every_checkpoint_so_any_average_best_is_accepted(
+    tmp_path, average_best
+):
+    """``save_top_k: -1`` is Lightning's "keep every checkpoint": not a count below
+    ``average_best``, so the check accepts it (a finite save_top_k still caps it)."""
+    keep_all = compose_train(
+        [f"finalize.average_best={average_best}", "callbacks.model_checkpoint.save_top_k=-1"],
+        tmp_path,
+    )
+    assert keep_all.callbacks.model_checkpoint.save_top_k == -1
+    check_finalize_config(keep_all)  # no ConfigError
+    enough = compose_train(
+        [f"finalize.average_best={average_best}",
+         f"callbacks.model_checkpoint.save_top_k={average_best}"],
+        tmp_path,
+    )  # fmt: skip
+    check_finalize_config(enough)
+    too_few = compose_train(
+        [f"finalize.average_best={average_best}",
+         f"callbacks.model_checkpoint.save_top_k={average_best - 1}"],
+        tmp_path,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=f"save_top_k={average_best - 1} keeps fewer"):
+        check_finalize_config(too_few)
+
+
 def test_the_average_uses_the_top_k_at_the_end_not_the_one_saved_inside_best(tmp_path):
     """Validation BLEU is scripted (probe_callbacks.ScriptedScorer): best at validation 2, then
     4 and 5 push validations 1 and 3 out of the top 3. The test stage restores the callbacks

@@ -195,6 +195,31 @@ def test_freeze_groups(init_ckpt):
         freeze(_model_like(read_init_checkpoint(init_ckpt)), ["embeddings", "encoder", "decoder"])
 
 
+def test_freezing_the_decoder_freezes_an_untied_output_projection():
+    """An untied `output_proj` is the decoder's (a tied one is the embeddings'): freezing
+    the decoder stops its gradient, and an optimizer step leaves it as it was."""
+    from tiny_model import tiny_config
+
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(tie_output=False))
+    assert model.output_proj.weight is not model.tgt_embed.weight
+    names = freeze(model, ["decoder"])
+    assert "output_proj.weight" in names and not model.output_proj.weight.requires_grad
+    assert model.src_embed.weight.requires_grad and model.tgt_embed.weight.requires_grad
+    proj, embed = (t.detach().clone() for t in (model.output_proj.weight, model.tgt_embed.weight))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    src, tgt = torch.randint(4, 60, (3, 7)), torch.randint(4, 60, (3, 6))
+    model(src, tgt[:, :-1]).logsumexp(-1).mean().backward()
+    opt.step()
+    assert model.output_proj.weight.grad is None
+    assert torch.equal(model.output_proj.weight, proj)
+    assert not torch.equal(model.tgt_embed.weight, embed)  # the embeddings do train
+    # tied: the same tensor is the embeddings', so freezing the decoder leaves it trainable
+    tied = Seq2SeqTransformer(tiny_config())
+    assert "output_proj.weight" not in freeze(tied, ["decoder"])
+    assert tied.output_proj.weight.requires_grad
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

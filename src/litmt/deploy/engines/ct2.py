@@ -15,7 +15,13 @@ How it keeps litmt's semantics (the conventions of `litmt.decoding.search.rules`
   eos (`litmt.decoding.search.rules.output_budgets`, the rule the torch search uses). Sentences
   are grouped by budget and each group is one call, so every sentence gets exactly its own
   budget. ``min_len`` is ``min_decoding_length`` (CTranslate2's default is 1,
-  litmt's 0, so it is always passed).
+  litmt's 0, so it is always passed). CTranslate2 disables eos on the logits before its
+  log-softmax (``apply_min_length`` and ``DisableTokens`` in ``src/decoding.cc``), so its
+  scores are those of a distribution renormalised without eos; litmt masks eos after the
+  softmax (the model's own log-probabilities). Under ``min_len`` the engine therefore
+  recomputes every hypothesis' log-probability with ``score_batch`` before the GNMT ranking;
+  greedy decisions are the same either way, a beam's may differ where the renormalisation
+  reorders its candidates.
 - Length penalty: CTranslate2 divides by ``len ** alpha`` (``finalize_hypothesis_score`` in
   ``src/decoding.cc``, len without eos); litmt uses GNMT, ``((5 + n) / 6) ** alpha`` with
   n counting eos. The engine asks CTranslate2 for all ``beam_size`` finished hypotheses
@@ -221,11 +227,15 @@ class CT2Translator(Translator):
         for r, i in enumerate(idx):
             if call.exhaustive:  # what litmt's search finishes before it stops
                 hyps[r] = finished_before_stop(hyps[r], config.beam_size, int(i in blocked))
-            if i in blocked:  # prefix + eos, its log-probability from _rescore_prefixed
+            if i in blocked:  # prefix + eos, its log-probability from _rescore
                 hyps[r].append((list(prefixes[i]), 0.0))
         self._add_forced_eos(idx, sources, hyps, call.budget)
-        if prefixes is not None:
-            self._rescore_prefixed(idx, sources, prefixes, hyps)
+        rows = [
+            r
+            for r, i in enumerate(idx)
+            if config.min_len > 0 or (prefixes is not None and prefixes[i])
+        ]
+        self._rescore(idx, sources, rows, hyps)
         return [_best(sentence, alpha, config.n_best) for sentence in hyps]
 
     def _eos_blocked(self, request: DecodeRequest, budgets: list[int]) -> set[int]:
@@ -300,17 +310,18 @@ class CT2Translator(Translator):
                 out.append((tokens, float(score)))
         return out
 
-    def _rescore_prefixed(
+    def _rescore(
         self,
         idx: list[int],
         sources: Sequence[Sequence[int]],
-        prefixes: Sequence[Sequence[int]],
+        rows: list[int],
         hyps: list[list[tuple[list[int], float]]],
     ) -> None:
-        """In place: the log-probability of every hypothesis of a sentence with a prefix, from
-        `score_batch` (its tokens and eos), as CTranslate2's search scores leave the prefix
-        steps out (module docstring)."""
-        where = [(r, h) for r, i in enumerate(idx) if prefixes[i] for h in range(len(hyps[r]))]
+        """In place: the log-probability of every hypothesis of the sentences `rows` (positions
+        in `idx`), from `score_batch` (its tokens and eos): litmt's number where CTranslate2's
+        own differs, for a sentence with a prefix (its search leaves the prefix steps out) and
+        under ``min_len`` (it renormalises the distribution without eos; module docstring)."""
+        where = [(r, h) for r in rows for h in range(len(hyps[r]))]
         for (r, h), log_probs in zip(where, self._scored(idx, sources, hyps, where), strict=True):
             hyps[r][h] = (hyps[r][h][0], float(sum(log_probs)))
 

@@ -154,8 +154,9 @@ class Call:
         budget: the output budget of its sentences (``max_decoding_length``).
         min_len: no eos before this many tokens (``min_decoding_length``): litmt's
             ``min_len``, or P + 1 where eos is blocked after a prefix of P tokens (rule 1).
-        exhaustive: sentences with a prefix, searched to the end of the budget with every
-            finished hypothesis returned, for `finished_before_stop` (rule 4). The Python
+        exhaustive: sentences with a prefix, or an n-best at length penalty 0, searched to
+            the end of the budget with every finished hypothesis returned, for
+            `finished_before_stop` (rule 4). The Python
             API's ``patience``: "the decoding will continue until beam_size*patience
             hypotheses are finished"; at most K finish per step, so budget + 1 is never
             reached, and ``num_hypotheses`` may be up to K * patience
@@ -190,7 +191,11 @@ def plan_calls(
     for i, budget in zip(request.todo, budgets, strict=True):
         prefix = prefixes[i] if prefixes is not None else None
         min_len = max(config.min_len, len(prefix) + 1) if i in blocked else config.min_len
-        exhaustive = bool(prefix) and config.beam_size > 1
+        # n-best without a length penalty: CTranslate2 stops once its top beam has finished
+        # and n_best have (allow_early_exit), litmt once K have or its n_best-th beats every
+        # live beam; an exhaustive call and `finished_before_stop` give litmt's n-best
+        n_best_at_alpha_0 = config.n_best > 1 and not returns_every_beam(config)
+        exhaustive = (bool(prefix) or n_best_at_alpha_0) and config.beam_size > 1
         calls[Call(budget, min_len, exhaustive)].append(i)
     return dict(sorted(calls.items(), key=lambda item: dataclasses.astuple(item[0])))
 

@@ -12,7 +12,7 @@ import torch
 from litmt.data.tokenization.tokenizer import PAD_ID
 from litmt.decoding.search.beam import FinishedBuffer, beam_done, beam_rows, update_scores
 from litmt.decoding.search.constrained import allocate
-from litmt.decoding.search.rules import NEG_INF, length_penalty_factor
+from litmt.decoding.search.rules import NEG_INF
 
 INF = math.inf
 
@@ -143,12 +143,15 @@ def test_stop_test_without_length_penalty_uses_the_next_steps_lp():
     alpha = -0.5
     buf = FinishedBuffer(torch.tensor([10]), k=2, alpha=alpha)
     buf.add(torch.tensor([0]), torch.tensor([[-1.0, NEG_INF]]), history(), torch.tensor([[0, 1]]))
-    fin = -1.0 / lp(3, alpha)
+    fin = -1.0 / lp(3, alpha)  # two tokens and eos
     step = 4  # the next step's hypotheses have step + 2 tokens with eos
-    live = fin * float(length_penalty_factor(step + 2.0, alpha))  # reaches fin at the next step
+    # by hand, GNMT's lp(n) = ((5 + n) / 6) ** alpha: lp(6) = (11 / 6) ** -0.5 = sqrt(6 / 11)
+    assert lp(step + 2, alpha) == pytest.approx(0.7385489, abs=1e-7)
+    live = fin * lp(step + 2, alpha)  # reaches fin at the next step
     assert done(buf, [live - 1e-3], [False], step) == [True]
-    # not done, though lp(budget + 1) (smaller here) would have said so
-    assert (live + 1e-3) / float(buf.lp_max[0]) < fin
+    # not done, though lp(budget + 1) = lp(11) (smaller here) would have said so
+    lp_budget = lp(10 + 1, alpha)
+    assert lp_budget < lp(step + 2, alpha) and (live + 1e-3) / lp_budget < fin
     assert done(buf, [live + 1e-3], [False], step) == [False]
 
 

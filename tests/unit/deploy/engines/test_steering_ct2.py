@@ -70,7 +70,13 @@ def test_prefix_equal_to_the_reference_reproduces_it_on_ct2(engines):
 
 def test_ct2_refuses_constraints_with_one_line(engines):
     _, ct2_engine = engines
-    with pytest.raises(ConfigError, match=r"^engine=ct2 cannot apply terminology constraints"):
+    with pytest.raises(
+        ConfigError, match=r"^engine=ct2 cannot apply terminology constraints"
+    ) as err:
         ct2_engine.translate(["A red dog runs."], constraints=[["Hund"]])
-    # no constraints at all (or only empty lists) is fine
-    assert ct2_engine.translate(["A red dog runs."], constraints=[[]])
+    assert "\n" not in str(err.value)
+    # no constraints at all (or only empty lists) is fine: the plain translation
+    plain = ct2_engine.translate(["A red dog runs."])
+    assert plain[0]
+    assert ct2_engine.translate(["A red dog runs."], constraints=[[]]) == plain
+    assert ct2_engine.translate(["A red dog runs."], constraints=None) == plain

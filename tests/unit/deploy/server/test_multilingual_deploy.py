@@ -57,7 +57,7 @@ def test_the_server_routes_target_to_the_tag(multi) -> None:
 
 
 def test_the_server_serves_zero_shot_only_when_asked(multi) -> None:
-    _, path = multi
+    placement, path = multi
     translator = Translator.from_checkpoint(path, device="cpu")
     settings = ServeConfig(decoding={"beam_size": 1}, allow_zero_shot=True)
     with TestClient(create_app(translator, settings)) as client:
@@ -65,6 +65,22 @@ def test_the_server_serves_zero_shot_only_when_asked(multi) -> None:
         assert de["targets"] == ["fr"]
         r = client.post("/translate", json={"q": EN[0], "source": "de", "target": "fr"})
         assert r.status_code == 200, r.text
+        # routed to fr: the `<2fr>` token is the route's only mark, so the answer is the
+        # model's French for the text (what en→fr gives), not its German
+        french = translator.translate(EN[:1], tgt_lang="fr", beam_size=1)[0]
+        assert french != translator.translate(EN[:1], tgt_lang="de", beam_size=1)[0]
+        assert r.json() == {"translatedText": french}
+        zero_shot = translator.translate(
+            EN[:1], src_lang="de", tgt_lang="fr", allow_zero_shot=True, beam_size=1
+        )
+        assert zero_shot == [french]
+    # the token the decoding got is <2fr>, on the source side or as the first target token
+    with TestClient(create_app(translator, settings, attention_model=translator)) as client:
+        r = client.post("/attention", json={"q": EN[0], "source": "de", "target": "fr"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        tagged = body["source_pieces"] if placement == "source" else body["target_pieces"]
+        assert tagged[0] == "<2fr>" and body["translation"] == french
 
 
 def test_ct2_matches_torch_on_a_multilingual_model(multi, tmp_path: Path) -> None:
