@@ -36,7 +36,7 @@ import torch
 
 from benchmarks.benchmark_engines import ensure_export
 from benchmarks.common import MULTI30K, checkpoint_run
-from litmt.cli.exits import cli_errors
+from litmt.cli.script.exits import cli_errors
 from litmt.decoding.analysis.forced import ForcedDecoder
 from litmt.decoding.steering import check_known_pieces
 from litmt.decoding.translator import Translator

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import median_timed, parallel_lines
-from litmt.cli.exits import cli_errors
+from litmt.cli.script.exits import cli_errors
 from litmt.decoding.translator import Translator
 from litmt.deploy.engines.ct2 import CT2Translator
 from litmt.deploy.engines.onnx import OnnxTranslator

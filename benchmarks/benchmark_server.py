@@ -37,7 +37,7 @@ import httpx
 
 from benchmarks.common import REPO
 from benchmarks.http_load import mixed_requests, plain_requests, run_clients, summary
-from litmt.cli.exits import cli_errors
+from litmt.cli.script.exits import cli_errors
 from litmt.data.text import read_text_file
 
 

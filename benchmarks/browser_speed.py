@@ -232,7 +232,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
-    from litmt.cli.exits import cli_errors
+    from litmt.cli.script.exits import cli_errors
     from litmt.deploy.engines.onnx import OnnxTranslator
     from litmt.deploy.export.web import MODEL_DIR, export_web
 

@@ -43,7 +43,7 @@ import torch
 from benchmarks.benchmark_engines import ensure_onnx_export
 from benchmarks.common import MULTI30K, checkpoint_run, export_of
 from checks.decode_margins import NEAR_TIE, max_excused, parting_gaps
-from litmt.cli.exits import cli_errors
+from litmt.cli.script.exits import cli_errors
 from litmt.decoding.search.rules import Hypothesis
 from litmt.decoding.translator import Translator
 from litmt.deploy.engines.onnx import OnnxTranslator

@@ -41,7 +41,7 @@ import torch
 from benchmarks.benchmark_engines import ensure_export
 from benchmarks.common import MULTI30K, checkpoint_run, export_of
 from checks.decode_margins import NEAR_TIE, max_excused, parting_gaps
-from litmt.cli.exits import cli_errors
+from litmt.cli.script.exits import cli_errors
 from litmt.decoding.search.rules import Hypothesis, output_budgets
 from litmt.decoding.translator import Translator
 from litmt.deploy.engines.ct2 import CT2Translator

@@ -29,7 +29,7 @@ from typing import Any
 
 from benchmarks.benchmark_engines import ensure_export
 from benchmarks.common import median_timed, parallel_lines
-from litmt.cli.exits import cli_errors
+from litmt.cli.script.exits import cli_errors
 from litmt.deploy.engines.ct2 import CT2Translator
 from litmt.deploy.export.ct2 import is_export_dir, read_metadata
 from litmt.errors import LitmtError

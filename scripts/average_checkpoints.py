@@ -6,7 +6,7 @@
 evaluate.py averages on the fly too: ``ckpt_path=[a.ckpt,b.ckpt]`` or ``average_last=N``.
 """
 
-from litmt.cli.runner import run_script
+from litmt.cli.script.runner import run_script
 
 if __name__ == "__main__":
     run_script("average_checkpoints", "litmt.cli.average:average")

@@ -7,7 +7,7 @@ Writes {out}/train.{src_lang,tgt_lang} and {out}/distill.json; a rerun resumes. 
 conf/distill.yaml for every option.
 """
 
-from litmt.cli.runner import run_script
+from litmt.cli.script.runner import run_script
 
 if __name__ == "__main__":
     run_script("distill", "litmt.cli.distill:distill")

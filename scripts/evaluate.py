@@ -8,7 +8,7 @@
 See conf/evaluate.yaml for every option.
 """
 
-from litmt.cli.runner import run_script
+from litmt.cli.script.runner import run_script
 
 if __name__ == "__main__":
     run_script("evaluate", "litmt.cli.evaluate:evaluate")

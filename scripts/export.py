@@ -6,7 +6,7 @@
 Prints the export directory. See conf/export.yaml for every option.
 """
 
-from litmt.cli.runner import run_script
+from litmt.cli.script.runner import run_script
 
 if __name__ == "__main__":
     run_script("export", "litmt.cli.export:export")

@@ -6,7 +6,7 @@
 Prints the checkpoint path. See conf/import_hf.yaml for every option.
 """
 
-from litmt.cli.runner import run_script
+from litmt.cli.script.runner import run_script
 
 if __name__ == "__main__":
     run_script("import_hf", "litmt.cli.import_hf:import_hf")

@@ -7,7 +7,7 @@
 See conf/score.yaml for every option and src/litmt/decoding/analysis/forced.py for the exact definitions.
 """
 
-from litmt.cli.runner import run_script
+from litmt.cli.script.runner import run_script
 
 if __name__ == "__main__":
     run_script("score", "litmt.cli.score:score")

@@ -6,7 +6,7 @@
 See conf/serve.yaml for every option (the server's: litmt.deploy.server.config.ServeConfig).
 """
 
-from litmt.cli.runner import run_script
+from litmt.cli.script.runner import run_script
 
 if __name__ == "__main__":
     run_script("serve", "litmt.cli.serve:serve")

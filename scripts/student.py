@@ -7,7 +7,7 @@ Writes {out}/teacher, {out}/distilled, {out}/student and {out}/exports; a rerun 
 done stages and resumes an interrupted one. See conf/student.yaml for every option.
 """
 
-from litmt.cli.runner import run_script
+from litmt.cli.script.runner import run_script
 
 if __name__ == "__main__":
     run_script("student", "litmt.cli.student:student")

@@ -1,6 +1,6 @@
 """Train a translator: `python scripts/train.py [overrides]` (see conf/train.yaml)."""
 
-from litmt.cli.runner import run_script
+from litmt.cli.script.runner import run_script
 
 if __name__ == "__main__":
     # main() returns valid/bleu: the value Hydra sweepers optimise

@@ -7,7 +7,7 @@
 See conf/translate.yaml for every option.
 """
 
-from litmt.cli.runner import run_script
+from litmt.cli.script.runner import run_script
 
 if __name__ == "__main__":
     run_script("translate", "litmt.cli.translate:translate")

@@ -6,7 +6,7 @@
 See conf/visualize_attention.yaml for every option.
 """
 
-from litmt.cli.runner import run_script
+from litmt.cli.script.runner import run_script
 
 if __name__ == "__main__":
     run_script("visualize_attention", "litmt.cli.visualize:visualize")

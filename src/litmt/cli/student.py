@@ -29,8 +29,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from litmt.cli.config_check import script_conf_dir
 from litmt.cli.finalize import kept_checkpoints
+from litmt.cli.script.config_check import script_conf_dir
 from litmt.cli.student_stages import RUN, SKIP, StageMarker, data_digest, model_digest, quoted
 from litmt.cli.student_stages import run_script as run_stage_script
 from litmt.config import build, plain

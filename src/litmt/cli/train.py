@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from litmt.checkpoint.compat import check_compatible
 from litmt.checkpoint.io import atomic_save, load_checkpoint
-from litmt.cli.config_check import check_devices, check_run_dir
 from litmt.cli.finalize import run_finalize
+from litmt.cli.script.config_check import check_devices, check_run_dir
 from litmt.errors import ConfigError, LitmtError
 from litmt.runtime.distributed import release_process_group
 from litmt.runtime.fp8 import fp8_precision_plugin, pad_multiple_for

@@ -96,10 +96,17 @@ def clean_line(text: str, where: str = "input") -> str:
     removed, with a warning naming `where` (e.g. "line 3"). Every engine's `prepare` and the
     server's attention view use it.
     """
-    cleaned = text.translate(_CONTROL)
-    if len(cleaned) != len(text):
-        log.warning("%s: removed %d control character(s)", where, len(text) - len(cleaned))
+    cleaned, removed = strip_control(text)
+    if removed:
+        log.warning("%s: removed %d control character(s)", where, removed)
     return cleaned
+
+
+def strip_control(text: str) -> tuple[str, int]:
+    """`text` without control characters other than tab, and how many were removed (no
+    warning: a caller that cleans many lines logs one count, as the server does per request)."""
+    cleaned = text.translate(_CONTROL)
+    return cleaned, len(text) - len(cleaned)
 
 
 # -- writing lines -----------------------------------------------------------------------
@@ -123,4 +130,11 @@ def open_output(path: str | Path | None) -> Iterator[IO[str]]:
         out.detach()
 
 
-__all__ = ["clean_line", "open_output", "read_lines", "read_text_file", "strip_line_end"]
+__all__ = [
+    "clean_line",
+    "open_output",
+    "read_lines",
+    "read_text_file",
+    "strip_control",
+    "strip_line_end",
+]

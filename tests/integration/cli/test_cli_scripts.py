@@ -1,5 +1,5 @@
 """The scripts end to end: subprocess runs of translate.py / evaluate.py, composed-config runs
-of the averaging and heatmap jobs, and the one-line error contract of `litmt.cli.runner`."""
+of the averaging and heatmap jobs, and the one-line error contract of `litmt.cli.script.runner`."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from tiny_checkpoint import assert_weights_are_the_mean, corpus, other_weights, 
 from litmt import Translator
 from litmt.checkpoint.io import load_checkpoint, model_state_dict
 from litmt.cli.average import average
-from litmt.cli.config_check import expand_short_overrides
-from litmt.cli.exits import cli_errors, run_cli
+from litmt.cli.script.config_check import expand_short_overrides
+from litmt.cli.script.exits import cli_errors, run_cli
 from litmt.cli.translate import translate
 from litmt.cli.visualize import visualize
 from litmt.errors import CheckpointError, ConfigError, DataError

@@ -306,7 +306,7 @@ def test_the_limiter_table_is_bounded_and_forgets_idle_clients():
     assert guard.check(_request("10.9.9.9"), {}) is None
     assert len(guard._hits) == 1
     for i in range(10_050):  # all live in the same minute: the table still has a bound
-        assert guard.check(_request(f"fd00::{i:x}"), {}) is None
+        assert guard.check(_request(f"fd00:{i:x}::1"), {}) is None  # one /64 each
     assert len(guard._hits) <= 10_000
 
 
@@ -381,7 +381,11 @@ def test_forwarded_allow_ips_reads_as_uvicorns():
     assert proxies.client("10.1.2.3", "10.0.0.1, 127.0.0.1") == "10.0.0.1"  # all proxies: first
     assert proxies.client("192.0.2.1", "1.2.3.4") == "192.0.2.1"  # not from a proxy
     assert proxies.client("127.0.0.1", None) == "127.0.0.1"
-    assert TrustedProxies(["*"]).client("192.0.2.1", "6.6.6.6, 1.2.3.4") == "6.6.6.6"  # uvicorn's
+    # every line, joined in order as uvicorn joins them; the client must be an IP address
+    assert proxies.client("10.1.2.3", ["6.6.6.6", "1.2.3.4, 10.0.0.9"]) == "1.2.3.4"
+    assert proxies.client("10.1.2.3", ["1.2.3.4", "proxy-junk"]) == "10.1.2.3"
+    with pytest.raises(ConfigError, match=r'^forwarded_allow_ips: "\*" would let any client'):
+        TrustedProxies(["*"])  # uvicorn's "trust everyone": any client names its own address
     assert TrustedProxies(None).client("127.0.0.1", "1.2.3.4") == "127.0.0.1"  # the default
     with pytest.raises(ConfigError, match=r"^forwarded_allow_ips: 'proxy\.local' is not an IP"):
         AccessConfig(forwarded_allow_ips="127.0.0.1,proxy.local")

@@ -187,3 +187,93 @@ def test_a_malformed_request_gets_a_json_400():
         sock.close()
     assert status == 400 and headers["content-type"] == "application/json"
     assert body == {"error": "Invalid HTTP request received."}
+
+
+def test_turning_one_deadline_off_leaves_the_other_on():
+    """header_timeout_s: 0 used to turn the body deadline off too (the body's was armed only
+    on leaving a running header deadline): a stalled body was never closed."""
+    head = HALF + b"Content-Length: 100\r\n\r\n" + b'{"q": "sta'  # 10 of 100 bytes
+    app = create_app(_Upper(), ServeConfig(header_timeout_s=0, body_timeout_s=1))
+    with ServerThread(app) as running, _stalled(running.port, 1, spread=False, data=head) as s:
+        status, _, body = _json_body(_answer(s[0], timeout=5))
+    assert status == 408 and "body_timeout_s" in body["error"]
+    app = create_app(_Upper(), ServeConfig(header_timeout_s=1, body_timeout_s=0))
+    with ServerThread(app) as running, _stalled(running.port, 1, spread=False) as s:
+        status, _, body = _json_body(_answer(s[0], timeout=5))
+    assert status == 408 and "header_timeout_s" in body["error"]
+
+
+class _Huge(_Upper):
+    """Answers "big" with 16 MB of text: more than loopback's socket buffers hold, so a client
+    that never reads leaves most of it in the server's write buffer."""
+
+    def translate(self, texts: list[str], **options) -> list[str]:
+        return ["x" * 16_000_000 if t == "big" else t.upper() for t in texts]
+
+
+def test_an_answer_the_client_does_not_take_is_aborted_at_the_write_deadline():
+    """The issue's write probe (Why 3): a client asks for a large answer and never reads it.
+    Before, the keep-alive timer's transport.close() waited for the buffer to drain, i.e.
+    forever: the connection kept its slot (limit_concurrency=1: every newcomer got 503)."""
+    settings = ServeConfig(limit_concurrency=1, write_timeout_s=1)
+    app = create_app(_Huge(), settings)
+    body = json.dumps({"q": "big", "source": "en", "target": "de"}).encode()
+    request = HALF + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    with ServerThread(app) as running:
+        connections = running.server.server_state.connections
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # it never reads anyway
+        sock.settimeout(5)
+        try:
+            sock.connect(("127.0.0.1", running.port))
+            sock.sendall(request)
+            sent_at = time.monotonic()
+            deadline = sent_at + 5
+            while not connections and time.monotonic() < deadline:  # the server accepts it
+                time.sleep(0.01)
+            assert connections
+            deadline = sent_at + settings.write_timeout_s + 5  # + the answer's making
+            while connections and time.monotonic() < deadline:
+                time.sleep(0.05)
+            waited = time.monotonic() - sent_at
+            assert not connections, f"the connection still holds its slot after {waited:.1f} s"
+            assert waited >= settings.write_timeout_s * 0.8, waited
+            with httpx.Client(base_url=running.url, timeout=10) as c:  # the slot is free
+                assert c.get("/health").status_code == 200
+        finally:
+            sock.close()
+
+
+def test_a_refused_connection_is_answered_and_closed_at_once():
+    """Why 7: a refused connection waited for a request that might never come and stayed
+    open until the header deadline (30 s here). Now the answer comes as it opens, then EOF,
+    whether it sends anything or not; the admitted ones are counted, not scanned."""
+
+    def refused(port: int, host: str) -> int:
+        """The status a connection from `host` that sends nothing reads, within 2 s."""
+        sock = socket.create_connection(("127.0.0.1", port), source_address=(host, 0))
+        opened = time.monotonic()
+        try:
+            status, headers, body = _json_body(_answer(sock, timeout=5))
+        finally:
+            sock.close()
+        assert time.monotonic() - opened < 2
+        assert headers["retry-after"] == "1" and headers["content-type"] == "application/json"
+        assert set(body) == {"error"}
+        return status
+
+    settings = ServeConfig(limit_concurrency=3, max_connections_per_client=2, header_timeout_s=30)
+    app = create_app(_Upper(), settings)
+    with ServerThread(app) as running, _stalled(running.port, 2, spread=False):
+        assert refused(running.port, "127.0.0.2") == 429  # its address holds 2
+        with _stalled(running.port, 1, spread=True):  # 127.0.10.1: the server is full
+            assert refused(running.port, "127.0.0.4") == 503
+            from litmt.deploy.server.protocol import open_connections
+
+            counts = open_connections(running.server.server_state)
+            assert (counts.admitted, counts.per_host) == (3, {"127.0.0.2": 2, "127.0.10.1": 1})
+            assert counts.refused == 2
+        deadline = time.monotonic() + 5
+        while counts.admitted > 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (counts.admitted, counts.per_host) == (2, {"127.0.0.2": 2})

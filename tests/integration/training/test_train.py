@@ -273,7 +273,9 @@ def test_multirun_over_attention_backends(tmp_path):
     assert sorted(run_dirs) == [str(tmp_path / "sweep" / n) for n in ("0", "1")]
     used = {}
     for run in map(Path, run_dirs):
-        assert (run / "train.log").is_file()  # the job is named train, not after litmt.cli.runner
+        assert (
+            run / "train.log"
+        ).is_file()  # the job is named train, not after litmt.cli.script.runner
         (override,) = [
             o
             for o in yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text())

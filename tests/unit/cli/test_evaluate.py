@@ -23,8 +23,8 @@ from tiny_checkpoint import (
 from litmt.checkpoint.average import average_checkpoints
 from litmt.checkpoint.io import load_checkpoint, model_state_dict
 from litmt.checkpoint.paths import select_last_checkpoints
-from litmt.cli.config_check import expand_short_overrides
 from litmt.cli.evaluate import evaluate
+from litmt.cli.script.config_check import expand_short_overrides
 from litmt.errors import CheckpointError, ConfigError, DataError
 from litmt.metrics import corpus_bleu, corpus_scores
 

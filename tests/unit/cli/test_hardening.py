@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from train_utils import REPO, compose_train, tiny_overrides, write_toy_corpus
 
-from litmt.cli.config_check import (
+from litmt.cli.script.config_check import (
     check_command_line,
     check_devices,
     check_group_overrides,
@@ -39,7 +39,7 @@ def test_a_user_error_wrapped_by_hydra_instantiate_is_one_line_exit_2(capsys):
     import hydra
     from omegaconf import OmegaConf
 
-    from litmt.cli.exits import cli_errors
+    from litmt.cli.script.exits import cli_errors
 
     cfg = OmegaConf.create(
         {"_target_": "litmt.models.TransformerConfig", "src_vocab_size": 64, "positional": "alibi"}

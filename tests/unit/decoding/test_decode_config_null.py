@@ -11,7 +11,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from tiny_model import tiny_config
 
-from litmt.cli.config_check import expand_short_overrides
+from litmt.cli.script.config_check import expand_short_overrides
 from litmt.config import build
 from litmt.data.tokenization.tokenizer import EOS_ID
 from litmt.decoding.config import DecodeConfig, decoding_options, job_options

@@ -15,8 +15,8 @@ from tiny_checkpoint import tiny_config as translator_config
 from tiny_model import tiny_config
 
 from litmt.checkpoint.io import save_model_checkpoint
-from litmt.cli.config_check import expand_short_overrides
 from litmt.cli.evaluate import evaluate
+from litmt.cli.script.config_check import expand_short_overrides
 from litmt.data.tokenization.tokenizer import BOS_ID, Tokenizer, TokenizerConfig
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.ensemble import Ensemble

@@ -10,16 +10,19 @@ Behaviour and messages follow LibreTranslate (``libretranslate/app.py``, ``acces
   required (``require_api_key``, or ``require_api_key_origin`` and an ``Origin`` header that
   the regex does not match in full) → 403 ``{"error": "Please contact the server operator to get an
   API key"}``. (LibreTranslate answers that one with 400; issue 24 asks for 403.) A wrong key
-  counts as a hit of its client IP, so guessing keys runs into the 429 below.
+  counts as a hit of its client IP, so guessing keys runs into the 429 below, and against its
+  own limit (``wrong_key_limit`` per minute per client), counted even with no ``req_limit``.
 - Rate limit (``--req-limit``): requests per minute, counted per API key when one is given
   and per client IP otherwise, in a moving window of 60 s. A key may carry its own limit
   (LibreTranslate's ``req_limit`` column): ``KEY LIMIT`` on its line. Over it → 429
   ``{"error": "Slowdown: N per 1 minute"}`` with ``Retry-After``. ``-1`` = no limit.
 - Client IP: the TCP peer's; when the peer is one of ``forwarded_allow_ips`` (uvicorn's and
   gunicorn's setting, same reading: `TrustedProxies`), the last ``X-Forwarded-For`` address
-  that is not one of them. The first addresses are the client's to forge, never read unless
-  every hop is trusted. The deprecated ``trust_forwarded_for: true`` trusts the direct peer
-  as the one proxy (the last address), never ``"*"``.
+  that is not one of them, every ``X-Forwarded-For`` line joined in order as uvicorn joins
+  them. The first addresses are the client's to forge, never read unless every hop is
+  trusted. A client is a parsed IP address (anything else: the peer), and an IPv6 client is
+  its /64 network (`identity`). ``"*"`` is refused. The deprecated ``trust_forwarded_for:
+  true`` trusts the direct peer as the one proxy (the last address).
 - CORS: none by default (same origin only: no ``Access-Control-*`` headers); ``"*"`` (or
   ``true``) for every origin as LibreTranslate does; or a list of allowed origins.
 - Logs: once a guard exists, ``api_key=...`` (query string, form, JSON or dict text) and every
@@ -76,17 +79,23 @@ class AccessConfig:
     req_limit: int = -1
     """requests per minute per API key (or per client IP without one), else 429 "Slowdown: N
     per 1 minute"; -1 = no limit"""
+    wrong_key_limit: int = 10
+    """wrong API keys per minute per client IP (an IPv6 client: its /64), counted even when
+    req_limit is -1; past it 429 "Slowdown: N per 1 minute"; -1 = no limit"""
     forwarded_allow_ips: str | list[str] | None = None
     """your reverse proxies (uvicorn's and gunicorn's forwarded_allow_ips): IPs or CIDRs, a list
-    or comma-separated; "*" = any peer. X-Forwarded-For is read only from these, and the client
-    is its last address not in them; null = none: the client is the peer"""
+    or comma-separated ("*" is refused: any client could name its own address). X-Forwarded-For
+    (every line) is read only from these, and the client is its last address not in them;
+    null = none: the client is the peer"""
     trust_forwarded_for: InitVar[bool | None] = None  # deprecated: see `_old_trust_forwarded_for`
 
     def __post_init__(self, trust_forwarded_for: bool | None) -> None:
         self._trust_peer = self._old_trust_forwarded_for(trust_forwarded_for)
         self.proxies = TrustedProxies(self.forwarded_allow_ips)
-        if int(self.req_limit) == 0 or int(self.req_limit) < -1:
-            raise ConfigError(f"req_limit must be positive or -1 (no limit), got {self.req_limit}")
+        for name in ("req_limit", "wrong_key_limit"):
+            value = int(getattr(self, name))
+            if value == 0 or value < -1:
+                raise ConfigError(f"{name} must be positive or -1 (no limit), got {value}")
         if self.require_api_key_origin:
             try:
                 re.compile(self.require_api_key_origin)
@@ -119,58 +128,88 @@ class AccessConfig:
 
 class TrustedProxies:
     """The reverse proxies of ``forwarded_allow_ips``, as uvicorn's ``ProxyHeadersMiddleware``
-    reads them: addresses and networks; ``"*"`` = every peer and every forwarded address."""
+    reads them: addresses and networks. ``"*"`` (uvicorn's "trust every peer and every
+    forwarded address") is refused: with it any client names its own address, escaping
+    ``req_limit``, ``wrong_key_limit`` and ``max_connections_per_client``."""
 
     def __init__(self, allow: str | list[str] | None) -> None:
         entries = allow.split(",") if isinstance(allow, str) else list(allow or [])
         entries = [str(e).strip() for e in entries if str(e).strip()]
-        self.every = "*" in entries
         self.networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
         for entry in entries:
             if entry == "*":
-                continue
+                raise ConfigError(
+                    'forwarded_allow_ips: "*" would let any client name its own address and '
+                    "escape the limits; list your proxies (e.g. 127.0.0.1, 10.0.0.0/8)"
+                )
             try:  # a bare address is its /32 (or /128) network
                 self.networks.append(ipaddress.ip_network(entry, strict=False))
             except ValueError:
                 raise ConfigError(
                     f"forwarded_allow_ips: {entry!r} is not an IP address or network "
-                    '(e.g. 127.0.0.1, 10.0.0.0/8, "*")'
+                    "(e.g. 127.0.0.1, 10.0.0.0/8)"
                 ) from None
 
     def __contains__(self, host: str | None) -> bool:
-        if self.every:
-            return True
         try:
             address = ipaddress.ip_address(host or "")
         except ValueError:
             return False
         return any(address in network for network in self.networks)
 
-    def client(self, peer: str, forwarded_for: str | None, *, trust_peer: bool = False) -> str:
+    def client(
+        self, peer: str, forwarded_for: str | list[str] | None, *, trust_peer: bool = False
+    ) -> str:
         """The client's address: `peer` unless it is a proxy (or `trust_peer`) and sent
         X-Forwarded-For; then the last address there that is not a proxy (each proxy appends
-        the address it saw), or the first one when all are ("*": the first)."""
-        if not forwarded_for or not (trust_peer or peer in self):
+        the address it saw), or the first one when all are.
+
+        uvicorn's rule (``uvicorn/middleware/proxy_headers.py``: ``ProxyHeadersMiddleware.
+        __call__`` joins every X-Forwarded-For line with ", " in order, and
+        ``_TrustedHosts.get_trusted_client_address`` walks the list from the right, skipping
+        trusted hosts), with one difference: the address found must parse as an IP address,
+        else the client is `peer` (a proxy that forwards junk is counted as itself).
+
+        `forwarded_for`: the header's lines (a string: one line)."""
+        lines = [forwarded_for] if isinstance(forwarded_for, str) else list(forwarded_for or [])
+        if not lines or not (trust_peer or peer in self):
             return peer
-        hosts = [_host(h) for h in forwarded_for.split(",") if h.strip()]
-        if not hosts:
-            return peer
-        if self.every:
-            return hosts[0]
+        hosts = [_host(h) for h in ", ".join(lines).split(",")]
         for host in reversed(hosts):
             if host not in self:
-                return host
-        return hosts[0]
+                break
+        else:  # every hop is a proxy: the client was one too (uvicorn's reading)
+            host = hosts[0]
+        try:
+            return str(ipaddress.ip_address(host))
+        except ValueError:
+            return peer
 
 
 def _host(entry: str) -> str:
-    """The address of one X-Forwarded-For entry, without a port (``[::1]:80``, ``1.2.3.4:80``)."""
+    """The address of one X-Forwarded-For entry, without a port (``[::1]:80``, ``1.2.3.4:80``),
+    as uvicorn's ``_parse_host_port`` reads it."""
     entry = entry.strip()
     if entry.startswith("[") and "]" in entry:
         return entry[1 : entry.index("]")]
     if entry.count(":") == 1:
         return entry.split(":", 1)[0]
     return entry
+
+
+def identity(host: str) -> str:
+    """The key a client is counted under: an IPv4 address itself, an IPv6 address its /64
+    network (one subscriber's usual allocation: its addresses are one client), an
+    IPv4-mapped IPv6 address its IPv4; anything else (not an IP) as it is."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
 
 
 def parse_keys(text: str, source: str) -> dict[str, int | None]:
@@ -254,13 +293,18 @@ class AccessGuard:
         forget_keys_in_logs(self.keys)
 
     def client_ip(self, request: Any) -> str:
-        """The address the rate limit counts: the peer, or behind a trusted proxy the last
-        X-Forwarded-For address that is not one (`TrustedProxies.client`)."""
+        """The client the limits count (`identity`: an IPv6 client is its /64): the peer, or
+        behind a trusted proxy the last X-Forwarded-For address that is not one, every line
+        of the header read (`TrustedProxies.client`)."""
         peer = request.client.host if request.client else "127.0.0.1"
-        return self.settings.proxies.client(
-            peer,
-            request.headers.get("x-forwarded-for"),
-            trust_peer=self.settings._trust_peer,
+        headers = request.headers
+        lines = (
+            headers.getlist("x-forwarded-for")
+            if hasattr(headers, "getlist")
+            else [v for k, v in headers.items() if k.lower() == "x-forwarded-for"]
+        )
+        return identity(
+            self.settings.proxies.client(peer, lines, trust_peer=self.settings._trust_peer)
         )
 
     def check(self, request: Any, params: Mapping[str, Any], cost: int = 1) -> Any | None:
@@ -276,8 +320,14 @@ class AccessGuard:
         limit = int(self.settings.req_limit)
         if self.keys_on:
             if key is not None and key not in self.keys:
-                # a guess is a hit of its address: guessing keys runs into the IP's 429
-                wait = self._hit(f"ip:{self.client_ip(request)}", limit) if limit >= 0 else None
+                # a guess counts against its address's own wrong-key limit (even with no
+                # req_limit) and is a hit of its address: guessing keys runs into a 429
+                ip = self.client_ip(request)
+                wrong = int(self.settings.wrong_key_limit)
+                wait = self._hit(f"wrong-key:{ip}", wrong) if wrong >= 0 else None
+                if wait is not None:
+                    return _slowdown(wrong, wait)
+                wait = self._hit(f"ip:{ip}", limit) if limit >= 0 else None
                 if wait is not None:
                     return _slowdown(limit, wait)
                 return JSONResponse({"error": INVALID_KEY}, status_code=403)

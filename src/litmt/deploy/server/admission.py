@@ -13,7 +13,8 @@ What a request gets when it cannot be served, always ``{"error": ...}``:
 - 504: past ``request_timeout_s`` (its queued work is cancelled);
 - 499 (logged; nobody reads it): the client hung up while it waited, and its queued work is
   cancelled, so the model never decodes it;
-- 500: its decoding failed (the server lives on).
+- 500: its decoding failed (the server lives on); the answer carries an error id only, the
+  detail is logged under it (`litmt.deploy.server.errors.internal_error`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 from fastapi import Request
 
 from litmt.deploy.server.config import ServeConfig
-from litmt.deploy.server.errors import ApiError
+from litmt.deploy.server.errors import ApiError, internal_error
 from litmt.deploy.server.model_queue import Job, ModelQueue, Overloaded, QueueFull, QueueStopped
 from litmt.deploy.server.routes import libretranslate as lt
 from litmt.errors import LitmtError
@@ -162,9 +163,8 @@ class Admission:
         except (LitmtError, ApiError):
             raise  # the user's mistake: 400 via its handler
         except Exception as exc:  # a failed batch: this request gets a 500, the server lives on
-            self.failed += 1
-            log.exception("%s failed", what)
-            raise ApiError(500, f"Cannot {_VERBS.get(what, 'translate text')}: {exc}") from exc
+            self.failed += 1  # the client gets an error id, the log the detail under it
+            raise internal_error(f"{what} failed", exc) from exc
 
     def _busy(self, message: str) -> ApiError:
         """503 with ``Retry-After``."""
@@ -185,9 +185,6 @@ class Admission:
             "backlog_s": round(q.backlog_s(), 3),
             "ms_per_sentence": {k: round(1000 * v, 2) for k, v in q.times.per_item.items()},
         }
-
-
-_VERBS = {"attention": "compute attention"}
 
 
 async def _until_disconnect(request: Request) -> None:

@@ -58,6 +58,10 @@ class ServeConfig:
     body_timeout_s: float = 10.0
     """a request's body must arrive within this many seconds once its headers are in, else
     408 and the connection is closed; 0 = no deadline"""
+    write_timeout_s: float = 30.0
+    """an answer the client does not take: once the connection's write buffer is full, the
+    client must read enough to drain it within this many seconds, else the connection is
+    aborted and its slot and buffer freed; 0 = no deadline"""
     timeout_graceful_shutdown: float = 30.0
     """uvicorn: on SIGTERM, seconds in-flight requests get to finish"""
     max_batch_sentences: int = 64
@@ -130,7 +134,7 @@ class ServeConfig:
         for name in ("limit_concurrency", "max_connections_per_client"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 (0 = no limit), got {getattr(self, name)}")
-        for name in ("header_timeout_s", "body_timeout_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "write_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(
                     f"{name} must be >= 0 (0 = no deadline), got {getattr(self, name)}"

@@ -7,14 +7,18 @@ limit where LibreTranslate answers 400.
 from __future__ import annotations
 
 import json
+import logging
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 from litmt.deploy.server.config import ServeConfig
 from litmt.deploy.server.errors import ApiError
+
+log = logging.getLogger(__name__)
 
 
 def _replay(body: bytes) -> Callable[[], Any]:
@@ -32,18 +36,28 @@ def _replay(body: bytes) -> Callable[[], Any]:
 
 
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
-    """The request body; 413 past `max_body_bytes` (declared or counted across its chunks)."""
+    """The request body; 413 past `max_body_bytes` (declared or counted across its chunks);
+    499 when the client goes before its body is in (one log line, no traceback)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
         raise ApiError(
             413, f"Request body of {declared} bytes exceeds the limit ({max_body_bytes})"
         )
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body_bytes:
-            raise ApiError(413, f"Request body exceeds the limit ({max_body_bytes} bytes)")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise ApiError(413, f"Request body exceeds the limit ({max_body_bytes} bytes)")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        log.warning(
+            "client %s went before its body was in (%d of %s bytes)",
+            request.client.host if request.client else "?",
+            size,
+            declared if declared is not None else "?",
+        )
+        raise ApiError(499, "Client closed the request") from None
     return b"".join(chunks)
 
 

@@ -16,6 +16,10 @@ Modes (``split_sentences`` in ``conf/serve.yaml``):
 
 A unit still over the limit after splitting is a 413 naming it, never truncated.
 
+Control characters (but tab) are removed from the units here, as every engine would remove
+them, with one warning per request that counts them (`Segmenter.plan`): the engines' own
+warning would be one line per unit, thousands from one request.
+
 An inline target-language token at the start of a text (``>>fra<<``: imported multilingual
 OPUS-MT models read it as their first source piece; `litmt.data.tokenization.piece_vocab`) is carried to
 every unit of the text: each line after the first that does not begin with its own token,
@@ -24,17 +28,20 @@ and each sentence of a split line, is decoded as ``">>fra<< " + unit``.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from litmt.data.text import strip_control
 from litmt.deploy.server.errors import ApiError
 from litmt.errors import ConfigError
 
 MODES = ("long", "always", "never")
 _EDGES = re.compile(r"^(\s*)(.*?)(\s*)$", re.DOTALL)
 _INLINE = re.compile(r"^>>[^<>\s]+<<")  # a leading OPUS-MT language token: >>fra<<
+log = logging.getLogger(__name__)
 
 
 def inline_token(text: str) -> str | None:
@@ -143,6 +150,7 @@ class Segmenter:
                     plan.units.append(_carried(token, line))
                     per_text.append([("", "")])
             plan.shape.append(per_text)
+        _strip_control(plan.units)
         self._check(plan.units)
         return plan
 
@@ -165,6 +173,23 @@ class Segmenter:
                 f"Invalid request: {what} has {max(sizes)} source tokens, over the model's "
                 f"limit ({self.model_limit}){hint}",
             )
+
+
+def _strip_control(units: list[str]) -> None:
+    """Remove control characters (but tab) from `units` in place, with one warning for them
+    all (the engines then find none to warn about, unit by unit)."""
+    removed = touched = 0
+    for i, unit in enumerate(units):
+        cleaned, n = strip_control(unit)
+        if n:
+            units[i], removed, touched = cleaned, removed + n, touched + 1
+    if removed:
+        log.warning(
+            "request: removed %d control character(s) from %d of its %d unit(s)",
+            removed,
+            touched,
+            len(units),
+        )
 
 
 def segmenter_for(translator: Any, mode: str, request_limit: int) -> Segmenter:

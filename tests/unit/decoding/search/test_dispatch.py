@@ -16,7 +16,7 @@ from tiny_model import tiny_config
 
 import litmt.decoding.translator
 import litmt.training.module
-from litmt.cli.config_check import expand_short_overrides
+from litmt.cli.script.config_check import expand_short_overrides
 from litmt.decoding.config import DecodeConfig, decoding_options
 from litmt.decoding.search.beam import beam_search
 from litmt.decoding.search.dispatch import decode

@@ -129,7 +129,7 @@ def test_translate_job_samples_n_per_line_reproducibly(tmp_path_factory, tmp_pat
     # GPU image without hydra-core (tests/integration/gpu/test_gpu_imports.py)
     from hydra import compose, initialize_config_dir
 
-    from litmt.cli.config_check import expand_short_overrides
+    from litmt.cli.script.config_check import expand_short_overrides
     from litmt.cli.translate import translate
 
     ckpt = tiny_checkpoint_path(tmp_path_factory)

@@ -17,7 +17,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
-from litmt.cli.exits import run_cli
+from litmt.cli.script.exits import run_cli
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -69,7 +69,11 @@ def run_script(
     """
     import hydra
 
-    from litmt.cli.config_check import check_command_line, expand_short_overrides, script_conf_dir
+    from litmt.cli.script.config_check import (
+        check_command_line,
+        expand_short_overrides,
+        script_conf_dir,
+    )
 
     sys.argv[1:] = expand_short_overrides(sys.argv[1:], config_name, script_conf_dir())
     check_command_line()

@@ -25,7 +25,7 @@ from litmt.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[4] / "conf"
 
 # `group=value`, `+group=value`, `++group=value`, `group@pkg=value`: the key is a config group
 # only when it has no dots (`model.d_model=...` is a value, not a group choice).
@@ -104,13 +104,13 @@ def check_command_line(
 ) -> None:
     """`check_group_overrides` on ``sys.argv[1:]``; a mistake prints one line and exits 2.
 
-    Call it right before the ``@hydra.main`` function runs (`litmt.cli.runner.run_script` does).
+    Call it right before the ``@hydra.main`` function runs (`litmt.cli.script.runner.run_script` does).
 
     Args:
         argv: the arguments (default ``sys.argv[1:]``).
         conf_dir: the config directory (default: `script_conf_dir`).
     """
-    from litmt.cli.exits import cli_errors
+    from litmt.cli.script.exits import cli_errors
 
     with cli_errors():
         check_moved_keys(sys.argv[1:] if argv is None else argv)

@@ -1,0 +1,1 @@
+"""What every command script shares: `runner.run_script` (a scripts/*.py file is its docstring and this one call), `exits` (a user error is one line on stderr and exit status 2) and `config_check` (the command line checked before Hydra runs: unknown group options, short decoding keys)."""
