@@ -311,18 +311,16 @@ def multi_client(tmp_path_factory):
         yield c
 
 
-def test_auto_source_on_several_source_languages_is_a_400_naming_them(multi_client):
-    """No language identifier runs: "A dog." is not reported as fr (the first source that
-    reaches de), as it was; the sources are named instead (tests/integration/
-    test_serve_multilingual.py has the one-source case)."""
-    refusal = (
-        "source=auto is not supported: this model translates from fr, en and does not "
-        "detect languages; give source as one of them"
-    )
+def test_auto_source_on_several_source_languages_detects_among_them(multi_client):
+    """The detector (lingua; tests/integration/serve/test_serve_detect.py) chooses among the
+    model's sources (fr, en) only: "A dog." is en, not fr (the first source that reaches
+    de), and is translated from en."""
     for target in ("de", "fr"):
         r = multi_client.post("/translate", json={"q": "A dog.", "source": "auto", "target": target})  # fmt: skip
-        _error(r, 400, refusal)
-    _error(multi_client.post("/detect", json={"q": "A dog."}), 400, refusal)
+        assert r.status_code == 200, r.text
+        assert r.json()["detectedLanguage"]["language"] == "en"
+    found = multi_client.post("/detect", json={"q": "A dog."}).json()
+    assert found[0]["language"] == "en" and {d["language"] for d in found} <= {"fr", "en"}
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ models) reaches every line and sentence the server splits a text into."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +42,15 @@ def _error(r: httpx.Response, status: int, message: str) -> None:
 
 
 # -- (a) source=auto and /detect --------------------------------------------------------
-def test_auto_with_several_source_languages_is_a_400_naming_them(multi, tmp_path) -> None:
-    """en-de, en-fr, de-fr: the model reads en and de and detects neither; before, German
-    text with ``source=auto`` came back with ``detectedLanguage: en`` (the first source that
-    reaches the target), and ``/detect`` said en for any text."""
+def test_auto_with_several_source_languages_is_a_400_naming_them(
+    multi, tmp_path, monkeypatch
+) -> None:
+    """en-de, en-fr, de-fr without a language detector (lingua not installed): the model
+    reads en and de and detects neither; before, German text with ``source=auto`` came back
+    with ``detectedLanguage: en`` (the first source that reaches the target), and
+    ``/detect`` said en for any text (tests/integration/serve/test_serve_detect.py: with
+    lingua)."""
+    monkeypatch.setitem(sys.modules, "lingua", None)  # `import lingua` fails
     placement, path = multi
     model = Translator.from_checkpoint(path, device="cpu")
     two = save_model_checkpoint(

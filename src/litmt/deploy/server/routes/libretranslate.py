@@ -7,13 +7,14 @@ Shapes, messages and status codes follow LibreTranslate's ``libretranslate/app.p
   ``zh-Hans`` → ``zh``, ``zh-Hant`` → ``zt``; `iso2model`), answered back in ISO form
   (`model2iso`). Regional codes such as ``en-US`` are refused, as LibreTranslate does.
 - ``source=auto``: the answer gains ``detectedLanguage`` (``{"confidence", "language"}``,
-  a list of them for a list ``q``). litmt has no language detector: a model with one source
-  language (a one-pair model, or a multilingual one like en-de + en-fr) reads only that
-  language, so detection is it, with the confidence LibreTranslate gives a sure answer
-  (100.0), and ``POST /detect`` answers ``[{"confidence": 100.0, "language": src}]``. A
-  model with several source languages refuses ``source=auto`` and ``/detect`` with a 400
-  naming them (`litmt.deploy.server.context.ServerContext.auto_source`); LibreTranslate
-  instead guesses among its installed languages.
+  a list of them for a list ``q``), and each text is translated from its detected language.
+  ``POST /detect`` answers LibreTranslate's list of ``{"confidence": 0-100, "language"}``,
+  best first (`litmt.deploy.server.detect`). A model with one source language (a one-pair
+  model, or a multilingual one like en-de + en-fr) reads only that language, so detection is
+  it, with the confidence LibreTranslate gives a sure answer (100.0). A model with several
+  source languages detects among them only (lingua); where lingua is not installed or does
+  not know one of them, it refuses ``source=auto`` and ``/detect`` with a 400 naming them
+  (`litmt.deploy.server.context.ServerContext.auto_source`).
 - ``alternatives=N``: ``alternatives`` holds up to N other translations per text (the
   beam's n-best after the best, duplicates dropped); N is capped by the beam size
   (``decoding.beam_size``), so greedy decoding has none. Not for ``format=html``, as in
@@ -191,7 +192,7 @@ class Service(Protocol):
     beam_size: int  # caps alternatives
     upload_dir: Path
     # /frontend/settings' default source: {"code": "auto", ...}, or the model's first source
-    # language when it has several (auto is then a 400)
+    # language when it has several and no detector (auto is then a 400)
     default_source: dict[str, str]
     api_keys: bool  # /frontend/settings' apiKeys: keys are on
     key_required: bool  # /frontend/settings' keyRequired
@@ -205,7 +206,16 @@ class Service(Protocol):
         """403 / 429 to answer (keys, rate limit), or None."""
 
     def auto_source(self) -> str:
-        """The model's one source language (``source=auto``); ApiError 400 for several."""
+        """The model's one source language (``source=auto`` without detection); ApiError 400
+        for several."""
+
+    async def detect(self, texts: list[str], batch: bool) -> list[dict[str, Any]]:
+        """``/detect``'s answer for the texts of ``q`` (LibreTranslate's list, best first)."""
+
+    async def auto_routes(
+        self, texts: list[str], target: str, batch: bool
+    ) -> tuple[list[dict[str, Any]], list[Any]]:
+        """``source=auto``: per text, its detected language and its direction (as `route`)."""
 
     def route(self, source: str, target: str) -> Any:
         """The direction `batched` and `steered` take as ``pair=`` (None: a one-pair
@@ -242,26 +252,19 @@ def steering(params: dict[str, Any], n: int, batch: bool) -> tuple[Any, Any] | N
     )
 
 
-async def translate(request: Request, params: dict[str, Any], svc: Service) -> JSONResponse:
-    """``POST /translate``: every LibreTranslate option (see the module docstring)."""
-    is_json = request.headers.get("content-type", "").split(";")[0].strip().endswith("json")
-    texts, batch = svc.texts(params, is_json)
-    for name in ("source", "target"):
-        if not params.get(name):
-            raise ApiError(400, f"Invalid request: missing {name} parameter")
-    n_alt = num_alternatives(params)
-    source, target = iso2model(str(params["source"])), iso2model(str(params["target"]))
-    pair = svc.route(source, target)
-    fmt = text_format(params)
+async def decode(
+    request: Request,
+    texts: list[str],
+    svc: Service,
+    pair: Any,
+    fmt: str,
+    n_alt: int,
+    steer: tuple[Any, Any] | None,
+) -> tuple[list[str], list[list[str]], list[bool]]:
+    """(translations, alternatives, constraints met) of `texts`, all in direction `pair`."""
     alternatives: list[list[str]] = [[] for _ in texts]
-    steer = steering(params, len(texts), batch)
+    met = [True] * len(texts)
     if steer is not None:
-        if fmt == "html" or n_alt > 0:
-            raise ApiError(
-                400,
-                "Invalid request: prefix and constraints work with format=text only, "
-                "without alternatives",
-            )
         translated, met = await svc.steered(request, texts, *steer, pair=pair)
     elif fmt == "html":
         docs = [HtmlText(t) for t in texts]
@@ -277,10 +280,42 @@ async def translate(request: Request, params: dict[str, Any], svc: Service) -> J
         alternatives = [filter_unique(hyps[1:], hyps[0]) for hyps in found]
     else:
         translated = await svc.batched(request, texts, pair=pair)
+    return translated, alternatives, met
+
+
+async def translate(request: Request, params: dict[str, Any], svc: Service) -> JSONResponse:
+    """``POST /translate``: every LibreTranslate option (see the module docstring)."""
+    is_json = request.headers.get("content-type", "").split(";")[0].strip().endswith("json")
+    texts, batch = svc.texts(params, is_json)
+    for name in ("source", "target"):
+        if not params.get(name):
+            raise ApiError(400, f"Invalid request: missing {name} parameter")
+    n_alt = num_alternatives(params)
+    source, target = iso2model(str(params["source"])), iso2model(str(params["target"]))
+    if source == "auto":  # per text: its detected language and direction
+        found_langs, pairs = await svc.auto_routes(texts, target, batch)
+    else:
+        pairs = [svc.route(source, target)] * len(texts)
+    fmt = text_format(params)
+    steer = steering(params, len(texts), batch)
+    if steer is not None and (fmt == "html" or n_alt > 0):
+        raise ApiError(
+            400,
+            "Invalid request: prefix and constraints work with format=text only, "
+            "without alternatives",
+        )
+    groups: dict[Any, list[int]] = {}  # direction -> the indices of its texts
+    for i, pair in enumerate(pairs):
+        groups.setdefault(pair, []).append(i)
+    translated, alternatives, met = [""] * len(texts), [[]] * len(texts), [True] * len(texts)
+    for pair, idx in groups.items():
+        part = None if steer is None else tuple(None if v is None else [v[i] for i in idx] for v in steer)  # fmt: skip
+        out = await decode(request, [texts[i] for i in idx], svc, pair, fmt, n_alt, part)
+        for j, i in enumerate(idx):
+            translated[i], alternatives[i], met[i] = out[0][j], out[1][j], out[2][j]
     result: dict[str, Any] = {"translatedText": translated if batch else translated[0]}
     if source == "auto":
-        found_lang = detection(pair[0] if pair else svc.src)  # the source translated from
-        result["detectedLanguage"] = [found_lang] * len(texts) if batch else found_lang
+        result["detectedLanguage"] = found_langs if batch else found_langs[0]
     if n_alt > 0:
         result["alternatives"] = alternatives if batch else alternatives[0]
     if steer is not None:
@@ -355,9 +390,10 @@ def register_routes(app: FastAPI, svc: Service) -> None:
         params = await svc.read_params(request)
         if denied := svc.check(request, params):  # 403 bad/missing key, 429 rate limit
             return denied
-        if not params.get("q"):
-            raise ApiError(400, "Invalid request: missing q parameter")
-        return JSONResponse([detection(svc.auto_source())])  # 400 for several sources
+        is_json = request.headers.get("content-type", "").split(";")[0].strip().endswith("json")
+        texts, batch = svc.texts(params, is_json)  # 400 without q; 413 over the limits
+        # the model's one source for sure, else detected among its sources (400 if it cannot)
+        return JSONResponse(await svc.detect(texts, batch))
 
     @app.get("/frontend/settings")
     async def frontend_settings() -> JSONResponse:

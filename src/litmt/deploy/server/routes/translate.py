@@ -39,14 +39,17 @@ class TranslateService:
         # per text, as LibreTranslate's char_limit; max_chars (the batch) is litmt's own
         self.char_limit = min(ctx.settings.max_text_chars, ctx.settings.max_chars)
         self.beam_size = DecodeConfig.from_options(ctx.options).beam_size  # caps alternatives
-        sources = ctx.languages.sources() if ctx.languages.multilingual else [ctx.src]
-        self.default_source = (  # /frontend/settings: auto only where it is answered
-            {"code": "auto", "name": "Auto Detect"}
-            if len(sources) == 1
-            else {"code": lt.model2iso(sources[0]), "name": language_name(sources[0])}
-        )
         self.api_keys = ctx.guard.keys_on  # /frontend/settings' apiKeys
         self.key_required = bool(ctx.settings.access.require_api_key)
+
+    @property
+    def default_source(self) -> dict[str, str]:
+        """/frontend/settings' source: auto only where it is answered (one source language,
+        or several and a detector: built on the first call), else the first source."""
+        sources = self.ctx.detector.sources
+        if len(sources) == 1 or self.ctx.detects():
+            return {"code": "auto", "name": "Auto Detect"}
+        return {"code": lt.model2iso(sources[0]), "name": language_name(sources[0])}
 
     async def read_params(self, request: Request, files: Any = None) -> dict[str, Any]:
         """The request's parameters within ``max_body_bytes``."""
@@ -63,6 +66,16 @@ class TranslateService:
     def auto_source(self) -> str:
         """The model's one source language; 400 for a model with several."""
         return self.ctx.auto_source()
+
+    async def detect(self, texts: list[str], batch: bool) -> list[dict[str, Any]]:
+        """``/detect``'s answer (`ServerContext.detect`)."""
+        return await self.ctx.detect(texts, batch)
+
+    async def auto_routes(
+        self, texts: list[str], target: str, batch: bool
+    ) -> tuple[list[dict[str, Any]], list[Pair]]:
+        """``source=auto``: per text, its detected language and direction."""
+        return await self.ctx.auto_routes(texts, target, batch)
 
     def route(self, source: str, target: str) -> Pair:
         """The direction of (source, target); 400 for one the model lacks."""
