@@ -149,8 +149,15 @@ class ModelQueue:
         self.rejected = 0  # jobs refused because the queue was full
         self.shed = 0  # jobs refused because they could not finish before the deadline
         self._busy_until = 0.0  # monotonic estimate of the running batch's end
+        self._running_since: float | None = None  # monotonic start of the batch on the thread
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+
+    @property
+    def job_age_s(self) -> float:
+        """How long the model thread has been on its current batch (0.0 when idle)."""
+        since = self._running_since
+        return 0.0 if since is None else time.monotonic() - since
 
     @property
     def alive(self) -> bool:
@@ -285,6 +292,7 @@ class ModelQueue:
         self.largest_batch = max(self.largest_batch, len(live))
         start = time.monotonic()
         self._busy_until = start + self.times.estimate(kind, len(items))
+        self._running_since = start
         try:
             out = await loop.run_in_executor(self.executor, live[0].run, items)
         except Exception as exc:  # handed to the waiting request(s), which report it
@@ -297,6 +305,7 @@ class ModelQueue:
             return
         finally:
             self._busy_until = 0.0
+            self._running_since = None
         self.times.record(kind, time.monotonic() - start, len(items))
         start_at = 0
         for job in live:

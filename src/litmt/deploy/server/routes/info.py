@@ -33,10 +33,23 @@ def languages_payload(ctx: ServerContext) -> list[dict[str, Any]]:
 
 
 def health_payload(ctx: ServerContext) -> tuple[dict[str, Any], bool]:
-    """``/health``'s answer with the model queue's counters, and whether its loop runs."""
-    alive = ctx.admission.queue.alive
+    """``/health``'s answer with the model queue's counters, and whether the server is well:
+    its loop runs and the model thread's current job (``job_age_s``) has not run past
+    ``request_timeout_s`` (a job the thread cannot be interrupted in: an orchestrator should
+    restart the server)."""
+    queue, limit = ctx.admission.queue, ctx.admission.settings.request_timeout_s
+    age = queue.job_age_s
+    stuck = age > limit
+    alive = queue.alive and not stuck
+    if not queue.alive:
+        status = "unavailable: the model queue has stopped"
+    elif stuck:
+        status = f"unavailable: the model thread's job has run {age:.0f} s, past request_timeout_s={limit:g}"
+    else:
+        status = "ok"
     payload = {
-        "status": "ok" if alive else "unavailable: the model queue has stopped",
+        "status": status,
+        "job_age_s": round(age, 3),  # the model thread's current job; 0 when idle
         "engine": ctx.engine,
         "source": ctx.src,
         "target": ctx.tgt,
@@ -49,7 +62,8 @@ def health_payload(ctx: ServerContext) -> tuple[dict[str, Any], bool]:
 
 
 def register_info_routes(app: FastAPI, ctx: ServerContext) -> None:
-    """Add ``GET /languages`` and ``GET /health`` (503 when the model queue has stopped)."""
+    """Add ``GET /languages`` and ``GET /health`` (503 when the model queue has stopped or its
+    thread is stuck on a job past ``request_timeout_s``)."""
 
     @app.get("/languages")
     async def languages_route() -> JSONResponse:
