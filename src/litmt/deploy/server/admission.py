@@ -6,10 +6,16 @@ Plain translations, n-best lists (``alternatives``), steered requests (``prefix`
 control, the same ``request_timeout_s`` and the same cancellation, and are counted in the same
 ``/health`` counters. Requests with the same direction, beam and n-best share batches.
 
+A job's cost for the estimate (`litmt.deploy.server.model_queue.Job.cost`) is the sum over
+its units of (source tokens + 1) times the beam it is searched with (a constrained sentence's
+raised beam, `litmt.decoding.search.rules.constrained_beam`), so 8 units at the model's source
+limit are priced far above 8 short lines.
+
 What a request gets when it cannot be served, always ``{"error": ...}``:
 
 - 503 with ``Retry-After``: the queue is full, the work queued ahead could not finish within
-  ``request_timeout_s`` (refused at once, not queued to die), or the queue has stopped;
+  ``request_timeout_s`` (refused at once, not queued to die), the job itself could not even
+  alone, or the queue has stopped;
 - 504: past ``request_timeout_s`` (its queued work is cancelled);
 - 499 (logged; nobody reads it): the client hung up while it waited, and its queued work is
   cancelled, so the model never decodes it;
@@ -28,6 +34,8 @@ from typing import Any
 
 from fastapi import Request
 
+from litmt.decoding.config import DecodeConfig
+from litmt.decoding.search.rules import constrained_beam
 from litmt.deploy.server.config import ServeConfig
 from litmt.deploy.server.errors import ApiError, internal_error
 from litmt.deploy.server.model_queue import Job, ModelQueue, Overloaded, QueueFull, QueueStopped
@@ -58,6 +66,8 @@ class Admission:
             max_queue=settings.max_queue,
             deadline_s=settings.request_timeout_s,
         )
+        config = DecodeConfig.from_options(options)
+        self.beam = config.beam_size if config.method == "beam" else 1  # every plain search's
         self.timed_out = 0  # 504s
         self.gone = 0  # clients that hung up while their work waited (499)
         self.failed = 0  # jobs whose decoding raised (500)
@@ -81,28 +91,55 @@ class Admission:
         await self.queue.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
+    # -- costs ------------------------------------------------------------------------
+    def source_tokens(self, units: list[str]) -> list[int]:
+        """Source tokens of each unit (the translator's tokenizer; without one, about four
+        characters a token)."""
+        tokenizer = getattr(self.translator, "tokenizer", None)
+        if tokenizer is not None and units:
+            return [len(ids) for ids in tokenizer.encode_src(units)]
+        return [len(unit) // 4 + 1 for unit in units]
+
+    def cost(self, units: list[str], beams: list[int] | None = None) -> float:
+        """A job's cost: per unit, (source tokens + 1) times its beam (`beams`, else the
+        decoding's beam)."""
+        beams = beams or [self.beam] * len(units)
+        tokens = self.source_tokens(units)
+        return float(sum((t + 1) * k for t, k in zip(tokens, beams, strict=True)))
+
+    def steered_cost(self, units: list[str], constraint_ids: list[Any] | None) -> float:
+        """The cost of a steered job: each constrained unit at its raised beam."""
+        if not constraint_ids:
+            return self.cost(units)
+        return self.cost(units, [constrained_beam(self.beam, c or []) for c in constraint_ids])
+
     # -- the kinds of work -------------------------------------------------------------
     def translation_job(self, units: list[str], pair: Pair, n_best: int = 1) -> Job:
         """Plain translations (`n_best` = 1) or n-best lists of `units`; jobs of the same
         direction and n-best share batches."""
         keywords = {**self.options, **self.direction(pair)}
+        cost = self.cost(units)
         if n_best == 1:
             return Job(
                 lambda units: self.translator.translate(units, **keywords),
                 units,
                 key=("translate", pair),
+                cost=cost,
             )
         return Job(
             lambda units: lt.nbest_units(self.translator, units, keywords, n_best),
             units,
             key=("nbest", pair, n_best),
             kind="nbest",
+            cost=cost,
         )
 
-    def call_job(self, fn: Callable[[], Any], kind: str, size: int = 1) -> Job:
-        """`fn()` as a job of its own (steered requests, attention maps); `size`: its items,
-        for the service-time estimate."""
-        return Job(lambda _items: [fn()], [None] * size, key=None, kind=kind)
+    def call_job(
+        self, fn: Callable[[], Any], kind: str, size: int = 1, cost: float | None = None
+    ) -> Job:
+        """`fn()` as a job of its own (steered requests, attention maps); `size`: its items;
+        `cost`: its cost for the service-time estimate (None: `size`)."""
+        return Job(lambda _items: [fn()], [None] * size, key=None, kind=kind, cost=cost)
 
     async def translate(
         self, request: Request, units: list[str], pair: Pair = None, n_best: int = 1
@@ -110,9 +147,16 @@ class Admission:
         """The translations of `units` in direction `pair` (n-best lists when `n_best` > 1)."""
         return await self.wait(request, self.translation_job(units, pair, n_best))
 
-    async def call(self, request: Request, fn: Callable[[], Any], kind: str, size: int = 1) -> Any:
+    async def call(
+        self,
+        request: Request,
+        fn: Callable[[], Any],
+        kind: str,
+        size: int = 1,
+        cost: float | None = None,
+    ) -> Any:
         """`fn()`'s result, run in the model's thread as a job of its own."""
-        out = await self.wait(request, self.call_job(fn, kind, size), what=kind)
+        out = await self.wait(request, self.call_job(fn, kind, size, cost), what=kind)
         return out[0]
 
     # -- waiting -----------------------------------------------------------------------
@@ -129,6 +173,11 @@ class Admission:
         except QueueFull:
             raise self._busy("Server busy: too many requests are waiting; retry later") from None
         except Overloaded as exc:
+            if exc.alone:
+                raise self._busy(
+                    f"Server busy: this request would take about {exc.wait_s:.1f} s, over "
+                    f"request_timeout_s={self.settings.request_timeout_s:g} s; send less at once"
+                ) from exc
             raise self._busy(
                 f"Server busy: the requests queued ahead would not finish within "
                 f"request_timeout_s={self.settings.request_timeout_s:g} s; retry later"
@@ -183,7 +232,8 @@ class Admission:
             "timed_out": self.timed_out,  # 504
             "failed": self.failed,  # 500
             "backlog_s": round(q.backlog_s(), 3),
-            "ms_per_sentence": {k: round(1000 * v, 2) for k, v in q.times.per_item.items()},
+            # per (source token + 1) x beam of each kind of work
+            "ms_per_token": {k: round(1000 * v, 4) for k, v in q.times.per_unit.items()},
         }
 
 

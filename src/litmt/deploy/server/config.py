@@ -20,7 +20,8 @@ from litmt.deploy.server.sentences import MODES
 from litmt.errors import ConfigError
 
 POSITIVE = ("max_batch_sentences", "max_texts", "max_chars", "max_text_chars", "max_lines",
-            "max_source_tokens", "max_body_bytes", "max_queue", "attention_max_tokens")  # fmt: skip
+            "max_source_tokens", "max_body_bytes", "max_queue", "attention_max_tokens",
+            "max_constraints", "max_constraint_pieces")  # fmt: skip
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 # Old spellings of serve.yaml's server keys: each works for one release, with a deprecation line.
 RENAMES = {"max_batch_texts": "max_batch_sentences"}
@@ -100,6 +101,12 @@ class ServeConfig:
     """largest request body, else 413"""
     attention_max_tokens: int = 256
     """POST /attention: most source tokens (else 413) and target tokens"""
+    max_constraints: int = 8
+    """prefix/constraints: most constraint phrases of one sentence, else 400"""
+    max_constraint_pieces: int = 32
+    """prefix/constraints: most target pieces of all of one sentence's constraints together,
+    else 400; a constrained sentence's beam is raised to its pieces + 1, so this also caps
+    that beam (at max_constraint_pieces + 1)"""
     cors: bool | str | list[str] = False
     """browsers on other origins: false = same origin only (no CORS headers); "*" = any
     (LibreTranslate's); or a list [https://a.example, ...]"""

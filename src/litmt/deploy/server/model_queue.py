@@ -12,12 +12,14 @@ wait end the wait for company at once, so a lone job never holds up other work.
 Admission (`ModelQueue.submit`):
 
 - at most ``max_queue`` jobs wait (`QueueFull` past that);
-- a job whose estimated finish lies past ``deadline_s`` is refused at once (`Overloaded`),
-  unless nothing is ahead of it: the estimate is the work queued ahead of it plus its own, each job's items times the
-  measured seconds per item of its kind (`ServiceTimes`: an average over recent batches, so
-  under load it is the cost per item in the full batches that load makes). Work that would
-  only time out in the queue is never queued, so the model spends its time on requests that
-  can still be answered;
+- a job whose estimated finish lies past ``deadline_s`` is refused at once (`Overloaded`):
+  the estimate is the work queued ahead of it plus its own, each job's `Job.cost` (its
+  source tokens times its beam, as the server prices it; else its number of items) times the
+  measured seconds per unit of cost of its kind (`ServiceTimes`: an average over recent
+  batches, so under load it is the cost in the full batches that load makes). A job with
+  nothing ahead is admitted unless its own cost at the best rate its kind has run at (after
+  two timed batches, `ServiceTimes.alone_s`) lies past ``deadline_s`` (``Overloaded.alone``). Work that would only time out in the queue
+  is never queued, so the model spends its time on requests that can still be answered;
 - a job whose future is cancelled before its batch runs (its client went, or timed out) is
   skipped and counted in `skipped`.
 
@@ -50,13 +52,13 @@ class QueueStopped(Exception):
 
 
 class Overloaded(Exception):
-    """The job could not finish within the deadline: `wait_s` is the estimate."""
+    """The job could not finish within the deadline: `wait_s` is the estimate; `alone`: it
+    could not even with nothing ahead of it."""
 
-    def __init__(self, wait_s: float, deadline_s: float) -> None:
-        super().__init__(
-            f"the work queued ahead would take about {wait_s:.1f} s (deadline {deadline_s:g} s)"
-        )
-        self.wait_s = wait_s
+    def __init__(self, wait_s: float, deadline_s: float, alone: bool = False) -> None:
+        what = "the job alone" if alone else "the work queued ahead"
+        super().__init__(f"{what} would take about {wait_s:.1f} s (deadline {deadline_s:g} s)")
+        self.wait_s, self.alone = wait_s, alone
 
 
 @dataclass(eq=False)
@@ -70,21 +72,30 @@ class Job:
             None: the job runs alone.
         kind: its kind of work, for the service-time estimate and ``/health``
             ("translate", "nbest", "steered", "attention").
+        cost: its work for the estimate, in the units its kind is measured in (the server:
+            source tokens times beam); None = its number of items.
     """
 
     run: Callable[[list[Any]], list[Any]]
     items: list[Any]
     key: Hashable | None = None
     kind: str = "translate"
+    cost: float | None = None
     future: asyncio.Future = field(init=False, repr=False)
 
     @property
     def size(self) -> int:
         return max(1, len(self.items))
 
+    @property
+    def work(self) -> float:
+        """Its cost for the estimate (`cost`, else its size)."""
+        return float(self.size) if self.cost is None else max(1.0, float(self.cost))
+
 
 class ServiceTimes:
-    """Seconds per item of each kind of work: an exponential moving average over batches.
+    """Seconds per unit of cost (`Job.work`: source tokens times beam, or items) of each kind
+    of work: an exponential moving average over batches.
 
     Args:
         alpha: weight of the newest batch.
@@ -92,20 +103,34 @@ class ServiceTimes:
 
     def __init__(self, alpha: float = 0.2) -> None:
         self.alpha = alpha
-        self.per_item: dict[str, float] = {}
+        self.per_unit: dict[str, float] = {}
+        self.best: dict[str, float] = {}  # the lowest rate any batch of the kind ran at
+        self.batches: dict[str, int] = {}
 
-    def record(self, kind: str, seconds: float, items: int) -> None:
-        rate = seconds / max(1, items)
-        old = self.per_item.get(kind)
-        self.per_item[kind] = rate if old is None else old + self.alpha * (rate - old)
+    def record(self, kind: str, seconds: float, work: float) -> None:
+        """A batch of `kind` with `work` units of cost took `seconds`."""
+        rate = seconds / max(1.0, work)
+        old = self.per_unit.get(kind)
+        self.per_unit[kind] = rate if old is None else old + self.alpha * (rate - old)
+        self.best[kind] = min(rate, self.best.get(kind, rate))
+        self.batches[kind] = self.batches.get(kind, 0) + 1
 
-    def estimate(self, kind: str, items: int) -> float:
-        """Seconds `items` of `kind` take (a kind never measured: the slowest kind's rate;
-        nothing measured yet: 0, so the first requests are never refused on a guess)."""
-        rate = self.per_item.get(kind)
+    def alone_s(self, kind: str, work: float) -> float | None:
+        """Seconds `work` units of `kind` take at the best rate its batches have run at;
+        None before two batches of the kind have been timed (the first may be a warm-up).
+        Optimistic on purpose: a job is refused alone only when even that lies past the
+        deadline, so one slow batch never locks a kind out."""
+        if self.batches.get(kind, 0) < 2:
+            return None
+        return self.best[kind] * work
+
+    def estimate(self, kind: str, work: float) -> float:
+        """Seconds `work` units of `kind` take (a kind never measured: the slowest kind's
+        rate; nothing measured yet: 0, so the first requests are never refused on a guess)."""
+        rate = self.per_unit.get(kind)
         if rate is None:
-            rate = max(self.per_item.values(), default=0.0)
-        return rate * items
+            rate = max(self.per_unit.values(), default=0.0)
+        return rate * work
 
 
 def _settle(future: asyncio.Future, *, result: object = None, exc: BaseException | None = None):
@@ -184,7 +209,7 @@ class ModelQueue:
     def backlog_s(self) -> float:
         """Estimated seconds until the work queued now (and the running batch) is done."""
         ahead = sum(
-            self.times.estimate(job.kind, job.size) for job in self.pending if not job.future.done()
+            self.times.estimate(job.kind, job.work) for job in self.pending if not job.future.done()
         )
         return ahead + max(0.0, self._busy_until - time.monotonic())
 
@@ -194,7 +219,8 @@ class ModelQueue:
         Raises:
             QueueStopped: the loop has ended.
             QueueFull: ``max_queue`` jobs wait already.
-            Overloaded: the job could not finish within ``deadline_s``.
+            Overloaded: the job could not finish within ``deadline_s`` (queued work ahead of
+                it and its own; or its own alone, once its kind has been measured).
         """
         if not self.alive:
             raise QueueStopped("the model queue is not running")
@@ -202,12 +228,16 @@ class ModelQueue:
         if len(self.pending) >= self.max_queue:
             self.rejected += 1
             raise QueueFull(f"{self.max_queue} requests are waiting already")
-        if self.deadline_s is not None:  # with nothing ahead a job always gets its chance
-            ahead = self.backlog_s()
-            wait = ahead + self.times.estimate(job.kind, job.size)
-            if ahead > 0 and wait > self.deadline_s:
+        if self.deadline_s is not None:
+            alone = self.times.alone_s(job.kind, job.work)
+            if alone is not None and alone > self.deadline_s:
+                self.shed += 1  # it would time out even alone, at the best rate seen
+                raise Overloaded(alone, self.deadline_s, alone=True)
+            own = self.times.estimate(job.kind, job.work)
+            ahead = self.backlog_s()  # with nothing ahead a job gets its chance otherwise
+            if ahead > 0 and ahead + own > self.deadline_s:
                 self.shed += 1
-                raise Overloaded(wait, self.deadline_s)
+                raise Overloaded(ahead + own, self.deadline_s)
         job.future = asyncio.get_running_loop().create_future()
         self.pending.append(job)
         assert self._arrived is not None
@@ -287,11 +317,11 @@ class ModelQueue:
         if not live:
             return
         items = [item for job in live for item in job.items]
-        kind = live[0].kind
+        kind, work = live[0].kind, sum(job.work for job in live)
         self.batches += 1
         self.largest_batch = max(self.largest_batch, len(live))
         start = time.monotonic()
-        self._busy_until = start + self.times.estimate(kind, len(items))
+        self._busy_until = start + self.times.estimate(kind, work)
         self._running_since = start
         try:
             out = await loop.run_in_executor(self.executor, live[0].run, items)
@@ -306,7 +336,7 @@ class ModelQueue:
         finally:
             self._busy_until = 0.0
             self._running_since = None
-        self.times.record(kind, time.monotonic() - start, len(items))
+        self.times.record(kind, time.monotonic() - start, work)
         start_at = 0
         for job in live:
             _settle(job.future, result=out[start_at : start_at + len(job.items)])

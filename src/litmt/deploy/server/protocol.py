@@ -53,6 +53,7 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from litmt.deploy.server.access import identity
 from litmt.deploy.server.config import ServeConfig
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,7 @@ class GuardedH11Protocol(H11Protocol):
         self.refused = False  # answered at once; what it sends is read and dropped
         self._detached = False  # handed over to a WebSocket protocol: no more guards
         self._host: str | None = None
+        self._key: str | None = None  # the per-client count's key (`access.identity`)
         # the read deadline that runs: "headers" or "body" (or None), and the cycle it is for
         # (headers: the cycle before the request being read); kept while a deadline is off
         # (0), so that the next phase still starts its own
@@ -145,11 +147,13 @@ class GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._host = self.client[0] if self.client else None
+        # counted as the rate limits count a client: an IPv6 address by its /64
+        self._key = identity(self._host) if self._host is not None else None
         counts = open_connections(self.server_state)
         refusal = self._refusal(counts, self._host)
         if refusal is None:
             self.admitted = True
-            counts.admit(self._host)
+            counts.admit(self._key)
             self._sync()  # the header deadline, from the opening
         else:
             counts.refused += 1
@@ -169,7 +173,7 @@ class GuardedH11Protocol(H11Protocol):
             )
         cap = s.max_connections_per_client
         if cap and host is not None and host not in s.access.proxies:
-            mine = counts.per_host.get(host, 0)
+            mine = counts.per_host.get(identity(host), 0)
             if mine >= cap:
                 _warn("per-client", "refused a connection from %s: it holds %d already", host, mine)
                 return json_response(
@@ -201,7 +205,7 @@ class GuardedH11Protocol(H11Protocol):
     def _release(self) -> None:
         if self.admitted:
             self.admitted = False
-            open_connections(self.server_state).release(self._host)
+            open_connections(self.server_state).release(self._key)
 
     def handle_websocket_upgrade(self, event: Any) -> None:
         # the connection leaves this protocol (uvicorn's WebSocket one takes the transport

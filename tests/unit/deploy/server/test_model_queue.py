@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from litmt.deploy.server.admission import Admission
+from litmt.deploy.server.config import ServeConfig
 from litmt.deploy.server.model_queue import Job, ModelQueue, Overloaded, QueueFull, ServiceTimes
 
 
@@ -60,7 +62,7 @@ def test_jobs_of_one_key_share_a_batch_and_other_keys_run_apart():
     assert results == [["A"], ["B"], ["C", "D"], ["E"], ["F"]]
     assert calls == [["a", "c", "d"], ["b", "f"], ["e"]]
     assert (q.batches, q.largest_batch) == (3, 2)
-    assert set(q.times.per_item) == {"nbest", "translate", "attention"}
+    assert set(q.times.per_unit) == {"nbest", "translate", "attention"}
 
 
 def test_every_kind_meets_the_one_bound():
@@ -94,7 +96,7 @@ def test_work_that_could_not_finish_before_the_deadline_is_refused_at_once():
 
     async def main(pool):
         q = ModelQueue(pool, max_batch_sentences=1, max_wait_ms=0, max_queue=100, deadline_s=2.5)
-        q.times.per_item["translate"] = 1.0  # as if measured: one second per sentence
+        q.times.per_unit["translate"] = 1.0  # as if measured: one second per sentence
         q.start()
         try:
             first = await _occupy(q, fn, entered, "one")  # nothing ahead: admitted
@@ -113,17 +115,53 @@ def test_work_that_could_not_finish_before_the_deadline_is_refused_at_once():
     assert results == [["ONE"], ["TWO"]] and shed == 2
 
 
-def test_a_job_with_nothing_ahead_is_admitted_whatever_its_estimate():
+def test_a_job_alone_is_admitted_unless_its_own_measured_estimate_is_past_the_deadline():
     async def main(pool):
-        q = ModelQueue(pool, max_batch_sentences=4, max_wait_ms=0, max_queue=4, deadline_s=0.1)
-        q.times.per_item["translate"] = 10.0
+        q = ModelQueue(pool, max_batch_sentences=4, max_wait_ms=0, max_queue=4, deadline_s=1.0)
+        q.times.record("translate", 5.0, 100)  # a slow first batch (a warm-up): 50 ms
+        assert q.times.alone_s("translate", 200) is None  # one batch: never refused alone
+        q.times.record("translate", 1.0, 100)  # 10 ms per token x beam: the best rate
         q.start()
         try:
-            return await q.submit(Job(lambda items: items, ["x", "y"], key="t"))
+            with pytest.raises(Overloaded, match=r"the job alone would take about 2\.0 s") as e:
+                q.submit(Job(lambda items: items, ["x", "y"], key="t", cost=200))
+            assert e.value.alone and q.shed == 1
+            small = await q.submit(Job(lambda items: items, ["x", "y"], key="t", cost=50))
+            # a kind not measured is priced at the slowest rate, but never refused alone
+            unmeasured = await q.submit(Job(lambda items: items, ["z"], kind="attention", cost=500))
+            return small, unmeasured
         finally:
             await q.stop()
 
-    assert _run(main) == ["x", "y"]
+    assert _run(main) == (["x", "y"], ["z"])
+
+
+class _Tokenizer:
+    """One source token per word."""
+
+    def encode_src(self, units):
+        return [[1] * len(u.split()) for u in units]
+
+
+class _Translator:
+    tokenizer = _Tokenizer()
+
+
+def test_a_job_is_priced_by_its_source_tokens_and_beam():
+    admission = Admission(_Translator(), ServeConfig(), {"beam_size": 4})
+    try:
+        long = admission.translation_job([" ".join(["w"] * 250)] * 8, None)
+        short = admission.translation_job(["a short line"] * 8, None)
+        assert long.size == short.size == 8
+        assert long.work == 8 * 251 * 4 and short.work == 8 * 4 * 4
+        times = ServiceTimes()
+        times.record("translate", 1.0, short.work + long.work)  # one measured batch
+        assert times.estimate("translate", long.work) > 50 * times.estimate("translate", short.work)
+        # a constrained sentence is priced at its raised beam: constraint pieces + 1
+        steered = admission.steered_cost(["a short line"], [[[5, 6, 7], [8] * 10]])
+        assert steered == 4 * (13 + 1) and admission.steered_cost(["a b"], None) == 3 * 4
+    finally:
+        admission.executor.shutdown()
 
 
 def test_jobs_whose_client_went_are_skipped_and_free_their_place():

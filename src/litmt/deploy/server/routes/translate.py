@@ -103,6 +103,8 @@ class TranslateService:
                 "Invalid request: a text with a prefix or constraints must be one line within "
                 "the model's source limit",
             )
+        constraint_ids = self.capped_constraints(constraints, len(plan.units))
+        cost = ctx.admission.steered_cost(plan.units, constraint_ids)
 
         def job() -> list[list[Translation]]:
             return ctx.translator.translations(
@@ -113,8 +115,41 @@ class TranslateService:
                 **ctx.admission.direction(pair),
             )
 
-        found = await ctx.admission.call(request, job, "steered", len(plan.units))
+        found = await ctx.admission.call(request, job, "steered", len(plan.units), cost)
         return plan.join([f[0].text for f in found]), [f[0].constraints_met for f in found]
+
+    def capped_constraints(self, constraints: Any, n: int) -> list[Any] | None:
+        """The target ids of `n` texts' constraints (None: none sent), within the caps.
+
+        Raises:
+            ApiError: 400 over ``max_constraints`` (phrases of one text) or
+                ``max_constraint_pieces`` (target pieces of one text's phrases together).
+            ConfigError: malformed constraints (400 via its handler).
+        """
+        if constraints is None:
+            return None
+        settings = self.ctx.settings
+        if isinstance(constraints, list):  # counted before any is encoded
+            for i, phrases in enumerate(constraints):
+                if isinstance(phrases, list) and len(phrases) > settings.max_constraints:
+                    raise ApiError(
+                        400,
+                        f"Invalid request: text {i} has {len(phrases)} constraints, over the "
+                        f"limit (max_constraints={settings.max_constraints})",
+                    )
+        encode = getattr(self.ctx.translator, "encode_steering", None)
+        if encode is None:
+            return None
+        _, ids = encode(n, None, constraints)
+        for i, phrases in enumerate(ids or []):
+            pieces = sum(len(c) for c in phrases)
+            if pieces > settings.max_constraint_pieces:
+                raise ApiError(
+                    400,
+                    f"Invalid request: the constraints of text {i} have {pieces} target pieces, "
+                    f"over the limit (max_constraint_pieces={settings.max_constraint_pieces})",
+                )
+        return ids
 
 
 def register_translate_routes(app: FastAPI, ctx: ServerContext, upload_dir: Path) -> None:
