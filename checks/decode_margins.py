@@ -12,6 +12,7 @@ Shapes: S source length, t prefix length, T output length, V target vocabulary.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,3 +139,20 @@ def compare_outputs(
         (out.near_ties if gap <= NEAR_TIE else out.real)[i] = gap
         out.parted[i] = f"rank {j}: {x[j]} != {y[j]}"
     return out
+
+
+def exit_status(results: Sequence[dict[str, Any]], label: str) -> int:
+    """A parity check script's exit status under the rule: 1 when any difference is
+    ``unexplained`` or a result's near-ties and ranking ties exceed `max_excused` of its
+    ``lines`` (each result: ``lines``, ``differences`` with a ``category``, and `label`, the key
+    naming it in the message, e.g. ``beam``), else 0."""
+    unexplained = sum(d["category"] == "unexplained" for r in results for d in r["differences"])
+    over_cap = [
+        r[label]
+        for r in results
+        if sum(d["category"] in ("near-tie", "ranking tie") for d in r["differences"])
+        > max_excused(r["lines"])
+    ]
+    if over_cap:
+        print(f"more near-ties than the parity rule excuses ({label} {over_cap})", file=sys.stderr)
+    return 1 if unexplained or over_cap else 0

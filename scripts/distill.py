@@ -10,4 +10,4 @@ conf/distill.yaml for every option.
 from litmt.cli.script.runner import run_script
 
 if __name__ == "__main__":
-    run_script("distill", "litmt.cli.distill:distill")
+    run_script("distill", "litmt.cli.distillation.distill:distill")

@@ -10,4 +10,4 @@ done stages and resumes an interrupted one. See conf/student.yaml for every opti
 from litmt.cli.script.runner import run_script
 
 if __name__ == "__main__":
-    run_script("student", "litmt.cli.student:student")
+    run_script("student", "litmt.cli.distillation.student:student")

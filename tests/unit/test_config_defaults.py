@@ -57,7 +57,9 @@ CASES = [
         "litmt.decoding.distill:DistillConfig",
         others=frozenset({"compute_type", "quantization", "decoding", "seed", "hydra"}),
     ),
-    Case("student.yaml", "litmt.cli.student:StudentConfig", others=frozenset({"hydra"})),
+    Case(
+        "student.yaml", "litmt.cli.distillation.student:StudentConfig", others=frozenset({"hydra"})
+    ),
     Case(
         "translate.yaml",
         "litmt.cli.translate:TranslateConfig",

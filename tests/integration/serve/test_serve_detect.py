@@ -1,4 +1,4 @@
-"""Language detection on 127.0.0.1 (`litmt.deploy.server.detect`): ``/detect`` answers
+"""Language detection on 127.0.0.1 (`litmt.deploy.server.input.detect`): ``/detect`` answers
 LibreTranslate's list of ``{"confidence": 0-100, "language"}``, best first, among the model's
 source languages only; ``source=auto`` translates each text from its detected language and
 answers ``detectedLanguage`` as LibreTranslate does; without lingua, today's answer (a 400
@@ -26,7 +26,7 @@ from litmt.data.directions import parse_directions  # noqa: E402
 from litmt.decoding.languages import Languages  # noqa: E402
 from litmt.decoding.translator import Translator  # noqa: E402
 from litmt.deploy.server.app import ServeConfig, create_app  # noqa: E402
-from litmt.deploy.server.detect import LanguageDetector  # noqa: E402
+from litmt.deploy.server.input.detect import LanguageDetector  # noqa: E402
 
 GREEDY = {"beam_size": 1}
 TEXT = {
@@ -135,7 +135,7 @@ def test_the_detector_is_restricted_to_the_languages_it_is_given(caplog) -> None
     assert {item["language"] for item in found} <= {"en", "de"}
     assert detector.detect_languages([TEXT["de"]], False)[0]["language"] == "de"
     assert not LanguageDetector(["en"]).available()  # one language: nothing to detect
-    with caplog.at_level(logging.WARNING, logger="litmt.deploy.server.detect"):
+    with caplog.at_level(logging.WARNING, logger="litmt.deploy.server.input.detect"):
         unknown = LanguageDetector(["en", "xx"])
         assert not unknown.available() and not unknown.available()
     lines = [rec.getMessage() for rec in caplog.records if OFF in rec.getMessage()]
@@ -201,7 +201,7 @@ def test_without_lingua_the_answer_is_todays_with_one_log_line(
     }
     app = create_app(model, ServeConfig(decoding=GREEDY))
     with (
-        caplog.at_level(logging.WARNING, logger="litmt.deploy.server.detect"),
+        caplog.at_level(logging.WARNING, logger="litmt.deploy.server.input.detect"),
         ServerThread(app) as server,
         httpx.Client(base_url=server.url, timeout=60) as c,
     ):

@@ -1,4 +1,4 @@
-"""The student pipeline's parts without training (`litmt.cli.student`, `student_stages`): the
+"""The student pipeline's parts without training (`litmt.cli.distillation.student`, `student_stages`): the
 stage markers (skip, resume, refuse), the student's corpus overrides and the split stem that is
 a path, the checkpoint a run reports, the settings' one-line errors, and the student recipe's
 shape. scripts/student.py end to end: tests/integration/cli/test_student_script.py (slow)."""
@@ -12,14 +12,14 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from litmt.cli.student import (
+from litmt.cli.distillation.stages import RESUME, RUN, SKIP, StageMarker, data_digest, quoted
+from litmt.cli.distillation.student import (
     StudentConfig,
     StudentData,
     chosen_model,
     student_data_overrides,
     student_settings,
 )
-from litmt.cli.student_stages import RESUME, RUN, SKIP, StageMarker, data_digest, quoted
 from litmt.data.corpora.parallel import ParallelCorpus
 from litmt.errors import ConfigError
 

@@ -9,7 +9,7 @@
   ``{"translatedText": str | list[str]}``; litmt's ``prefix`` and ``constraints`` fields.
   A request over a limit of `ServeConfig` is a 413 naming it (LibreTranslate answers 400);
   a line over the model's source limit is translated sentence by sentence
-  (`litmt.deploy.server.sentences`), never truncated.
+  (`litmt.deploy.server.input.sentences`), never truncated.
 - ``GET /languages`` and ``GET /health`` (`litmt.deploy.server.routes.info`): a multilingual model
   lists every target of each source (``target=fr`` routes to its ``<2fr>`` token); /health
   has the model queue's counters and is 503 when its loop has ended.
@@ -45,11 +45,11 @@ from litmt.deploy.server.admission import Admission
 from litmt.deploy.server.config import POSITIVE, ServeConfig
 from litmt.deploy.server.context import ServerContext, language_name
 from litmt.deploy.server.errors import ApiError, install_error_handlers
-from litmt.deploy.server.request_params import read_params
+from litmt.deploy.server.input.request_params import read_params
+from litmt.deploy.server.input.sentences import segmenter_for
 from litmt.deploy.server.routes.explorer import register_explorer_routes
 from litmt.deploy.server.routes.info import register_info_routes
 from litmt.deploy.server.routes.translate import register_translate_routes
-from litmt.deploy.server.sentences import segmenter_for
 
 log = logging.getLogger(__name__)
 

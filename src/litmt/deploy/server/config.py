@@ -16,7 +16,7 @@ from typing import Any
 from litmt.config import build, renamed_keys
 from litmt.decoding.config import DecodeConfig, job_options
 from litmt.deploy.server.access import AccessConfig
-from litmt.deploy.server.sentences import MODES
+from litmt.deploy.server.input.sentences import MODES
 from litmt.errors import ConfigError
 
 POSITIVE = ("max_batch_sentences", "max_texts", "max_chars", "max_text_chars", "max_lines",

@@ -12,11 +12,11 @@ from litmt.decoding.languages import Languages
 from litmt.deploy.server.access import AccessGuard
 from litmt.deploy.server.admission import Admission, Pair
 from litmt.deploy.server.config import ServeConfig
-from litmt.deploy.server.detect import LanguageDetector
 from litmt.deploy.server.errors import ApiError
-from litmt.deploy.server.request_params import read_params
+from litmt.deploy.server.input.detect import LanguageDetector
+from litmt.deploy.server.input.request_params import read_params
+from litmt.deploy.server.input.sentences import Segmenter
 from litmt.deploy.server.routes import libretranslate as lt
-from litmt.deploy.server.sentences import Segmenter
 from litmt.errors import ConfigError
 
 LANGUAGE_NAMES = {
@@ -81,7 +81,7 @@ class ServerContext:
     def detects(self) -> bool:
         """Whether ``/detect`` and ``source=auto`` run the language detector: the model has
         several source languages and lingua knows them (built on the first call;
-        `litmt.deploy.server.detect`)."""
+        `litmt.deploy.server.input.detect`)."""
         return self.detector.available()
 
     async def detect(self, texts: list[str], batch: bool) -> list[dict[str, Any]]:

@@ -197,8 +197,8 @@ REPEAT_WINDOW_S = 10.0  # a line repeated within this many seconds is written on
 # which carries its error id, is never left out)
 THROTTLED_LOGGERS = (
     "uvicorn.error",
-    "litmt.deploy.server.request_params",
-    "litmt.deploy.server.sentences",
+    "litmt.deploy.server.input.request_params",
+    "litmt.deploy.server.input.sentences",
 )
 
 

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("sentencex", reason="the serve extra is not installed")
 
-from litmt.deploy.server.sentences import Segmenter, inline_token
+from litmt.deploy.server.input.sentences import Segmenter, inline_token
 
 
 def test_inline_token_is_read_as_the_piece_vocabulary_reads_it():

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("sentencex", reason="the serve extra is not installed")
 
 from litmt.deploy.server.errors import ApiError
-from litmt.deploy.server.sentences import Segmenter, split_sentences
+from litmt.deploy.server.input.sentences import Segmenter, split_sentences
 from litmt.errors import ConfigError
 
 

@@ -9,7 +9,7 @@ Shapes, messages and status codes follow LibreTranslate's ``libretranslate/app.p
 - ``source=auto``: the answer gains ``detectedLanguage`` (``{"confidence", "language"}``,
   a list of them for a list ``q``), and each text is translated from its detected language.
   ``POST /detect`` answers LibreTranslate's list of ``{"confidence": 0-100, "language"}``,
-  best first (`litmt.deploy.server.detect`). A model with one source language (a one-pair
+  best first (`litmt.deploy.server.input.detect`). A model with one source language (a one-pair
   model, or a multilingual one like en-de + en-fr) reads only that language, so detection is
   it, with the confidence LibreTranslate gives a sure answer (100.0). A model with several
   source languages detects among them only (lingua); where lingua is not installed or does
@@ -120,7 +120,7 @@ def filter_unique(seq: list[str], best: str) -> list[str]:
 
 def nbest_units(translator: Any, units: list[str], options: dict[str, Any], n: int) -> list[Any]:
     """Per unit (one line or sentence), its n-best translations, best first
-    (`litmt.deploy.server.sentences.Plan.join_nbest` rebuilds the texts)."""
+    (`litmt.deploy.server.input.sentences.Plan.join_nbest` rebuilds the texts)."""
     found = translator.translate(units, **{**options, "n_best": n, "return_scores": True})
     return [[t for t, *_ in hyps] for hyps in found]
 

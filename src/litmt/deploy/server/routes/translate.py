@@ -2,7 +2,7 @@
 (``/detect``, ``/frontend/settings``, ``/suggest``, ``/translate_file``, ``/download_file``).
 
 `TranslateService` is the object those routes call (`litmt.deploy.server.routes.libretranslate.Service`
-is its interface): each text is planned into units first (`litmt.deploy.server.sentences`: lines,
+is its interface): each text is planned into units first (`litmt.deploy.server.input.sentences`: lines,
 or the sentences of a line over the model's source limit; 413 over a limit), decoded as one
 job of the admission path (`litmt.deploy.server.admission`), then rebuilt.
 """
@@ -20,7 +20,7 @@ from litmt.decoding.requests import Translation
 from litmt.deploy.server.admission import Pair
 from litmt.deploy.server.context import ServerContext, language_name
 from litmt.deploy.server.errors import ApiError
-from litmt.deploy.server.request_params import request_texts
+from litmt.deploy.server.input.request_params import request_texts
 from litmt.deploy.server.routes import libretranslate as lt
 
 

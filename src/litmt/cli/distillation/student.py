@@ -15,7 +15,7 @@
 
 Each stage runs the real script in a subprocess with the overrides a user would type: each
 script composes its own Hydra config, exactly as on the command line. Resuming and refusing
-are the stage markers' (`litmt.cli.student_stages`).
+are the stage markers' (`litmt.cli.distillation.stages`).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from litmt.cli.distillation.stages import RUN, SKIP, StageMarker, data_digest, model_digest, quoted
+from litmt.cli.distillation.stages import run_script as run_stage_script
 from litmt.cli.finalize import kept_checkpoints
 from litmt.cli.script.config_check import script_conf_dir
-from litmt.cli.student_stages import RUN, SKIP, StageMarker, data_digest, model_digest, quoted
-from litmt.cli.student_stages import run_script as run_stage_script
 from litmt.config import build, plain
 from litmt.data.config import resolve_path
 from litmt.deploy.export.base import DECODING_KEYS, file_sha256

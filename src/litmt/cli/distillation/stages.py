@@ -1,4 +1,4 @@
-"""The stages of the student pipeline (`litmt.cli.student`): their markers, the scripts they
+"""The stages of the student pipeline (`litmt.cli.distillation.student`): their markers, the scripts they
 run, and the digests that say whether a stage's inputs changed.
 
 A stage is one or more subprocesses of the real scripts (``scripts/train.py``,

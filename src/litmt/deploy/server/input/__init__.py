@@ -1,0 +1,1 @@
+"""What a request's texts go through before the queue: its parameters read within the limits (`request_params`), long lines split into sentences (`sentences`) and the source language detected (`detect`)."""
