@@ -5,7 +5,8 @@ Training (forward + backward + optimiser step) and decoding (greedy and beam sea
 forced number of generated steps) on identical batches of real Multi30k tokens, at identical
 sizes, interleaved, with medians over several repetitions. Also the peak tensor memory of each.
 
-    python -m benchmarks.benchmark                       # both sizes, rewrites its section of docs/benchmarks.md
+    python -m benchmarks.benchmark                       # both sizes, printed
+    python -m benchmarks.benchmark --out docs/notebook/2026-12-01-peers.md   # rewrites that page's section
     python -m benchmarks.benchmark --sizes small --reps 3 --out -   # print only
     python -m benchmarks.benchmark --smoke --out -       # a tiny end-to-end run (the test uses it)
 
@@ -309,8 +310,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache", default=str(REPO / "data" / "benchmark"), help="tokenizer dir")
     p.add_argument(
         "--out",
-        default=str(REPO / "docs" / "benchmarks.md"),
-        help="markdown file whose benchmark section is replaced; - = print only",
+        default="-",
+        help="a markdown file whose benchmark section is replaced (a lab notebook page, "
+        "docs/notebook/); - = print only",
     )
     p.add_argument("--smoke", action="store_true", help="tiny model and data: seconds")
     args = p.parse_args(argv)

@@ -22,7 +22,7 @@ out of memory, or when its sweep exceeds --sweep-timeout; the remaining cells sh
     python -m benchmarks.benchmark_attention --lengths 128 1024 --backends sdpa linear --out -
     python -m benchmarks.benchmark_attention --device cuda --lengths 1024 4096 16384 --out /tmp/g
 
-Output: markdown tables (stdout and <out>/benchmarks_attention.md), a PNG plot
+Output: markdown tables (stdout and <out>/attention_benchmark.md), a PNG plot
 (<out>/attention_benchmark.png) and the raw numbers (<out>/attention_benchmark.json).
 """
 
@@ -454,7 +454,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sweep-timeout", type=float, default=300.0, help="kill one sweep after (s)")
     p.add_argument("--single-run", type=float, default=2.0, help="one timed call above this (s)")
     p.add_argument("--warm-below", type=int, default=8192, help="warm-up call for L <= this")
-    p.add_argument("--out", default=str(REPO / "docs"), help="output folder, or - to print only")
+    p.add_argument(
+        "--out", default="-", help="output folder (docs: the guide's figure), or - to print only"
+    )
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
@@ -527,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "attention_benchmark.json").write_text(json.dumps(results, indent=1))
-        (out / "benchmarks_attention.md").write_text(
+        (out / "attention_benchmark.md").write_text(
             f"## Attention backends ({args.device.upper()})\n\n{text}\n"
             "![attention benchmark](attention_benchmark.png)\n"
         )
@@ -535,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
             plot(results, args.causal, out / "attention_benchmark.png", title)
         except ImportError:
             print("matplotlib is not installed: no plot")
-        print(f"wrote {out}/benchmarks_attention.md, attention_benchmark.png, .json")
+        print(f"wrote {out}/attention_benchmark.md, attention_benchmark.png, .json")
     return 0
 
 

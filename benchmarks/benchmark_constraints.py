@@ -1,4 +1,4 @@
-"""Terminology constraints and target prefixes on Multi30k test2016 (tables for docs/benchmarks.md).
+"""Terminology constraints and target prefixes on Multi30k test2016 (tables for a lab notebook page, docs/notebook/).
 
     python -m benchmarks.benchmark_constraints --ckpt model.ckpt --beams 5 10 --prefix-lines 0
 

@@ -10,7 +10,7 @@ Measures, in a fresh cache directory:
 - how long one epoch of the train DataLoader takes to iterate.
 
     python -m benchmarks.benchmark_data                          # prints a markdown report
-    python -m benchmarks.benchmark_data --out report.md   # the tables of docs/benchmarks.md
+    python -m benchmarks.benchmark_data --out report.md   # the tables of a lab notebook page (docs/notebook/)
     python -m benchmarks.benchmark_data --dir PATH --src en --tgt de --test-split test2016
 
 Timing runs should not overlap other heavy jobs (wrap in `flock /tmp/litmt_cpu.lock ...`).
@@ -153,7 +153,7 @@ def render(
     rows: list[tuple[str, dict[str, float]]],
     epoch: dict[str, float],
 ) -> str:
-    """The markdown report (the tables of docs/benchmarks.md)."""
+    """The markdown report (the tables of a lab notebook page)."""
     c = dm.filter_counts
     lines = [
         "# Data pipeline benchmark",

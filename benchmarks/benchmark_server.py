@@ -62,6 +62,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--serve-arg", action="append", default=[], help="more scripts/serve.py overrides"
     )
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument(
+        "--record",
+        default=None,
+        help="also write the result record docs/results/records/<ID>.json (litmt.records)",
+    )
     p.add_argument("--smoke", action="store_true", help="concurrency 1 and 4, 8 requests each")
     args = p.parse_args(argv)
     if args.smoke:
@@ -249,7 +254,51 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         out = {"args": vars(args), "rows": rows, "soak": soaked}
         Path(args.json).write_text(json.dumps(out, indent=2))
+    if args.record:
+        values, units = record_values(rows, soaked)
+        argv = sys.argv[1:] if argv is None else argv
+        title = f"Server load: {what} ({health['engine']} engine), beam {args.beam}, loopback"
+        path = write_result_record(
+            args.record, title, "benchmarks.benchmark_server", argv, values, units,
+            notes=f"{args.threads} server threads, one sentence per request, {args.requests} "
+            f"requests per level (bounded at {args.max_seconds:.0f} s); non_ok = answers other "
+            "than 200",
+        )  # fmt: skip
+        print(f"result record: {path}")
     return 0 if ok else 1
+
+
+def record_values(rows: list[dict], soaked: dict | None) -> tuple[dict, dict]:
+    """The load table (and soak) as a result record's values and units."""
+    values: dict[str, float] = {}
+    units: dict[str, str] = {}
+    for r in rows:
+        c = r["concurrency"]
+        values[f"c{c}_requests_per_s"], units[f"c{c}_requests_per_s"] = r["requests_per_s"], "requests/s"
+        for q in ("p50", "p99"):
+            values[f"c{c}_{q}_ms"], units[f"c{c}_{q}_ms"] = round(r[f"{q}_ms"]), "ms"
+        values[f"c{c}_non_ok"] = sum(k for code, k in r["status"].items() if code != "200")
+    by = {r["concurrency"]: r["requests_per_s"] for r in rows}
+    for c in (128, 512):
+        if 32 in by and c in by:
+            values[f"c{c}_vs_c32_pct"] = round(100 * by[c] / by[32], 1)
+            units[f"c{c}_vs_c32_pct"] = "%"
+    if soaked is not None:
+        values["soak_s"], units["soak_s"] = round(soaked["seconds"]), "s"
+        values["soak_ok_requests"] = soaked["requests"]
+        values["soak_requests_per_s"] = round(soaked["requests_per_s"], 1)
+        units["soak_requests_per_s"] = "requests/s"
+        values["soak_p99_ms"], units["soak_p99_ms"] = round(soaked["p99_ms"]), "ms"
+        values["soak_5xx"] = sum(
+            k for code, k in soaked["status"].items() if code.startswith("5") and code != "503"
+        )
+        after_minute = next((m for t, m in soaked["rss_samples"] if t >= 59), None)
+        if after_minute and soaked["rss_after_mb"]:
+            values["soak_rss_at_1min_mib"] = round(after_minute)
+            values["soak_rss_after_mib"] = round(soaked["rss_after_mb"])
+            growth = 100 * (soaked["rss_after_mb"] - after_minute) / after_minute
+            values["soak_rss_growth_pct"], units["soak_rss_growth_pct"] = round(growth, 1), "%"
+    return values, units
 
 
 @contextmanager

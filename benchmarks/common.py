@@ -184,3 +184,33 @@ def median_timed(fn: Callable[[], T], reps: int) -> tuple[T, float]:
         times.append(time.perf_counter() - start)
     assert out is not None, "reps must be at least 1"
     return out, statistics.median(times)
+
+
+def write_result_record(
+    record_id: str,
+    title: str,
+    module: str,
+    argv: list[str],
+    values: dict[str, float],
+    units: dict[str, str],
+    notes: str = "",
+) -> Path:
+    """Write a benchmark's result record (`litmt.records`, ``docs/results/records/<id>.json``
+    in this repository) with this machine, the time now and the command as typed
+    (``python -m <module> <argv>``); returns its path. Regenerate the results page after it:
+    ``python -m reports.results_page``."""
+    import shlex
+
+    from litmt.records import Record, machine_description, utc_now, write_record
+
+    record = Record(
+        id=record_id,
+        title=title,
+        date=utc_now(),
+        machine=machine_description(),
+        command=" ".join(["python -m", module, *map(shlex.quote, argv)]),
+        values={k: float(v) for k, v in values.items()},
+        units=units,
+        notes=notes,
+    )
+    return write_record(record, REPO)

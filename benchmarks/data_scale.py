@@ -15,7 +15,7 @@ each step in a fresh child process polled from outside (``/proc/PID/status``):
 
     python -m benchmarks.data_scale --root SCALE --sizes 1000000 4000000 10000000
     python -m benchmarks.data_scale --root SCALE --sizes 1000000 --ddp --no-iterate
-    python -m benchmarks.data_scale --root R --out report.md   # markdown for docs/benchmarks.md
+    python -m benchmarks.data_scale --root R --out report.md   # markdown for a lab notebook page (docs/notebook/)
 
 Timings depend on what else runs on the machine; say so when quoting them.
 """

@@ -69,7 +69,7 @@ README = REPO / "README.md"
 SHARED_MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 MULTI30K = "../shared/data/multi30k"  # as the README spells it, relative to the working dir
 LINKED = ("benchmarks", "checks", "conf", "docs", "pyproject.toml", "README.md", "reports",
-          "scripts", "src", "tests", "web")  # fmt: skip
+          "scripts", "src", "tests", "web", "mkdocs.yml", "CHANGELOG.md", "LICENSE")  # fmt: skip
 RUN_NAME = "2026-01-01_00-00-00"  # what RUN becomes: a run directory name as Hydra writes it
 PLACEHOLDERS = {"CKPT": "tiny.ckpt", "RUN": RUN_NAME}  # CKPT: made absolute per workspace
 GPU_KERNELS = {"flash", "xformers", "te"}  # attention backends that need CUDA
@@ -336,6 +336,8 @@ def build_fixtures(root: Path) -> Path:
         shutil.copy(ckpt, run / f"best-step{step:06d}-bleu0.00.ckpt")
     shutil.copy(ckpt, run / "last.ckpt")
     make_marian_dir(fix / "opus-mt-en-de")
+    # what the README's download writes: data/multi30k in the {split}.{lang} layout
+    (fix / "data" / "multi30k").symlink_to(multi30k.resolve(), target_is_directory=True)
     return fix
 
 
@@ -478,7 +480,17 @@ def missing_requirements(extras: set[str]) -> list[str]:
 
 def check_pip(step: str) -> Part:
     """``pip install -e .[extras]``: not run (network); checks litmt is installed from this
-    tree with the requirements of those extras."""
+    tree with the requirements of those extras. ``pip install torch ...``: checks torch is
+    installed."""
+    from importlib import metadata
+
+    if "-e" not in words(step) and "torch" in words(step):
+        how = "not run: needs the network; checked instead that torch is installed"
+        try:
+            version = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            return Part(how, "FAIL", detail="torch is not installed")
+        return Part(how, "ok", detail=f"torch {version}")
     extras = set(",".join(re.findall(r"\.\[([\w,-]+)\]", step)).split(",")) - {""}
     import litmt
 
@@ -643,6 +655,18 @@ def run_step(step: str, ctx: Context) -> list[Part]:
         return [
             Part(how, "ok" if have else "FAIL", detail="" if have else "web/node_modules is absent")
         ]
+    if program == "for" and "curl" in tokens and re.search(r"https://(?!localhost)", step):
+        how = ("not run: needs the network (the download); data/multi30k, a link to the "
+               "shared Multi30k copy (or a tiny corpus in its layout), stands in for its output")
+        return [Part(how, "-")]
+    if tokens[:2] == ["mkdocs", "serve"]:
+        port = free_port()
+        cmd = f"{step} --dev-addr 127.0.0.1:{port}"
+        server, up, why = start_background(cmd, ctx.work, ctx.env,
+                                           f"http://127.0.0.1:{port}/", 180, "mkdocs")  # fmt: skip
+        server.stop()
+        how = f"ran in the background on port {port} until GET / answered 200, then stopped"
+        return [Part(how, "ok" if up else "FAIL", time.monotonic() - t0, "" if up else why)]
     if program in ("huggingface-cli", "hf") and "download" in tokens:
         how = "not run: needs the network (the hub); a tiny random Marian model stands in for its output"
         return [Part(how, "-")]

@@ -1,4 +1,4 @@
-"""The distilled-student table (docs/benchmarks.md "Distilled students"): each model's int8
+"""The distilled-student table (docs/notebook/2026-12-03-distilled-students.md): each model's int8
 CTranslate2 export decoded on a test set by the ct2 engine (int8, the same threads for all),
 greedy and beam 5, with BLEU, chrF, sentences/s and size on disk, then the issue's goals.
 

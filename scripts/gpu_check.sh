@@ -16,7 +16,7 @@
 # guard and is a FAIL; --inject-crash ROW: gpu_check.py exits there as if it crashed. Both
 # test that the table keeps every row; dry run only.)
 #
-# Steps, most valuable first (docs/scaling.md, "GPU check"):
+# Steps, most valuable first (docs/guide/scale.md#gpu-check):
 #   1. scripts/gpu_check.py, each row in its own guard (an error is that row's FAIL):
 #      environment and kernel packages (installed, usable); sdpa/math/flex loss parity in
 #      bf16 and fp16; bf16 matmul peak and Transformer-base tokens/s + MFU; flex vs sdpa

@@ -6,7 +6,7 @@ from typing import Any
 
 from litmt.errors import LitmtError
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # CHANGELOG.md; pyproject.toml reads it from here
 
 
 def __getattr__(name: str) -> Any:

@@ -36,6 +36,7 @@ import re
 import textwrap
 import warnings
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from litmt.errors import ConfigError
@@ -43,6 +44,10 @@ from litmt.errors import ConfigError
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+REMOVED_IN = "0.3.0"
+"""the release in which every deprecated (renamed) key and name stops being accepted
+(CHANGELOG.md lists them)"""
 
 
 def plain(value: Any) -> Any:
@@ -103,7 +108,11 @@ def renamed_keys(data: Mapping[str, Any], renames: Mapping[str, str], where: str
         if value is not None or leaf not in target:
             target[leaf] = value
         log.warning(
-            "%s: %s is deprecated and will be removed in the next release; use %s", where, old, new
+            "%s: %s is deprecated and will be removed in litmt %s; use %s",
+            where,
+            old,
+            REMOVED_IN,
+            new,
         )
     return out
 
@@ -255,6 +264,50 @@ def render_yaml(cls: type, indent: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
+_KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
+
+
+def _split_comment(rest: str) -> tuple[str, str | None]:
+    """A YAML line's value text and its comment (a # outside quotes, after a space)."""
+    quote = None
+    for i, ch in enumerate(rest):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or rest[i - 1].isspace()):
+            return rest[:i].strip(), rest[i + 1 :].strip()
+    return rest.strip(), None
+
+
+def yaml_comments(path: Path) -> dict[tuple[str, ...], str]:
+    """A commented YAML file's (key path) → its comment: the inline one plus comment-only
+    lines indented under it (how conf/ documents a key that no dataclass owns)."""
+    comments: dict[tuple[str, ...], str] = {}
+    stack: list[tuple[int, str]] = []
+    last: tuple[tuple[str, ...], int] | None = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#") and last is not None:
+            indent = len(line) - len(line.lstrip())
+            if indent > last[1]:
+                comments[last[0]] = f"{comments.get(last[0], '')} {stripped[1:].strip()}".strip()
+                continue
+        m = _KEY.match(line)
+        if not m:
+            last = None
+            continue
+        indent = len(m["indent"])
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, m["key"]))
+        key = tuple(k for _, k in stack)
+        _, comment = _split_comment(m["rest"])
+        comments[key] = comment or ""
+        last = (key, indent)
+    return comments
+
+
 def renamed_attribute(module: str, name: str, renames: Mapping[str, str], scope: dict) -> Any:
     """A module ``__getattr__`` body: an old class name still imports, with a warning.
 
@@ -264,7 +317,7 @@ def renamed_attribute(module: str, name: str, renames: Mapping[str, str], scope:
     if name in renames:
         new = renames[name]
         warnings.warn(
-            f"{module}.{name} was renamed {new}; the old name goes in the next release",
+            f"{module}.{name} was renamed {new}; the old name goes in litmt {REMOVED_IN}",
             DeprecationWarning,
             stacklevel=3,
         )
@@ -273,6 +326,7 @@ def renamed_attribute(module: str, name: str, renames: Mapping[str, str], scope:
 
 
 __all__ = [
+    "REMOVED_IN",
     "build",
     "check_keys",
     "check_null",
@@ -286,5 +340,6 @@ __all__ = [
     "renamed_keys",
     "render_yaml",
     "yaml_comment",
+    "yaml_comments",
     "yaml_scalar",
 ]

@@ -3,7 +3,7 @@
     python3 tests/helpers/without_packages.py -m pytest -m gpu --collect-only -q
     python3 tests/helpers/without_packages.py scripts/gpu_check.py --help
 
-The GPU image lacks these four packages (docs/scaling.md, "GPU check"). A `sys.meta_path`
+The GPU image lacks these four packages (docs/guide/scale.md#gpu-check). A `sys.meta_path`
 finder placed first raises `ModuleNotFoundError` for each of them, as a missing package does
 (`importlib.util.find_spec` included, which Lightning calls for omegaconf); then the script
 or module runs with `runpy`, in this process only. Under `-m pytest`, hydra's own pytest

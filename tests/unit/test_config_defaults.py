@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from litmt.config import default_of, yaml_comment
+from litmt.config import default_of, yaml_comment, yaml_comments
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -96,49 +95,6 @@ CASES = [
 def load_class(spec: str) -> type:
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(module), name)
-
-
-_KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
-
-
-def _split_comment(rest: str) -> tuple[str, str | None]:
-    """A YAML line's value text and its comment (a # outside quotes, after a space)."""
-    quote = None
-    for i, ch in enumerate(rest):
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (i == 0 or rest[i - 1].isspace()):
-            return rest[:i].strip(), rest[i + 1 :].strip()
-    return rest.strip(), None
-
-
-def yaml_comments(path: Path) -> dict[tuple[str, ...], str]:
-    """(key path) → its comment: the inline one plus comment-only lines indented under it."""
-    comments: dict[tuple[str, ...], str] = {}
-    stack: list[tuple[int, str]] = []
-    last: tuple[tuple[str, ...], int] | None = None
-    for line in path.read_text(encoding="utf-8").splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#") and last is not None:
-            indent = len(line) - len(line.lstrip())
-            if indent > last[1]:
-                comments[last[0]] = f"{comments.get(last[0], '')} {stripped[1:].strip()}".strip()
-                continue
-        m = _KEY.match(line)
-        if not m:
-            last = None
-            continue
-        indent = len(m["indent"])
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        stack.append((indent, m["key"]))
-        key = tuple(k for _, k in stack)
-        _, comment = _split_comment(m["rest"])
-        comments[key] = comment or ""
-        last = (key, indent)
-    return comments
 
 
 def same_value(raw: Any, default: Any) -> bool:

@@ -25,9 +25,8 @@ def test_an_old_key_moves_to_its_new_name_and_into_a_block(caplog) -> None:
     assert out == {"access": {"api_keys_env": None, "req_limit": 7}, "ckpt_path": "m.ckpt"}
     assert given["access"] == {"api_keys_env": None}  # the caller's block is not changed
     assert caplog.messages == [
-        "serve: req_limit is deprecated and will be removed in the next release; use "
-        "access.req_limit",
-        "serve: model_path is deprecated and will be removed in the next release; use ckpt_path",
+        "serve: req_limit is deprecated and will be removed in litmt 0.3.0; use access.req_limit",
+        "serve: model_path is deprecated and will be removed in litmt 0.3.0; use ckpt_path",
     ]
 
 

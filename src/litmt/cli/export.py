@@ -75,13 +75,13 @@ class ExportConfig:
     format: str = "ct2"
     """ct2: a CTranslate2 directory | argos: an Argos Translate package, a .argosmodel zip
     (joint vocabularies only) | hf: a transformers directory (MarianMTModel for post-norm,
-    PegasusForConditionalGeneration for pre-norm; docs/deploy.md) | onnx: encoder.onnx +
+    PegasusForConditionalGeneration for pre-norm; docs/guide/ship.md) | onnx: encoder.onnx +
     decoder.onnx (a decoder step with a key/value cache), config.json and the sentencepiece
     model(s) | web: a static folder (the offline page, onnxruntime-web and the onnx export) that
-    translates in the browser (docs/deploy.md)"""
+    translates in the browser (docs/guide/ship.md)"""
     web_runtime: str = "web/node_modules"
     """format=web only: the npm runtime files (onnxruntime-web, sentencepiece-js), from `npm ci
-    --ignore-scripts` in web/ (docs/deploy.md)"""
+    --ignore-scripts` in web/ (docs/guide/ship.md)"""
     argos: ArgosSettings = field(default_factory=ArgosSettings)
     """format=argos only: written to the package's metadata.json"""
     card: CardSettings = field(default_factory=CardSettings)

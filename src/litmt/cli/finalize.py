@@ -14,7 +14,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from litmt.checkpoint.io import load_checkpoint
 from litmt.config import build, job_config
 from litmt.errors import ConfigError
+from litmt.records import write_record
 from litmt.training.finalize import check_finalize_config, finalize, summary_lines
+from litmt.training.finalize_report import run_record
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,9 @@ class FinalizeOverrides:
     """length penalties tried on valid with each beam size"""
     max_tokens: int | None = None
     """tokens per decoding batch"""
+    record: str | None = None
+    """also write the result record docs/results/records/<record>.json (run from the
+    repository root; the results page is generated from the records)"""
 
 
 @dataclass(frozen=True)
@@ -119,4 +124,7 @@ def run_finalize(
     )
     for line in summary_lines(report):
         print(line)
+    if record_id := fin.get("record"):
+        path = write_record(run_record(output_dir, report, str(record_id)))
+        print(f"result record: {path}")
     return report

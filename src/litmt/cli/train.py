@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import hydra
 import lightning as L
+import torch
 from hydra.errors import InstantiationException
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -19,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from litmt.checkpoint.compat import check_compatible
 from litmt.checkpoint.io import atomic_save, load_checkpoint
 from litmt.cli.finalize import run_finalize
-from litmt.cli.script.config_check import check_devices, check_run_dir
+from litmt.cli.script.config_check import check_devices, check_run_dir, script_conf_dir
 from litmt.errors import ConfigError, LitmtError
 from litmt.runtime.distributed import release_process_group
 from litmt.runtime.fp8 import fp8_precision_plugin, pad_multiple_for
@@ -192,7 +194,40 @@ def start_run(cfg: DictConfig) -> Path:
         output_dir, ckpt_path=cfg.get("ckpt_path"), overwrite=bool(cfg.get("overwrite", False))
     )
     check_finalize_config(cfg)  # fail now, not after the training hour
+    if advice := cpu_advice(cfg, torch.cuda.is_available()):
+        log.warning(advice)
     return output_dir
+
+
+CPU_RECIPE = "multi30k_cpu"  # conf/experiment/: the recipe sized for a few CPU cores
+
+
+def cpu_advice(cfg: DictConfig, cuda: bool) -> str | None:
+    """One line for a run that trains on the CPU with no time limit (the default command on a
+    machine without a GPU): how long it may take, and the recipe that fits a CPU. None when a
+    GPU trains, ``trainer.max_time`` caps the run, or it is a debug run."""
+    trainer = cfg.get("trainer") or {}
+    accelerator = str(trainer.get("accelerator", "auto"))
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not cuda)
+    if not on_cpu or trainer.get("max_time") or trainer.get("fast_dev_run"):
+        return None
+    if trainer.get("limit_train_batches") or int(trainer.get("max_steps", -1) or -1) > 0:
+        return None
+    model = cfg.get("model") or {}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    recipe = script_conf_dir() / "experiment" / f"{CPU_RECIPE}.yaml"
+    budget = OmegaConf.load(recipe).get("trainer", {}).get("max_time") if recipe.is_file() else None
+    length = ""
+    if budget:
+        days, hours, minutes, _ = (int(x) for x in str(budget).split(":"))
+        length = f" ({(days * 24 + hours) * 60 + minutes} minutes of training)"
+    return (
+        f"training on the CPU ({cores} cores) with no trainer.max_time: up to "
+        f"{trainer.get('max_epochs')} epochs of a d_model={model.get('d_model')} model, hours "
+        f"or days here (the estimate follows after the first steps). The recipe that fits a "
+        f"CPU: python scripts/train.py experiment={CPU_RECIPE} data.dir=DIR{length}; or cap "
+        f"this run with trainer.max_time=00:01:00:00"
+    )
 
 
 def setup_data(cfg: DictConfig) -> tuple[L.LightningDataModule, Any, str | int]:

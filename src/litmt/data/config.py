@@ -118,12 +118,13 @@ class DataConfig:
     """the dict column for layout=translation"""
     extra_train: list[Any] = field(default_factory=list)
     """more training sources appended to train, each {name, dir, split, format, tag,
-    direction}, e.g. [{name: bt, dir: data/bt, split: train, tag: "<BT>"}] (docs/usage.md:
-    back-translation); direction: en-fr = the direction it extends (required with
-    directions)"""
+    direction}, e.g. [{name: bt, dir: data/bt, split: train, tag: "<BT>"}]
+    (docs/guide/train.md#back-translation-recipe); direction: en-fr = the direction it
+    extends (required with directions)"""
     directions: list[Any] = field(default_factory=list)
     """several directions in one model, e.g. [en-de, en-fr, en-cs] (or {pair: en-fr, dir:
-    PATH} with its own corpus); [] = src_lang→tgt_lang only (docs/usage.md: many languages)"""
+    PATH} with its own corpus); [] = src_lang→tgt_lang only
+    (docs/guide/train.md#many-languages-in-one-model)"""
     tag_placement: str = "source"
     """where the target-language token <2xx> goes: source (prefixed to the source) | target
     (forced as the first target token)"""
@@ -133,8 +134,9 @@ class DataConfig:
     epoch: the same on resume and every DDP rank), each pair seen within ceil(n_i / subset)
     epochs"""
     extra_test: list[str] = field(default_factory=list)
-    """more test splits scored at the end of training (finalize), e.g. [test2017, test2018,
-    mscoco2017]; absent ones are skipped with a warning; they never choose anything"""
+    """more test splits scored at the end of training (finalize), e.g. [test_2017_flickr,
+    test_2018_flickr, test_2017_mscoco] (local file stems or hub split names); absent ones are
+    skipped with a warning; they never choose anything"""
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     """sentencepiece, trained on the training split and cached"""
     cache_dir: str = "data"

@@ -50,8 +50,9 @@ class Translator(BaseTranslator):
             (`litmt.decoding.ensemble`); put in eval mode and moved to `device`. ``self.model`` is
             the first (the attention explorer and forced decoding use it).
         tokenizer: its `Tokenizer`.
-        src_lang, tgt_lang: language codes from the checkpoint (a multilingual model: its
+        src_lang: the source language code from the checkpoint (a multilingual model: its
             first direction).
+        tgt_lang: the target language code, likewise.
         device: where to run; None picks CUDA when available.
         languages: the checkpoint's metadata (its ``directions`` and ``tag_placement``,
             `litmt.decoding.languages.Languages.from_meta`); None = the one pair.
@@ -102,9 +103,9 @@ class Translator(BaseTranslator):
                 models' probabilities at every step) instead of averaging their weights.
 
         Raises:
-            CheckpointError: missing/corrupt checkpoint. BackendError: the checkpoint's
-            kernel cannot run here (pass `attention`). ConfigError: ensemble members with
-            different tokenizers.
+            CheckpointError: missing/corrupt checkpoint.
+            BackendError: the checkpoint's kernel cannot run here (pass `attention`).
+            ConfigError: ensemble members with different tokenizers.
         """
         if ensemble:
             paths = [path] if isinstance(path, str | Path) else list(path)

@@ -10,8 +10,8 @@
 
 ``threads=0`` (the default) means torch's own count (the physical cores, or what
 ``OMP_NUM_THREADS`` says) for torch, and the same count for CTranslate2 on the CPU. It is not
-CTranslate2's default there: that is ``intra_threads=4`` whatever the machine (CTranslate2
-docs/parallel.md), and on 2 cores its OpenMP threads contend: the recipe teacher distilled
+CTranslate2's default there: that is ``intra_threads=4`` whatever the machine (CTranslate2's
+documentation, parallel.md), and on 2 cores its OpenMP threads contend: the recipe teacher distilled
 Multi30k at 76 sentences/s against 399 with 2 workers (int8, beam 5, 1000 lines).
 
 Training a sentencepiece tokenizer does not follow ``threads``: its thread count is part of the
@@ -52,7 +52,7 @@ def ct2_thread_options(device_kind: str, threads: int) -> dict[str, int]:
 
     On the CPU, ``inter_threads=threads, intra_threads=1`` runs `threads` batches at once;
     the ct2 engine's per-budget groups are small, so this is measured to be faster than one
-    batch at a time over `threads` intra-op threads (docs/benchmarks.md). ``threads=0`` on
+    batch at a time over `threads` intra-op threads (docs/results.md#engines_multi30k). ``threads=0`` on
     the CPU takes torch's thread count (module docstring); on a GPU it keeps CTranslate2's
     defaults.
     """

@@ -12,7 +12,7 @@ Order, so that test never influences a choice:
    and keep the point with the highest BLEU (ties: the first in grid order);
 4. decode **test** with the best checkpoint and the average, each greedy and with the
    choice; the ``final`` score is the chosen model with the chosen decoding;
-5. score the extra test sets (`data.extra_test`, e.g. ``test2017``) with the chosen model
+5. score the extra test sets (`data.extra_test`, e.g. ``test_2017_flickr``) with the chosen model
    and decodings; sets the data lack are skipped with a warning. They choose nothing.
 
 Data come from the training datamodule's corpus (`ParallelCorpus.load`); decoding is
@@ -28,6 +28,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,8 +71,8 @@ def check_finalize_config(cfg: DictConfig) -> None:
     """Fail before training (not an hour later) on a `finalize` block that cannot run.
 
     Raises:
-        ConfigError: `average_best` is negative or above `model_checkpoint.save_top_k`, or
-        the grid has only one of its two lists.
+        ConfigError: `average_best` is negative or above `model_checkpoint.save_top_k`, the
+        grid has only one of its two lists, or `record` is not a record id.
     """
     fin = cfg.get("finalize")
     if not fin:
@@ -86,6 +87,9 @@ def check_finalize_config(cfg: DictConfig) -> None:
             f"finalize.average_best={n} but callbacks.model_checkpoint.save_top_k={top_k} keeps "
             f"fewer checkpoints; set save_top_k >= {n}"
         )
+    record = fin.get("record")
+    if record is not None and not re.fullmatch(r"[a-z0-9][a-z0-9_]*", str(record)):
+        raise ConfigError(f"finalize.record must be a snake_case record id, got {record!r}")
     beams, penalties = list(fin.get("beam_sizes") or []), list(fin.get("length_penalties") or [])
     if bool(beams) != bool(penalties):
         raise ConfigError(

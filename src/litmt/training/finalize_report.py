@@ -4,8 +4,17 @@ that `litmt.training.finalize.finalize` writes."""
 
 from __future__ import annotations
 
+import csv
+import re
+import shlex
+from datetime import datetime
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
+
+from litmt.records import Record, machine_description, utc_now
 
 
 def _score_lines(prefix: str, s: Mapping[str, float]) -> list[str]:
@@ -80,4 +89,90 @@ def flat_metrics(report: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["flat_metrics", "summary_lines"]
+def record_values(report: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
+    """The numbers of a ``scores.json`` report as a result record's values and units: the
+    final test score (the model and decoding chosen on valid, per direction too), the chosen
+    model's greedy score, the decoding chosen on valid, and each extra test set."""
+    values: dict[str, float] = {}
+    units: dict[str, str] = {}
+
+    def scores(prefix: str, s: Mapping[str, Any]) -> None:
+        for metric, value in s.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                values[f"{prefix}_{metric}"] = float(value)
+                units[f"{prefix}_{metric}"] = "chrF" if "chrf" in metric else "BLEU"
+
+    final = report.get("final")
+    if final:
+        scores("test", {k: v for k, v in final.items() if k not in ("model", "decoding")})
+        greedy = report.get("test", {}).get(final["model"], {}).get("greedy")
+        if greedy and final["decoding"] != "greedy":
+            scores("test_greedy", greedy)
+    if chosen := report.get("chosen"):
+        values["chosen_beam_size"] = float(chosen["beam_size"])
+        values["chosen_length_penalty"] = float(chosen["length_penalty"])
+    for name, by_decoding in (report.get("extra_test") or {}).items():
+        for decoding, s in by_decoding.items():
+            if decoding != "skipped":
+                scores(f"{name}_{decoding}", s)
+    return values, units
+
+
+_LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+
+
+def wall_minutes(run_dir: Path) -> float | None:
+    """Minutes from the run's first log line (``train.log``) to its ``scores.json``: the
+    command's wall time, training and the end step together (None without both)."""
+    log_file, scores = Path(run_dir) / "train.log", Path(run_dir) / "scores.json"
+    if not (log_file.is_file() and scores.is_file()):
+        return None
+    with log_file.open(encoding="utf-8") as f:
+        for line in f:
+            if m := _LOG_TIME.match(line):
+                start = datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S")
+                end = datetime.fromtimestamp(scores.stat().st_mtime)
+                return round((end - start).total_seconds() / 60, 1)
+    return None
+
+
+def run_record(
+    run_dir: Path, report: Mapping[str, Any], record_id: str, title: str | None = None
+) -> Record:
+    """A result record of a finished training run: `record_values` of its report, the
+    optimizer steps it ran (its CSV log), the command (``scripts/train.py`` with the run's
+    Hydra overrides), this machine and the time now."""
+    run_dir = Path(run_dir)
+    values, units = record_values(report)
+    steps = [
+        int(row["step"])
+        for path in sorted(run_dir.glob("csv/*/metrics.csv"))
+        for row in csv.DictReader(path.open(encoding="utf-8"))
+        if row.get("step")
+    ]
+    if steps:
+        values["train_steps"] = float(max(steps) + 1)
+    if (minutes := wall_minutes(run_dir)) is not None:
+        values["wall_min"], units["wall_min"] = minutes, "minutes"
+    overrides_file = run_dir / ".hydra" / "overrides.yaml"
+    overrides = list(OmegaConf.load(overrides_file)) if overrides_file.is_file() else []
+    command = " ".join(
+        ["python scripts/train.py", *(shlex.quote(o) for o in overrides if "hydra." not in o)]
+    )
+    final = report.get("final") or {}
+    return Record(
+        id=record_id,
+        title=title or f"{record_id}: test score of the model and decoding chosen on valid",
+        date=utc_now(),
+        machine=machine_description(),
+        command=command,
+        values=values,
+        units=units,
+        notes=(
+            f"final = the {final.get('model', '?')} model with the {final.get('decoding', '?')} "
+            "decoding, both chosen on valid (scores.json); detokenised, cased sacreBLEU"
+        ),
+    )
+
+
+__all__ = ["flat_metrics", "record_values", "run_record", "summary_lines"]

@@ -1,5 +1,5 @@
 """Every gpu-marked test and scripts/gpu_check.py import without hydra, omegaconf, datasets
-and wandb, which the GPU image lacks (docs/scaling.md, "GPU check").
+and wandb, which the GPU image lacks (docs/guide/scale.md#gpu-check).
 
 Each check runs in a subprocess under tests/helpers/without_packages.py (a sys.meta_path
 finder that raises ModuleNotFoundError for the four), so the blocking cannot leak into this

@@ -528,7 +528,7 @@ def test_an_old_key_spelling_still_works_with_a_deprecation_line(
     assert read(settings, keywords)
     name = old.split("=")[0]
     assert caplog.messages == [
-        f"serve: {name} is deprecated and will be removed in the next release; use {new}"
+        f"serve: {name} is deprecated and will be removed in litmt 0.3.0; use {new}"
     ]
 
 
@@ -545,8 +545,7 @@ def test_build_server_app_attention_is_the_old_name_of_explorer(ckpt, caplog):
     with caplog.at_level(logging.WARNING, logger="litmt.config"):
         app = build_server_app(ckpt, device="cpu", attention=False)
     assert caplog.messages == [
-        "build_server_app: attention is deprecated and will be removed in the next release; "
-        "use explorer"
+        "build_server_app: attention is deprecated and will be removed in litmt 0.3.0; use explorer"
     ]
     with TestClient(app) as c:
         assert c.get("/health").json()["attention"] is False

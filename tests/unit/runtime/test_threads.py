@@ -22,7 +22,7 @@ def test_threads_on_the_cpu_are_parallel_ct2_workers_of_one_thread():
 
 
 def test_threads_zero_on_the_cpu_follows_torch_not_ct2s_fixed_four(torch_threads):
-    """CTranslate2's own default is intra_threads=4 on any machine (docs/parallel.md), which
+    """CTranslate2's own default is intra_threads=4 on any machine (its documentation, parallel.md), which
     oversubscribes a 2-core machine; threads=0 takes torch's count instead."""
     torch.set_num_threads(1)
     assert ct2_thread_options("cpu", 0) == {"inter_threads": 1, "intra_threads": 1}

@@ -122,7 +122,7 @@ class ParallelCorpus:
     # -- naming -------------------------------------------------------------------------
     def with_split(self, name: str) -> ParallelCorpus:
         """A copy whose split `name` reads the file stem (local) or hub split `name`: how an
-        extra test set such as ``test2017`` (`data.extra_test`) is loaded."""
+        extra test set such as ``test_2017_flickr`` (`data.extra_test`) is loaded."""
         if self.is_local:
             return dataclasses.replace(self, splits={**self.splits, name: name})
         hub = dataclasses.replace(self.hub, splits={**self.hub.splits, name: name})

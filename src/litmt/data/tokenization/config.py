@@ -31,7 +31,7 @@ class TokenizerConfig:
     input_sentence_size: int = 300_000
     """train on at most this many sentences, a seeded random sample streamed from disk;
     0 = every sentence, as in sentencepiece. sentencepiece holds the sample in memory: about
-    0.6 GB + 3.4 GB per million sentences at preparation's peak (docs/benchmarks.md)"""
+    0.6 GB + 3.4 GB per million sentences at preparation's peak (docs/results.md#preparation_memory)"""
     seed: int = 0
     """seed of that sample; null in conf/data = data.seed (this default is for a
     TokenizerConfig built alone)"""
@@ -45,8 +45,9 @@ class TokenizerConfig:
     """subword regularisation, train split only (re-encoded every epoch; valid/test/decoding
     keep the best segmentation): unigram smoothing | bpe merge-dropout probability, in (0, 1];
     null or 0 = off. Batches are planned on the stored lengths x the measured sampled/stored
-    ratio; the padded batch still exceeds max_tokens (median 1.05-1.5x on Multi30k,
-    docs/usage.md): lower max_tokens when memory is tight"""
+    ratio and a sampled side longer than its planned length is drawn again (else keeps its best
+    segmentation), so no batch exceeds max_tokens
+    (docs/guide/train.md#subword-regularisation)"""
     sampling_nbest: int = -1
     """unigram: sample among the n best segmentations (-1 = all, 1 = the best only: no
     sampling); bpe: keep -1. n > 1 draws with litmt's seeded sampler (the same segmentations

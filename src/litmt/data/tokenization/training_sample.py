@@ -7,7 +7,7 @@ its non-empty sentences, once to write the sampled ones into a scratch file. The
 in that sample's order; when `n <= input_sentence_size` (or it is 0, as in sentencepiece)
 every sentence is used, in corpus order. Only the sampled positions live in memory, never the
 text; sentencepiece then holds the sample in memory, and its size sets the peak memory of
-preparation (docs/benchmarks.md, "Preparation memory and the tokenizer's sample").
+preparation (docs/notebook/2026-12-03-preparation-memory.md).
 """
 
 from __future__ import annotations

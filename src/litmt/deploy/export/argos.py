@@ -12,8 +12,8 @@ it into its packages directory. Each directory there is one installed package, r
   decode the target pieces);
 - optionally ``minisbd/<lang>.onnx``: the MiniSBD sentence splitter, which Argos otherwise
   downloads on first use; or ``spacy/``: a spaCy pipeline, which Argos loads (adding spaCy's
-  rule-based ``sentencizer``) when run with ``ARGOS_CHUNK_TYPE=SPACY`` (docs/deploy.md,
-  "Argos Translate and LibreTranslate").
+  rule-based ``sentencizer``) when run with ``ARGOS_CHUNK_TYPE=SPACY``
+  (docs/guide/ship.md#argos-translate-and-libretranslate).
 
 A multilingual model (`data.directions`) gives one package per direction (``argos.src_lang``,
 ``argos.tgt_lang``) and needs ``data.tag_placement=target``: Argos adds nothing to the source,

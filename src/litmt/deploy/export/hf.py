@@ -196,7 +196,7 @@ def hf_config(loaded: LoadedModel) -> Any:
 
 def generation_config(cfg: TransformerConfig, decoding: Mapping[str, Any]) -> Any:
     """litmt's beam size and length penalty, the longest output litmt allows (max_positions);
-    what a generation config cannot say is in docs/deploy.md."""
+    what a generation config cannot say is in docs/guide/ship.md#export-for-transformers."""
     from transformers import GenerationConfig
 
     return GenerationConfig(

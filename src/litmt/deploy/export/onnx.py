@@ -214,7 +214,8 @@ def _quantize(directory: Path) -> None:
 def onnx_config(
     loaded: LoadedModel, quantization: str, decoding: dict[str, Any], sha256: str
 ) -> dict[str, Any]:
-    """The ``config.json`` of an export (its keys: docs/deploy.md)."""
+    """The ``config.json`` of an export (its keys:
+    docs/guide/ship.md#onnx-formatonnx-and-engineonnx)."""
     cfg, tok = loaded.model.config, loaded.tokenizer
     tags = {p: i for p, i in tok.tgt_tags.items() if i in tok.lang_tag_ids}
     return {

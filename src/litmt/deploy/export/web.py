@@ -43,7 +43,10 @@ RUNTIME_FILES = {
     "sentencepiece.js": ("@sctg/sentencepiece-js", "dist/index.js"),
     "LICENSE.sentencepiece-js": ("@sctg/sentencepiece-js", "LICENSE"),
 }
-NPM_HINT = "run `npm ci --ignore-scripts` in the repository's web/ folder (docs/deploy.md)"
+NPM_HINT = (
+    "run `npm ci --ignore-scripts` in the repository's web/ folder "
+    "(docs/guide/ship.md#translate-in-the-browser)"
+)
 
 
 def missing_runtime(node_modules: str | Path) -> list[str]:

@@ -48,7 +48,7 @@ from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import Any
 
-from litmt.config import renamed_attribute
+from litmt.config import REMOVED_IN, renamed_attribute
 from litmt.deploy.server.log_redaction import forget_keys_in_logs, redact_keys_in_logs
 from litmt.errors import ConfigError
 
@@ -103,16 +103,17 @@ class AccessConfig:
                 raise ConfigError(f"require_api_key_origin is not a regex: {exc}") from None
 
     def _old_trust_forwarded_for(self, value: bool | None) -> bool:
-        """The deprecated boolean (until the next release), read the safe way: true = the
+        """The deprecated boolean (until litmt 0.3.0), read the safe way: true = the
         direct peer, whatever its address, is your one reverse proxy, and the client is the
         last X-Forwarded-For address (the one that proxy appended), never the first (which the
         client writes). Not "*", which would trust every address in the header."""
         if value is None:
             return False
         log.warning(
-            "serve: access.trust_forwarded_for is deprecated and will be removed in the next "
-            "release; use access.forwarded_allow_ips (your proxies' addresses). Until then "
+            "serve: access.trust_forwarded_for is deprecated and will be removed in litmt %s; "
+            "use access.forwarded_allow_ips (your proxies' addresses). Until then "
             "trust_forwarded_for=%s %s",
+            REMOVED_IN,
             str(bool(value)).lower(),
             "trusts the direct peer as one proxy: the client is the last X-Forwarded-For address"
             if value

@@ -1,5 +1,5 @@
 // The offline translator: litmt's ONNX export (format=onnx; its files are described in
-// docs/deploy.md) run by onnxruntime-web's single-threaded wasm backend, with sentencepiece
+// docs/guide/ship.md) run by onnxruntime-web's single-threaded wasm backend, with sentencepiece
 // (the C++ library compiled to wasm) for the ids, so the page's ids are python
 // sentencepiece's. No DOM here: app.js draws the page.
 //
