@@ -39,6 +39,7 @@ from litmt.decoding.search.rules import (
     length_penalty_factor,
     loop_steps,
 )
+from litmt.decoding.search.stopping import check_stop
 
 _D = DecodeConfig()  # the keyword defaults below are the project's one set
 
@@ -119,6 +120,7 @@ def _beam_loop(
     arange_2k = torch.arange(2 * k, device=device)  # (2K,)
     done_here = False
     for step in range(steps):
+        check_stop(step)  # a caller that no longer waits (stop_when) ends the search here
         if done_here:  # sync_steps only: another rank still decodes; match its collectives
             model.decode_step(last, state)
             if all_done(True, sync_steps, device):

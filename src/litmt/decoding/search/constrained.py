@@ -74,6 +74,7 @@ from litmt.decoding.config import DecodeConfig
 from litmt.decoding.search.beam import FinishedBuffer, beam_done, topk_rows, update_scores
 from litmt.decoding.search.constraint_tracker import State, Tracker, WordPieces
 from litmt.decoding.search.rules import NEG_INF, Hypothesis, StepModel, StepRules, check_search_args
+from litmt.decoding.search.stopping import check_stop
 from litmt.errors import ConfigError
 
 Candidate = tuple[int, float, int, int, State]
@@ -198,6 +199,7 @@ def constrained_beam_search(
         just_met=[False] * bsz,
     )
     for step in range(rules.steps):
+        check_stop(step)  # a caller that no longer waits (stop_when) ends the search here
         b, kk = len(beams.active), beams.kk
         sentences = torch.tensor(beams.active, device=device)  # (b,)
         at_budget = [budgets[s] <= step for s in beams.active]

@@ -31,6 +31,7 @@ from litmt.decoding.search.rules import (
     loop_steps,
     shared_limits,
 )
+from litmt.decoding.search.stopping import check_stop
 
 _D = DecodeConfig()  # the keyword defaults below are the project's one set
 
@@ -99,6 +100,7 @@ def decode_rows(
     lengths = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) incl. eos
     done_here = False
     for step in range(steps):
+        check_stop(step)  # a caller that no longer waits (stop_when) ends the search here
         if done_here:  # sync_steps only: another rank still decodes; match its collectives
             model.decode_step(tokens, state)
         else:

@@ -227,6 +227,7 @@ class Admission:
             "batches": q.batches,
             "largest_batch": q.largest_batch,
             "skipped": q.skipped,  # jobs dropped before decoding: their client went
+            "stopped": q.stopped,  # batches stopped mid-decode: every client had gone
             "rejected": q.rejected,  # 503: the queue was full
             "shed": q.shed,  # 503: could not finish within request_timeout_s
             "timed_out": self.timed_out,  # 504

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -39,6 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
+
+from litmt.decoding.search.stopping import DecodeStopped, stop_when
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +176,7 @@ class ModelQueue:
         self.skipped = 0  # jobs dropped before decoding: their waiter had gone
         self.rejected = 0  # jobs refused because the queue was full
         self.shed = 0  # jobs refused because they could not finish before the deadline
+        self.stopped = 0  # batches stopped mid-decode: every client of the batch had gone
         self._busy_until = 0.0  # monotonic estimate of the running batch's end
         self._running_since: float | None = None  # monotonic start of the batch on the thread
         self._arrived: asyncio.Event | None = None
@@ -324,7 +328,11 @@ class ModelQueue:
         self._busy_until = start + self.times.estimate(kind, work)
         self._running_since = start
         try:
-            out = await loop.run_in_executor(self.executor, live[0].run, items)
+            out = await loop.run_in_executor(self.executor, _stoppable(live), items)
+        except DecodeStopped as exc:  # every client of the batch went or timed out meanwhile
+            self.stopped += 1
+            log.info("a batch of %d job(s) was stopped: %s", len(live), exc)
+            return
         except Exception as exc:  # handed to the waiting request(s), which report it
             if len(live) == 1:
                 _settle(live[0].future, exc=exc)  # its client may have gone meanwhile
@@ -341,6 +349,29 @@ class ModelQueue:
         for job in live:
             _settle(job.future, result=out[start_at : start_at + len(job.items)])
             start_at += len(job.items)
+
+
+def _stoppable(jobs: list[Job]) -> Callable[[list[Any]], list[Any]]:
+    """The batch's `run` under `stop_when`: once every job's future is done (its client went,
+    or its request timed out: the waiter cancels it), the search stops at its next step
+    (`litmt.decoding.search.stopping`; an engine with its own search, CTranslate2, finishes
+    its batch). The futures' callbacks run on the event loop and set a thread-safe event the
+    model thread reads."""
+    gone = threading.Event()
+
+    def on_done(_future: asyncio.Future) -> None:
+        if all(job.future.done() for job in jobs):
+            gone.set()
+
+    for job in jobs:
+        job.future.add_done_callback(on_done)
+    run = jobs[0].run
+
+    def run_stoppable(items: list[Any]) -> list[Any]:
+        with stop_when(gone.is_set):
+            return run(items)
+
+    return run_stoppable
 
 
 __all__ = ["Job", "ModelQueue", "Overloaded", "QueueFull", "QueueStopped", "ServiceTimes"]
