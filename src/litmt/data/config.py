@@ -274,7 +274,7 @@ def parse_extra_test(value: Any) -> list[str]:
         isinstance(n, str) and n.strip() for n in names
     ):
         raise ConfigError(
-            f"data.extra_test must be a list of split names such as [test2017, mscoco2017], "
+            f"data.extra_test must be a list of split names such as [test_2017_flickr, test_2017_mscoco], "
             f"got {value!r}"
         )
     if len(set(names)) != len(names):

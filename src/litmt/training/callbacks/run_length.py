@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import Timer
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,10 @@ class RunLengthEstimate(L.Callback):
             self._start, self._start_step = time.monotonic(), trainer.global_step
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if self._done or self._start is None or trainer.max_time is not None:
+        if self._done or self._start is None:
+            return
+        if any(isinstance(c, Timer) for c in trainer.callbacks):  # max_time: on the clock
+            self._done = True
             return
         steps = trainer.global_step - self._start_step
         if steps < self.after_steps:

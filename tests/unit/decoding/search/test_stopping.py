@@ -43,7 +43,10 @@ class AfterSteps:
 
 CASES = {
     "greedy": (DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=20, min_len=10), {}),
-    "sample": (DecodeConfig(method="sample", top_k=5, seed=1, max_len_a=0.0, max_len_b=20, min_len=10), {}),
+    "sample": (
+        DecodeConfig(method="sample", top_k=5, seed=1, max_len_a=0.0, max_len_b=20, min_len=10),
+        {},
+    ),
     "beam": (DecodeConfig(beam_size=4, max_len_a=0.0, max_len_b=20, min_len=10), {}),
     "constrained": (
         DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=20, min_len=10),
