@@ -35,7 +35,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.common import REPO
+from benchmarks.common import REPO, write_result_record
 from benchmarks.http_load import mixed_requests, plain_requests, run_clients, summary
 from litmt.cli.script.exits import cli_errors
 from litmt.data.text import read_text_file
@@ -274,7 +274,10 @@ def record_values(rows: list[dict], soaked: dict | None) -> tuple[dict, dict]:
     units: dict[str, str] = {}
     for r in rows:
         c = r["concurrency"]
-        values[f"c{c}_requests_per_s"], units[f"c{c}_requests_per_s"] = r["requests_per_s"], "requests/s"
+        values[f"c{c}_requests_per_s"], units[f"c{c}_requests_per_s"] = (
+            r["requests_per_s"],
+            "requests/s",
+        )
         for q in ("p50", "p99"):
             values[f"c{c}_{q}_ms"], units[f"c{c}_{q}_ms"] = round(r[f"{q}_ms"]), "ms"
         values[f"c{c}_non_ok"] = sum(k for code, k in r["status"].items() if code != "200")

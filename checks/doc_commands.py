@@ -80,7 +80,7 @@ def compose_problem(config: str, overrides: list[str], conf: Path) -> str | None
     try:
         with initialize_config_dir(str(conf), version_base=None):
             compose(config, overrides=overrides, return_hydra_config=True)
-    except Exception as exc:  # noqa: BLE001 (Hydra raises many types; each becomes a problem line)
+    except Exception as exc:  # Hydra raises many types; each becomes one problem line
         return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     finally:
         GlobalHydra.instance().clear()

@@ -7,8 +7,8 @@ from __future__ import annotations
 import csv
 import re
 import shlex
-from datetime import datetime
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +99,7 @@ def record_values(report: Mapping[str, Any]) -> tuple[dict[str, float], dict[str
     def scores(prefix: str, s: Mapping[str, Any]) -> None:
         for metric, value in s.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
-                values[f"{prefix}_{metric}"] = float(value)
+                values[f"{prefix}_{metric}"] = round(float(value), 2)  # as the log prints it
                 units[f"{prefix}_{metric}"] = "chrF" if "chrf" in metric else "BLEU"
 
     final = report.get("final")
