@@ -44,8 +44,9 @@ SHAPES = [
 ]
 
 
-def package_size(meta: dict[str, Any], config: dict[str, Any], tmp: Path) -> tuple[int, int, int]:
-    """(parameters, model.bin bytes, package bytes) of a perturbed random model of `config`."""
+def random_export(meta: dict[str, Any], config: dict[str, Any], tmp: Path) -> tuple[int, Path]:
+    """(parameters, int8 export directory ``tmp/int8``) of a perturbed random model of
+    `config`; `meta`: the checkpoint metadata it carries (tokenizer, languages)."""
     torch.manual_seed(0)
     model = Seq2SeqTransformer(TransformerConfig.from_dict(config))
     with torch.no_grad():
@@ -54,8 +55,14 @@ def package_size(meta: dict[str, Any], config: dict[str, Any], tmp: Path) -> tup
     state = {MODEL_PREFIX + k: v.detach() for k, v in model.state_dict().items()}
     atomic_save({"state_dict": state, META_KEY: {**meta, "model_config": config}}, tmp / "m.ckpt")
     out = export_model(tmp / "m.ckpt", tmp / "int8", quantization="int8", force=True)
+    return model.num_parameters(), out
+
+
+def package_size(meta: dict[str, Any], config: dict[str, Any], tmp: Path) -> tuple[int, int, int]:
+    """(parameters, model.bin bytes, package bytes) of a perturbed random model of `config`."""
+    params, out = random_export(meta, config, tmp)
     files = {p.name: p.stat().st_size for p in out.iterdir()}
-    return model.num_parameters(), files["model.bin"], sum(files.values())
+    return params, files["model.bin"], sum(files.values())
 
 
 def main() -> None:

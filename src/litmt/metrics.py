@@ -1,4 +1,5 @@
-"""Corpus metrics, computed by sacreBLEU only (BLEU, chrF, TER), with their signatures."""
+"""Corpus metrics, computed by sacreBLEU only (BLEU, chrF, TER), with their signatures; and
+sentence BLEU (sacreBLEU's `sentence_score`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from litmt.errors import DataError
 
 METRICS = {"bleu": BLEU, "chrf": CHRF, "ter": TER}
+_SENTENCE_BLEU = BLEU(effective_order=True)  # sentence_bleu's scorer (built once)
 
 
 @dataclass(frozen=True)
@@ -80,3 +82,10 @@ def corpus_scores(
 def corpus_bleu(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> float:
     """sacreBLEU corpus BLEU (13a tokenisation, exp smoothing), 0-100."""
     return corpus_scores(hyps, refs, metrics=("bleu",))["bleu"].score
+
+
+def sentence_bleu(hyp: str, ref: str) -> float:
+    """sacreBLEU sentence BLEU of one hypothesis against one reference, 0-100: 13a
+    tokenisation, exp smoothing and the effective n-gram order (a short sentence is not zero
+    for lacking 4-grams), as ``sacrebleu.sentence_bleu``."""
+    return float(_SENTENCE_BLEU.sentence_score(hyp, [ref]).score)

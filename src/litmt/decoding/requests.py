@@ -16,12 +16,15 @@ T = TypeVar("T")
 class Translation:
     """One hypothesis of `BaseTranslator.translations`: its text, its length-normalised
     log-prob score, whether it holds every constraint of its sentence (always True without
-    constraints) and its Pharaoh word alignment ("" unless asked for)."""
+    constraints), its Pharaoh word alignment ("" unless asked for), its total log-probability
+    (its tokens and eos) and its number of target tokens (eos not counted)."""
 
     text: str
     score: float
     constraints_met: bool = True
     alignment: str = ""
+    log_prob: float = 0.0
+    length: int = 0
 
 
 @dataclass(frozen=True)

@@ -312,7 +312,7 @@ class BaseTranslator:
             texts = self.tokenizer.decode_tgt([h.tokens for h in hyps])
             out.append(
                 [
-                    Translation(t, h.score, h.constraints_met, a)
+                    Translation(t, h.score, h.constraints_met, a, h.log_prob, len(h.tokens))
                     for t, h, a in zip(texts, hyps, link, strict=True)
                 ]
             )

@@ -3,10 +3,12 @@
 
 Translates the training split of a ``conf/data`` corpus with a teacher and writes the
 distilled corpus ``{out}/train.{src_lang,tgt_lang}`` with its provenance ``distill.json``
-(`litmt.decoding.distill`: chunks, resume, filters). The teacher is what the load group
-names (``ckpt_path``: a .ckpt, a CTranslate2 export directory, or with ``engine=torch
-ensemble=true`` a list of checkpoints decoded as an ensemble); by default it decodes on the
-ct2 engine in int8 with beam 5.
+(`litmt.decoding.distill`: chunks, resume, the hypothesis kept, filters). The teacher is what
+the load group names (``ckpt_path``: a .ckpt, a CTranslate2 export directory, a list of
+checkpoints whose weights are averaged, or with ``engine=torch ensemble=true`` a list decoded
+as an ensemble); by default it decodes on the ct2 engine in int8 with beam 5. With
+``select=closest`` it decodes the n-best (``n_best=N``) and keeps, per line, the hypothesis
+closest to the reference (Seq-Inter).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from litmt.data.corpora.streams import count_pairs, pair_chunks
 from litmt.decoding.config import DecodeConfig, job_options
 from litmt.decoding.distill import (
     FORMAT,
+    Candidate,
     DistillConfig,
     DistillOutput,
     Translate,
@@ -109,7 +112,7 @@ def settings_key(
 ) -> dict[str, Any]:
     """Everything that decides the distilled corpus: a resumed run must match it (paths may
     move; weights, decoding, source files and filters may not)."""
-    key = {
+    key: dict[str, Any] = {
         "teacher": [{k: v for k, v in m.items() if k != "path"} for m in teacher["models"]],
         "combine": teacher["combine"],
         "engine": {k: engine[k] for k in ("engine", "compute_type", "quantization")},
@@ -121,25 +124,53 @@ def settings_key(
         "chunk_lines": settings.chunk_lines,
         "max_tokens": settings.max_tokens,
     }
+    # recorded when set: a corpus distilled before these settings existed keeps its key
+    if settings.select != "top":
+        key["select"] = settings.select
+    if settings.filter_ce_quantile is not None:
+        key["filters"]["ce_quantile"] = settings.filter_ce_quantile
     return json.loads(json.dumps(key))  # as the marker reads it back (lists, not tuples)
 
 
 def chunk_translator(
     translator: Any, config: DecodeConfig, direction: dict[str, Any], max_tokens: int
 ) -> Translate:
-    """Source lines -> (translations, source token counts, translation token counts)."""
+    """Source lines -> (per line the teacher's n-best as `Candidate`s, best first, per line its
+    source subword tokens); a candidate's cross-entropy is the decode's own log-probability
+    per token (eos counted), on every engine."""
 
-    def translate(sources: list[str]) -> tuple[list[str], list[int], list[int]]:
-        found = translator.translate(sources, config, max_tokens=max_tokens, **direction)
-        outputs = [str(t) for t in found]
+    def translate(sources: list[str]) -> tuple[list[list[Candidate]], list[int]]:
+        found = translator.translations(sources, config, max_tokens=max_tokens, **direction)
         tok = translator.tokenizer
-        return (
-            outputs,
-            [len(i) for i in tok.encode_src(sources)],
-            [len(i) for i in tok.encode_tgt(outputs)],
-        )
+        lengths = iter(len(i) for i in tok.encode_tgt([t.text for row in found for t in row]))
+        candidates = [
+            [Candidate(t.text, next(lengths), -t.log_prob / (t.length + 1)) for t in row]
+            for row in found
+        ]
+        return candidates, [len(i) for i in tok.encode_src(sources)]
 
     return translate
+
+
+def check_select(config: DecodeConfig, settings: DistillConfig) -> None:
+    """The decoding fits the hypothesis kept: one (``select=top``) or an n-best to choose from
+    (``select=closest``); never sampling.
+
+    Raises:
+        ConfigError: sampling, an n-best with select=top, a single hypothesis with closest.
+    """
+    if config.method == "sample":
+        raise ConfigError("distill keeps the teacher's search output: use method=beam or greedy")
+    if settings.select == "top" and config.n_best != 1:
+        raise ConfigError(
+            "distill keeps one translation per line: n_best=1, or select=closest to keep the "
+            "hypothesis of the n-best closest to the reference"
+        )
+    if settings.select == "closest" and config.n_best < 2:
+        raise ConfigError(
+            "select=closest chooses among the teacher's n-best: pass n_best=N (2 or more, at "
+            "most beam_size)"
+        )
 
 
 def load_teacher(cfg: DictConfig, load: LoadConfig) -> tuple[Any, dict[str, Any], dict[str, Any]]:
@@ -176,8 +207,7 @@ def distill(cfg: DictConfig) -> dict[str, Any]:
     DistillOutput(out, langs, {}).refuse_foreign()  # before the teacher loads
     translator, teacher, engine = load_teacher(cfg, load)
     config = DecodeConfig.from_options(job_options(cfg.decoding), base=translator.default_config)
-    if config.method == "sample" or config.n_best != 1:
-        raise ConfigError("distill keeps one translation per line: use method=beam or greedy")
+    check_select(config, settings)
     direction = load.direction()
     direction["src_lang"] = direction["src_lang"] or data.src_lang
     direction["tgt_lang"] = direction["tgt_lang"] or data.tgt_lang
@@ -190,8 +220,7 @@ def distill(cfg: DictConfig) -> dict[str, Any]:
         return done
     output.open_parts()
     translate = chunk_translator(translator, config, direction, int(settings.max_tokens))
-    chunks = (src for src, _ in pair_chunks(corpus, [], "train", chunk=settings.chunk_lines,
-                                             limit=data.limit))  # fmt: skip
+    chunks = pair_chunks(corpus, [], "train", chunk=settings.chunk_lines, limit=data.limit)
     total = count_pairs(corpus, [], "train")
     total = min(total, data.limit) if total is not None and data.limit is not None else total
     if not distill_corpus(chunks, translate, output, settings, total):
@@ -204,12 +233,14 @@ def distill(cfg: DictConfig) -> dict[str, Any]:
         "format": data.format,
         "split": plain(data.splits.train),
     }
-    done = output.finish({"format": FORMAT, "teacher": teacher, "source": source})
+    provenance = {"format": FORMAT, "teacher": teacher, "source": source}
+    done = output.finish(provenance, settings.filter_ce_quantile)
     log_counts(output.counts, output.out)
     return done
 
 
 __all__ = [
+    "check_select",
     "chunk_translator",
     "distill",
     "load_teacher",
