@@ -44,7 +44,9 @@ def broken(root: Path = ROOT) -> list[str]:
     problems = []
     for folder in FOLDERS:
         for path in sorted((root / folder).rglob("*")):
-            skip = {"fixtures", "docs"} & set(path.relative_to(root).parts[1:])  # tests/docs: planted
+            skip = {"fixtures", "docs"} & set(
+                path.relative_to(root).parts[1:]
+            )  # tests/docs: planted
             if (
                 not path.is_file()
                 or path.suffix not in SUFFIXES

@@ -656,8 +656,10 @@ def run_step(step: str, ctx: Context) -> list[Part]:
             Part(how, "ok" if have else "FAIL", detail="" if have else "web/node_modules is absent")
         ]
     if program == "for" and "curl" in tokens and re.search(r"https://(?!localhost)", step):
-        how = ("not run: needs the network (the download); data/multi30k, a link to the "
-               "shared Multi30k copy (or a tiny corpus in its layout), stands in for its output")
+        how = (
+            "not run: needs the network (the download); data/multi30k, a link to the "
+            "shared Multi30k copy (or a tiny corpus in its layout), stands in for its output"
+        )
         return [Part(how, "-")]
     if tokens[:2] == ["mkdocs", "serve"]:
         port = free_port()

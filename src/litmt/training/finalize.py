@@ -255,7 +255,8 @@ def finalize(
         }
     headline = "chosen" if chosen is not None else "greedy"
     report["final"] = {
-        "model": chosen_model, "decoding": headline, **report["test"][chosen_model][headline]
+        "model": chosen_model, "decoding": headline, **report["test"][chosen_model][headline],
+        "checkpoint": average if chosen_model == "average" else best,  # the file to use
     }  # fmt: skip
     for name in extra_test:
         report["extra_test"][name] = score_extra_test(

@@ -48,6 +48,8 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
             lines.extend(_score_lines(f"test {model} {decoding}", s))
     if final := report.get("final"):
         lines.extend(_score_lines(f"final test ({final['model']}, {final['decoding']})", final))
+        if final.get("checkpoint"):
+            lines.append(f"model to use: {final['checkpoint']}")
     for name, by_decoding in (report.get("extra_test") or {}).items():
         for decoding, s in by_decoding.items():
             if decoding == "skipped":
@@ -104,7 +106,7 @@ def record_values(report: Mapping[str, Any]) -> tuple[dict[str, float], dict[str
 
     final = report.get("final")
     if final:
-        scores("test", {k: v for k, v in final.items() if k not in ("model", "decoding")})
+        scores("test", {k: v for k, v in final.items() if k in ("bleu", "chrf")})
         greedy = report.get("test", {}).get(final["model"], {}).get("greedy")
         if greedy and final["decoding"] != "greedy":
             scores("test_greedy", greedy)

@@ -402,8 +402,8 @@ def test_the_old_trust_forwarded_for_trusts_the_peer_only_with_a_deprecation_lin
     with caplog.at_level(logging.WARNING):
         access = serve_config(values).access
     assert [r.getMessage() for r in caplog.records] == [
-        "serve: access.trust_forwarded_for is deprecated and will be removed in the next "
-        "release; use access.forwarded_allow_ips (your proxies' addresses). Until then "
+        "serve: access.trust_forwarded_for is deprecated and will be removed in litmt 0.3.0; "
+        "use access.forwarded_allow_ips (your proxies' addresses). Until then "
         "trust_forwarded_for=true trusts the direct peer as one proxy: the client is the last "
         "X-Forwarded-For address"
     ]

@@ -138,6 +138,7 @@ def test_run_averages_the_best_two_chooses_on_valid_and_scores_test(tmp_path, mo
     ]
     final = report["final"]
     assert (final["model"], final["decoding"]) == (model, "chosen")
+    assert final["checkpoint"] == model_ckpt  # the file the chosen model is
     assert final["bleu"] == report["test"][model]["chosen"]["bleu"] == metrics["final/bleu"]
     for (_, _, _, bleu, ckpt), decoding in zip(calls[4:8], ["greedy", "chosen"] * 2, strict=True):
         model = "best" if ckpt == best else "average"
@@ -274,6 +275,7 @@ def test_each_test_line_scores_the_model_it_names(tmp_path, monkeypatch):
         "test average greedy: BLEU 45.00 chrF 55.00",
         "test average chosen: BLEU 48.00 chrF 58.00",
         "final test (average, chosen): BLEU 48.00 chrF 58.00",
+        f"model to use: {report['average_checkpoint']}",
         f"scores: {tmp_path / 'scores.json'}",
     ]
     metrics = flat_metrics(report)
@@ -325,7 +327,10 @@ def test_an_average_worse_on_valid_is_not_the_reported_model(tmp_path, monkeypat
         ("avg_best2.ckpt", "valid", 1),
         ("epoch=1.ckpt", "valid", 4),  # the grid, with the best checkpoint
     ]
-    assert report["final"] == {"model": "best", "decoding": "chosen", "bleu": 37.0, "chrf": 47.0}
+    assert report["final"] == {
+        "model": "best", "decoding": "chosen", "bleu": 37.0, "chrf": 47.0, "checkpoint": best
+    }  # fmt: skip
+    assert f"model to use: {best}" in summary_lines(report)
     assert report["test"]["average"]["chosen"]["bleu"] == 32.0
     lines = summary_lines(report)
     assert (
@@ -526,6 +531,7 @@ RUN_FINALIZE = {
     "beam_sizes": [1, 3],
     "length_penalties": [0.8, 1.2],
     "max_tokens": 123,
+    "record": None,
 }
 
 
@@ -538,6 +544,7 @@ RUN_FINALIZE = {
         (["finalize.length_penalties=[1.0]"], {"length_penalties": [1.0]}),
         (["finalize.max_tokens=64", "data_dir=/moved/corpus"], {"max_tokens": 64}),
         (["extra_test=[test2017,mscoco2017]"], {}),
+        (["finalize.record=rerun_id"], {"record": "rerun_id"}),
     ],
 )
 def test_rerun_keeps_the_runs_finalize_keys_the_command_line_does_not_set(
@@ -546,9 +553,13 @@ def test_rerun_keeps_the_runs_finalize_keys_the_command_line_does_not_set(
     """scripts/finalize.py's config (conf/finalize.yaml: every finalize key null) on a run saved
     with non-default finalize keys: the end step gets the run's value of every key the command
     line leaves null, the best kept checkpoint, and the run's data unless data_dir moves it."""
+    monkeypatch.chdir(tmp_path)  # where finalize.record writes docs/results/records/
     run = tmp_path / "run"
     saved = compose_train(
-        ["data.dir=/run/corpus", *(f"finalize.{k}={v}" for k, v in RUN_FINALIZE.items())],
+        [
+            "data.dir=/run/corpus",
+            *(f"finalize.{k}={'null' if v is None else v}" for k, v in RUN_FINALIZE.items()),
+        ],
         tmp_path,
     )
     (run / ".hydra").mkdir(parents=True)
@@ -592,6 +603,9 @@ def test_rerun_keeps_the_runs_finalize_keys_the_command_line_does_not_set(
     assert got["data_dir"] == ("/moved/corpus" if moved else "/run/corpus")
     extra = "extra_test=[test2017,mscoco2017]" in overrides
     assert got["extra_test"] == (["test2017", "mscoco2017"] if extra else [])
+    # finalize.record=ID writes the run's result record (relative to the working directory)
+    record = tmp_path / "docs" / "results" / "records" / "rerun_id.json"
+    assert record.is_file() == ("record" in changed)
 
 
 def _finalize_script(*args: str) -> subprocess.CompletedProcess:
