@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import re
 import shlex
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from checks.problems import Problem, report
 from checks.readme_commands import extract_commands, split_chain
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,15 +23,6 @@ SCRIPT = re.compile(r"(?:^|\s|/)scripts/(?P<name>[\w-]+)\.(?P<ext>py|sh)\b")
 MODULE = re.compile(r"python3? -m (?P<module>(?:benchmarks|checks|reports)\.[\w.]+)")
 RUN_SCRIPT = re.compile(r'run_script\(\s*"(?P<config>\w+)"')
 SHELL_STOP = {"|", "||", "&&", ";", ">", ">>", "<", "2>", "&"}
-
-
-@dataclass(frozen=True)
-class Problem:
-    where: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.message}"
 
 
 def pages(root: Path = ROOT) -> list[Path]:
@@ -124,11 +114,8 @@ def check_all(root: Path = ROOT) -> list[Problem]:
 
 
 def main() -> int:
-    problems = check_all()
-    for problem in problems:
-        print(problem)
-    print(f"{len(problems)} problem(s)", file=sys.stderr)
-    return 1 if problems else 0
+    """Print each problem; exit 1 if any."""
+    return report(check_all())
 
 
 if __name__ == "__main__":

@@ -10,30 +10,26 @@ Links inside docs/ and the README are the site build's to check (``mkdocs build 
 from __future__ import annotations
 
 import re
-import sys
 from functools import cache
 from pathlib import Path
 
 from markdown.extensions.toc import slugify, unique
+
+from checks.problems import prose_lines, report
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("conf", "src", "scripts", "benchmarks", "checks", "reports", "tests", ".ci")
 SUFFIXES = {".py", ".yaml", ".yml", ".sh", ".toml", ".md", ""}
 REFERENCE = re.compile(r"(?<![\w/.])docs/(?P<page>[\w./-]+?\.md)(?:#(?P<anchor>[\w-]+))?")
 HEADING = re.compile(r"^(#{1,6})\s+(?P<title>.+?)\s*#*\s*$")
-FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 @cache
 def anchors(page: Path) -> frozenset[str]:
     """The heading anchors of a Markdown page, as the site builds them."""
     seen: set[str] = set()
-    fenced = False
-    for line in page.read_text(encoding="utf-8").splitlines():
-        if FENCE.match(line):
-            fenced = not fenced
-            continue
-        if not fenced and (m := HEADING.match(line)):
+    for _, line in prose_lines(page.read_text(encoding="utf-8")):
+        if m := HEADING.match(line):
             title = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", r"\1", m["title"])
             seen.add(unique(slugify(title, "-"), seen))
     return frozenset(seen)
@@ -71,11 +67,7 @@ def broken(root: Path = ROOT) -> list[str]:
 
 def main() -> int:
     """Print each broken reference; exit 1 if any."""
-    problems = broken()
-    for line in problems:
-        print(line)
-    print(f"{len(problems)} broken reference(s)", file=sys.stderr)
-    return 1 if problems else 0
+    return report(broken(), "broken reference(s)")
 
 
 if __name__ == "__main__":

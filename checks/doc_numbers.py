@@ -16,11 +16,10 @@ tests/docs/test_numbers.py runs it on the real files and shows it catching a cha
 from __future__ import annotations
 
 import re
-import sys
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
+from checks.problems import Problem, prose_lines, report
 from litmt.records import Record, format_value, read_records, value_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,29 +34,6 @@ MEASURED = re.compile(
     r"(?<![\w.\-/])\d[\d,]*(?:\.\d+)?\s?"
     r"(?:BLEU\b|chrF\b|sentences/s\b|sent/s\b|tokens/s\b|words/s\b|×(?!\s*\d))"
 )
-FENCE = re.compile(r"^(```|~~~)")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One quote or statement the check refuses."""
-
-    where: str  # file:line
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.message}"
-
-
-def prose_lines(text: str) -> Iterator[tuple[int, str]]:
-    """(line number, line) of the Markdown outside fenced code blocks."""
-    fenced = False
-    for number, line in enumerate(text.splitlines(), 1):
-        if FENCE.match(line.strip()):
-            fenced = not fenced
-            continue
-        if not fenced:
-            yield number, line
 
 
 def check_quote(text: str, anchor: str, ref: str, records: Mapping[str, Record]) -> str | None:
@@ -132,11 +108,7 @@ def check_all(root: Path = ROOT) -> list[Problem]:
 
 def main() -> int:
     """Print each problem; exit 1 if any."""
-    problems = check_all()
-    for problem in problems:
-        print(problem)
-    print(f"{len(problems)} problem(s)", file=sys.stderr)
-    return 1 if problems else 0
+    return report(check_all())
 
 
 if __name__ == "__main__":

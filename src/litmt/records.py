@@ -18,21 +18,25 @@ A record::
 from __future__ import annotations
 
 import json
-import os
 import platform
 import re
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from litmt.errors import ConfigError
+from litmt.runtime.threads import usable_cores
 
 RECORDS_DIR = Path("docs") / "results" / "records"
 """where records live, relative to the repository root"""
 
 _ID = re.compile(r"[a-z0-9][a-z0-9_]*")
+
+
+def is_record_id(text: str) -> bool:
+    """Whether `text` is a valid record id (and value key): snake_case, ``[a-z0-9_]``."""
+    return bool(_ID.fullmatch(text))
 
 
 @dataclass
@@ -59,10 +63,10 @@ class Record:
     """what a reader must know to use the numbers"""
 
     def __post_init__(self) -> None:
-        if not _ID.fullmatch(self.id):
+        if not is_record_id(self.id):
             raise ConfigError(f"record id {self.id!r} must be snake_case ([a-z0-9_])")
         for key, value in self.values.items():
-            if not _ID.fullmatch(key):
+            if not is_record_id(key):
                 raise ConfigError(f"record {self.id}: value key {key!r} must be snake_case")
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"record {self.id}: {key} is {value!r}, not a number")
@@ -88,8 +92,7 @@ def _cpu_model() -> str:
 def machine_description() -> str:
     """This machine in one line: cores usable by this process, CPU model, GPU (if torch sees
     one) and the torch version."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    text = f"{cores}-core {_cpu_model()}"
+    text = f"{usable_cores()}-core {_cpu_model()}"
     try:
         import torch
     except ImportError:
@@ -168,8 +171,3 @@ def value_of(records: Mapping[str, Record], ref: str) -> float:
 def format_value(value: float, decimals: int) -> str:
     """`value` as a quote with `decimals` decimals, thousands separated by commas."""
     return f"{value:,.{decimals}f}"
-
-
-def as_dict(record: Record) -> dict[str, Any]:
-    """The record as the JSON object it is written as."""
-    return asdict(record)

@@ -36,6 +36,16 @@ def write_text_corpus(
     return root
 
 
+def write_splits(root: Path, en: list[str], de: list[str], rows: dict[str, slice]) -> Path:
+    """`{root}/{split}.en` and `.de` holding the lines `rows[split]` of the aligned `en`/`de`
+    (e.g. the corpus a tiny checkpoint was trained on); returns `root`."""
+    root.mkdir(parents=True, exist_ok=True)
+    for split, sl in rows.items():
+        (root / f"{split}.en").write_text("\n".join(en[sl]) + "\n", encoding="utf-8")
+        (root / f"{split}.de").write_text("\n".join(de[sl]) + "\n", encoding="utf-8")
+    return root
+
+
 TINY_TOKENIZER = {"vocab_size": 60, "model_type": "unigram", "character_coverage": 1.0}
 
 

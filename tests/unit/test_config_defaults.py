@@ -12,7 +12,6 @@ To fix a failure after changing a dataclass, print the block the test expects:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from litmt.config import default_of, yaml_comment, yaml_comments
+from reports.settings_reference import load_class
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -90,11 +90,6 @@ CASES = [
     Case("score.yaml", "litmt.cli.score:ScoreConfig", others=frozenset({"decoding", "hydra"})),
     Case("export.yaml", "litmt.cli.export:ExportConfig", others=frozenset({"decoding", "hydra"})),
 ]
-
-
-def load_class(spec: str) -> type:
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def same_value(raw: Any, default: Any) -> bool:

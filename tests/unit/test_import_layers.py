@@ -36,7 +36,7 @@ LAYERS: dict[str, int] = {
     "data": 0,  # text, tokenizer, corpora, DataModule
     "runtime": -1,  # precision, FP8, devices, the Lightning internals litmt relies on
     "metrics": -1,  # sacrebleu wrappers
-    "records": -1,  # result records: the one home of each published number
+    "records": 0,  # result records: the one home of each published number (cores: runtime)
     "config": -1,  # the rules of every settings dataclass: key checks, renames, field docs
     "errors": -2,  # project exceptions
 }

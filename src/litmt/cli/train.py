@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from litmt.errors import ConfigError, LitmtError
 from litmt.runtime.distributed import release_process_group
 from litmt.runtime.fp8 import fp8_precision_plugin, pad_multiple_for
 from litmt.runtime.precision import configure_precision, is_fp8
+from litmt.runtime.threads import usable_cores
 from litmt.training.finalize import check_finalize_config, flat_metrics
 from litmt.training.finetune import model_config_for, prepare_model, setup_init_from
 
@@ -214,7 +214,6 @@ def cpu_advice(cfg: DictConfig, cuda: bool) -> str | None:
     if trainer.get("limit_train_batches") or int(trainer.get("max_steps", -1) or -1) > 0:
         return None
     model = cfg.get("model") or {}
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     recipe = script_conf_dir() / "experiment" / f"{CPU_RECIPE}.yaml"
     budget = OmegaConf.load(recipe).get("trainer", {}).get("max_time") if recipe.is_file() else None
     length = ""
@@ -222,7 +221,7 @@ def cpu_advice(cfg: DictConfig, cuda: bool) -> str | None:
         days, hours, minutes, _ = (int(x) for x in str(budget).split(":"))
         length = f" ({(days * 24 + hours) * 60 + minutes} minutes of training)"
     return (
-        f"training on the CPU ({cores} cores) with no trainer.max_time: up to "
+        f"training on the CPU ({usable_cores()} cores) with no trainer.max_time: up to "
         f"{trainer.get('max_epochs')} epochs of a d_model={model.get('d_model')} model, hours "
         f"or days here (the estimate follows after the first steps). The recipe that fits a "
         f"CPU: python scripts/train.py experiment={CPU_RECIPE} data.dir=DIR{length}; or cap "

@@ -21,10 +21,19 @@ it is pinned to `TOKENIZER_TRAIN_THREADS` and a run trains the same tokenizer on
 
 from __future__ import annotations
 
+import os
+
 from litmt.errors import ConfigError
 
 # sentencepiece training threads: fixed, because they change a unigram model's pieces
 TOKENIZER_TRAIN_THREADS = 2
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def check_threads(threads: int) -> int:

@@ -28,7 +28,6 @@ import dataclasses
 import itertools
 import json
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from litmt.decoding.config import DecodeConfig
 from litmt.decoding.translator import Translator
 from litmt.errors import ConfigError, DataError
 from litmt.metrics import corpus_scores
+from litmt.records import is_record_id
 from litmt.training.finalize_report import flat_metrics, summary_lines
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def check_finalize_config(cfg: DictConfig) -> None:
             f"fewer checkpoints; set save_top_k >= {n}"
         )
     record = fin.get("record")
-    if record is not None and not re.fullmatch(r"[a-z0-9][a-z0-9_]*", str(record)):
+    if record is not None and not is_record_id(str(record)):
         raise ConfigError(f"finalize.record must be a snake_case record id, got {record!r}")
     beams, penalties = list(fin.get("beam_sizes") or []), list(fin.get("length_penalties") or [])
     if bool(beams) != bool(penalties):

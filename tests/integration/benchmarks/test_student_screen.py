@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from tiny_checkpoint import corpus, tiny_checkpoint_path
+from tiny_corpora import write_splits
 
 pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
 
@@ -28,9 +29,7 @@ SMALL = "d_model=32,n_heads=2,d_ff=64,n_encoder_layers=3,n_decoder_layers=1"
 def setup(tmp_path_factory) -> tuple[Path, Path]:
     data = tmp_path_factory.mktemp("data")
     en, de = corpus(seed=5)
-    for split, rows in (("test2016", slice(0, 12)), ("train", slice(12, 400))):
-        (data / f"{split}.en").write_text("\n".join(en[rows]) + "\n", encoding="utf-8")
-        (data / f"{split}.de").write_text("\n".join(de[rows]) + "\n", encoding="utf-8")
+    write_splits(data, en, de, {"test2016": slice(0, 12), "train": slice(12, 400)})
     return tiny_checkpoint_path(tmp_path_factory), data
 
 

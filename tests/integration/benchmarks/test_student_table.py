@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from tiny_checkpoint import corpus, tiny_checkpoint_path
+from tiny_corpora import write_splits
 
 pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
 
@@ -23,9 +24,7 @@ REPO = Path(__file__).resolve().parents[3]
 def setup(tmp_path_factory) -> tuple[Path, Path]:
     data = tmp_path_factory.mktemp("data")
     en, de = corpus(seed=5)
-    for split, rows in (("test2016", slice(0, 12)), ("test2017", slice(12, 20))):
-        (data / f"{split}.en").write_text("\n".join(en[rows]) + "\n", encoding="utf-8")
-        (data / f"{split}.de").write_text("\n".join(de[rows]) + "\n", encoding="utf-8")
+    write_splits(data, en, de, {"test2016": slice(0, 12), "test2017": slice(12, 20)})
     (data / "test_only_source.en").write_text("a dog\n", encoding="utf-8")  # no .de: not a test set
     return tiny_checkpoint_path(tmp_path_factory), data
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from litmt.errors import ConfigError
+from litmt.runtime.threads import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -271,8 +272,7 @@ def check_devices(
 
         cuda_count = torch.cuda.device_count()
     if cpu_count is None:
-        cpu_count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        cpu_count = cpu_count or os.cpu_count() or 1
+        cpu_count = usable_cores()
     if accel in ("gpu", "cuda") and wanted > cuda_count:
         raise ConfigError(
             f"trainer.devices={devices} but this machine has {cuda_count} CUDA GPU(s); "
