@@ -47,6 +47,7 @@ def test_the_site_builds_strict_and_a_planted_broken_anchor_fails(tmp_path: Path
     assert "no-such-heading" in bad.stderr, bad.stderr[-3000:]
 
 
+@pytest.mark.slow  # a third full build; the default suite keeps the planted-anchor one
 def test_a_planted_broken_link_in_the_readme_fails(tmp_path: Path) -> None:
     root = copy_of_the_docs(tmp_path)
     readme = root / "README.md"
