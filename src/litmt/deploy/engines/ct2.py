@@ -55,6 +55,13 @@ How it keeps litmt's semantics (the conventions of `litmt.decoding.search.rules`
   same 1-best (``prefix + eos``) on both engines, and the n-best holds no repeats.
 - Terminology constraints: CTranslate2 has no lexically constrained search, so the engine
   refuses them with one line (use engine=torch).
+- Stopping (`litmt.decoding.search.stopping`): CTranslate2's search cannot be interrupted
+  (its ``callback`` can end a greedy search only, one Python call per token). Under
+  `stop_when` (the server) the engine submits each call in sub-batches of at most
+  `stop_grain()` sentences, grouped as CTranslate2 groups them (`ct2_batches`), keeps as many
+  in flight as CTranslate2 runs at once, and checks before each submission; an abandoned
+  decode stops within the sub-batches in flight. Outside `stop_when` every call is
+  submitted whole, as before.
 
 What remains different (both rare): without a prefix, when more than K hypotheses have
 finished at the stopping step, CTranslate2 keeps the K best by *its* normalisation before the
@@ -70,6 +77,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -80,6 +88,7 @@ from litmt.data.tokenization.tokenizer import Tokenizer
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.languages import Languages
 from litmt.decoding.search.rules import Hypothesis, budget_floor, output_budgets
+from litmt.decoding.search.stopping import check_stop, stop_grain
 from litmt.decoding.translator import Translator
 from litmt.decoding.translator_base import DecodeRequest
 from litmt.deploy.engines.cache import default_cache_dir
@@ -199,31 +208,78 @@ class CT2Translator(Translator):
     ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
         """Decode with CTranslate2, one call per output budget (module docstring) and per
         prefix rule (`litmt.deploy.engines.ct2_prefix.plan_calls`); every call is submitted first, so
-        CTranslate2 decodes them in parallel."""
+        CTranslate2 decodes them in parallel. Under `stop_when` (the server), the calls run
+        in sub-batches instead (`_stoppable_results`), so an abandoned decode stops within one.
+        """
         budgets = self._budgets(request)
         blocked = self._eos_blocked(request, budgets)
-        pending = [
-            (call, idx, self._submit(request, idx, call))
-            for call, idx in plan_calls(request, budgets, blocked).items()
-        ]
-        for call, idx, futures in pending:
+        calls = list(plan_calls(request, budgets, blocked).items())
+        grain = stop_grain()
+        if grain is None:
+            futures = [self._submit(request, idx, call) for call, idx in calls]
+            results: list[list[Any] | None] = [None] * len(calls)
+        else:
+            results = list(self._stoppable_results(request, calls, grain))
+        for n, (call, idx) in enumerate(calls):
             if call.budget == 0:  # only eos is allowed: the empty translation
                 yield idx, [[Hypothesis([], 0.0, 0.0)] for _ in idx]
                 continue
-            yield idx, self._collect(request, call, idx, futures, blocked)
+            found = results[n]
+            if found is None:
+                found = [f.result() for f in futures[n]]
+            yield idx, self._collect(request, call, idx, found, blocked)
+
+    def _stoppable_results(
+        self, request: DecodeRequest, calls: list[tuple[Call, list[int]]], grain: int
+    ) -> list[list[Any]]:
+        """The CTranslate2 results of every call (one per sentence, in `idx` order), decoded
+        in sub-batches of at most `grain` sentences (`ct2_batches`), as many in flight as
+        CTranslate2 runs at once (``num_translators``); `check_stop` runs before each
+        submission.
+
+        Raises:
+            DecodeStopped: the `stop_when` check turned true; the sub-batches in flight
+                finish in CTranslate2's threads and are dropped, nothing more is submitted.
+        """
+        work = [
+            (n, group)
+            for n, (call, idx) in enumerate(calls)
+            if call.budget > 0
+            for group in ct2_batches(
+                [len(request.sources[i]) for i in idx], request.max_tokens, grain
+            )
+        ]
+        results: list[list[Any]] = [[None] * len(idx) for _, idx in calls]
+        in_flight: deque[tuple[int, list[int], list[Any]]] = deque()
+
+        def settle_oldest() -> None:
+            n, group, futures = in_flight.popleft()
+            for position, future in zip(group, futures, strict=True):
+                results[n][position] = future.result()
+
+        for step, (n, group) in enumerate(work):
+            while len(in_flight) >= max(1, self.ct2.num_translators):
+                settle_oldest()
+            check_stop(step)
+            call, idx = calls[n]
+            in_flight.append((n, group, self._submit(request, [idx[p] for p in group], call)))
+        while in_flight:
+            settle_oldest()
+        return results
 
     def _collect(
         self,
         request: DecodeRequest,
         call: Call,
         idx: list[int],
-        futures: list[Any],
+        found: list[Any],
         blocked: set[int],
     ) -> list[list[Hypothesis]]:
-        """The n-best of sentences `idx` from their CTranslate2 `call`, by litmt's rules."""
+        """The n-best of sentences `idx` from their CTranslate2 `call`'s results `found` (one
+        per sentence), by litmt's rules."""
         config, sources, prefixes = request.config, request.sources, request.prefixes
         alpha, rescore = config.length_penalty, returns_every_beam(config)
-        hyps = [distinct(self._log_probs(f.result(), alpha, rescore, call.budget)) for f in futures]
+        hyps = [distinct(self._log_probs(r, alpha, rescore, call.budget)) for r in found]
         for r, i in enumerate(idx):
             if call.exhaustive:  # what litmt's search finishes before it stops
                 hyps[r] = finished_before_stop(hyps[r], config.beam_size, int(i in blocked))
@@ -365,6 +421,29 @@ class CT2Translator(Translator):
             hyps[r][h] = (tokens, log_prob + float(log_probs[-1]))
 
 
+def ct2_batches(lengths: Sequence[int], max_tokens: int, max_sentences: int) -> list[list[int]]:
+    """Positions of `lengths` grouped as CTranslate2 groups a call's examples, with at most
+    `max_sentences` per group.
+
+    CTranslate2 4.x ``rebatch_input`` (src/batch_reader.cc) sorts the examples from the
+    longest source to the shortest, then ``BatchReader::get_next`` fills a batch while the
+    sum of source lengths (``batch_type="tokens"``) stays within ``max_batch_size``, always
+    taking at least one example. A group of this function is one such batch (cut earlier at
+    `max_sentences`), so CTranslate2 runs each group as one batch.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    tokens = 0
+    for i in order:
+        full = tokens > 0 and tokens + lengths[i] > max_tokens
+        if not groups or full or len(groups[-1]) >= max_sentences:
+            groups.append([])
+            tokens = 0
+        groups[-1].append(i)
+        tokens += lengths[i]
+    return groups
+
+
 def _best(found: list[tuple[list[int], float]], alpha: float, n_best: int) -> list[Hypothesis]:
     """The `n_best` of one sentence's (tokens, log P) by GNMT score (n = tokens + eos)."""
     ranked = [Hypothesis.normalised(tokens, log_prob, alpha) for tokens, log_prob in found]
@@ -372,4 +451,4 @@ def _best(found: list[tuple[list[int], float]], alpha: float, n_best: int) -> li
     return ranked[:n_best]
 
 
-__all__ = ["CT2Translator"]
+__all__ = ["CT2Translator", "ct2_batches"]

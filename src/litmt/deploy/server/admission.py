@@ -64,6 +64,7 @@ class Admission:
             max_batch_sentences=settings.max_batch_sentences,
             max_wait_ms=settings.max_wait_ms,
             max_queue=settings.max_queue,
+            stop_grain=settings.stop_grain_sentences,
             deadline_s=settings.request_timeout_s,
         )
         config = DecodeConfig.from_options(options)

@@ -19,7 +19,7 @@ from litmt.deploy.server.access import AccessConfig
 from litmt.deploy.server.input.sentences import MODES
 from litmt.errors import ConfigError
 
-POSITIVE = ("max_batch_sentences", "max_texts", "max_chars", "max_text_chars", "max_lines",
+POSITIVE = ("max_batch_sentences", "stop_grain_sentences", "max_texts", "max_chars", "max_text_chars", "max_lines",
             "max_source_tokens", "max_body_bytes", "max_queue", "attention_max_tokens",
             "max_constraints", "max_constraint_pieces")  # fmt: skip
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
@@ -70,6 +70,10 @@ class ServeConfig:
     own)"""
     max_wait_ms: float = 10.0
     """dynamic batching: how long a batch's first request waits for company"""
+    stop_grain_sentences: int = 16
+    """a batch no client waits for any more stops: the torch and ONNX engines at their next
+    decoder step, the ct2 engine (whose search cannot be interrupted) between sub-batches of
+    at most this many sentences, which it then decodes one group at a time per thread"""
     max_queue: int = 512
     """requests waiting for the model (every kind: plain, alternatives, prefix/constraints,
     /attention); when full: 503 {"error": ...} with Retry-After. The default matches

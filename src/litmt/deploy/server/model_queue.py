@@ -41,7 +41,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from litmt.decoding.search.stopping import DecodeStopped, stop_when
+from litmt.decoding.search.stopping import DEFAULT_GRAIN, DecodeStopped, stop_when
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +155,8 @@ class ModelQueue:
         max_wait_ms: how long the first job of a batch waits for company.
         max_queue: most jobs waiting.
         deadline_s: refuse a job whose estimated finish lies further ahead (None: never).
+        stop_grain: sentences per sub-batch of an engine that can stop only between
+            sub-batches (`litmt.decoding.search.stopping.stop_when`).
     """
 
     def __init__(
@@ -165,8 +167,10 @@ class ModelQueue:
         max_wait_ms: float,
         max_queue: int,
         deadline_s: float | None = None,
+        stop_grain: int = DEFAULT_GRAIN,
     ) -> None:
         self.executor = executor
+        self.stop_grain = stop_grain
         self.max_batch_sentences, self.max_wait = max_batch_sentences, max_wait_ms / 1000.0
         self.max_queue, self.deadline_s = max_queue, deadline_s
         self.pending: deque[Job] = deque()
@@ -328,7 +332,9 @@ class ModelQueue:
         self._busy_until = start + self.times.estimate(kind, work)
         self._running_since = start
         try:
-            out = await loop.run_in_executor(self.executor, _stoppable(live), items)
+            out = await loop.run_in_executor(
+                self.executor, _stoppable(live, self.stop_grain), items
+            )
         except DecodeStopped as exc:  # every client of the batch went or timed out meanwhile
             self.stopped += 1
             log.info("a batch of %d job(s) was stopped: %s", len(live), exc)
@@ -351,12 +357,12 @@ class ModelQueue:
             start_at += len(job.items)
 
 
-def _stoppable(jobs: list[Job]) -> Callable[[list[Any]], list[Any]]:
+def _stoppable(jobs: list[Job], grain: int = DEFAULT_GRAIN) -> Callable[[list[Any]], list[Any]]:
     """The batch's `run` under `stop_when`: once every job's future is done (its client went,
     or its request timed out: the waiter cancels it), the search stops at its next step
-    (`litmt.decoding.search.stopping`; an engine with its own search, CTranslate2, finishes
-    its batch). The futures' callbacks run on the event loop and set a thread-safe event the
-    model thread reads."""
+    (`litmt.decoding.search.stopping`; an engine with its own search, CTranslate2, at its
+    next sub-batch of at most `grain` sentences). The futures' callbacks run on the event
+    loop and set a thread-safe event the model thread reads."""
     gone = threading.Event()
 
     def on_done(_future: asyncio.Future) -> None:
@@ -368,7 +374,7 @@ def _stoppable(jobs: list[Job]) -> Callable[[list[Any]], list[Any]]:
     run = jobs[0].run
 
     def run_stoppable(items: list[Any]) -> list[Any]:
-        with stop_when(gone.is_set):
+        with stop_when(gone.is_set, grain):
             return run(items)
 
     return run_stoppable
