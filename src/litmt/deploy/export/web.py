@@ -7,15 +7,29 @@ The runtime files come from the npm registry, pinned in the repository's ``web/p
 (+ ``package-lock.json``): ``npm ci --ignore-scripts`` in ``web/`` fetches them into
 ``web/node_modules``, from where `copy_runtime` takes only what the page loads:
 
-- onnxruntime-web's ESM bundle of the wasm backend and its wasm binary (single-threaded use:
-  threads need cross-origin isolation headers, which a plain static server does not send);
+- onnxruntime-web's ESM bundle of the wasm backend and its wasm binary (threaded: the page
+  runs it on several threads where it is cross-origin isolated, else on one);
 - sentencepiece compiled to wasm (``@sctg/sentencepiece-js``, one ES module with the wasm
   inside), so the page's source ids are the ids of the C++ library python's sentencepiece wraps.
+  Its first two lines import node's ``fs`` and ``buffer`` (for its node loaders, which the page
+  never calls); a Web Worker has no import map to resolve those names, so the copy imports
+  them from ``vendor/node-shims.js`` instead (`SHIMMED_IMPORTS`: exactly those two lines, or
+  the export stops with one line naming the package version to check).
+
+The model runs in a Web Worker (``worker.js``). wasm threads need ``SharedArrayBuffer``, which a
+browser gives only to a cross-origin isolated page: the server must send
+``Cross-Origin-Opener-Policy: same-origin`` and ``Cross-Origin-Embedder-Policy: require-corp``.
+The folder carries those headers for the common servers (`HEADER_FILES`): ``_headers``
+(Netlify, Cloudflare Pages), ``.htaccess`` (Apache), ``nginx.conf`` (a snippet to include),
+``serve.py`` (python's http.server with the headers: ``python serve.py``), and ``HEADERS.md``
+saying which to use (GitHub Pages and ``python -m http.server`` cannot send headers: the page
+then runs on one thread and says so).
 
 Folder layout::
 
-    OUT/index.html app.js translator.js style.css node-shims.js
-    OUT/vendor/   the runtime files + VERSIONS.json (package, version, licence of each)
+    OUT/index.html app.js worker.js translator.js style.css
+    OUT/_headers .htaccess nginx.conf serve.py HEADERS.md   the isolation headers
+    OUT/vendor/   the runtime files + node-shims.js + VERSIONS.json (package, version, licence)
     OUT/model/    the ONNX export (config.json, encoder.onnx, decoder.onnx, src.model, ...)
 """
 
@@ -33,7 +47,19 @@ from litmt.deploy.export.onnx import export_onnx, read_onnx_config
 from litmt.errors import ConfigError
 
 PAGE_DIR = Path(__file__).parent / "web_page"
-PAGE_FILES = ("index.html", "app.js", "translator.js", "style.css", "node-shims.js")
+PAGE_FILES = ("index.html", "app.js", "worker.js", "translator.js", "style.css")
+# Cross-origin isolation (wasm threads) for the common servers: written next to the page.
+HEADER_FILES = ("_headers", ".htaccess", "nginx.conf", "serve.py", "HEADERS.md")
+ISOLATION_HEADERS = {
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Embedder-Policy": "require-corp",
+}
+SHIM = "node-shims.js"  # vendor/: what sentencepiece-js's node imports resolve to in the page
+# sentencepiece-js's first lines (dist/index.js) -> what the copy imports instead
+SHIMMED_IMPORTS = {
+    "import * as fs from 'fs';": f"import * as fs from './{SHIM}';",
+    "import { Buffer as Buffer$1 } from 'buffer';": f"import {{ Buffer as Buffer$1 }} from './{SHIM}';",
+}
 MODEL_DIR = "model"  # app.js loads the export from here
 VENDOR_DIR = "vendor"  # translator.js imports the runtime from here
 # vendor file name -> (npm package, file inside it)
@@ -70,11 +96,57 @@ def copy_runtime(node_modules: str | Path, vendor: Path) -> dict[str, dict[str, 
     vendor.mkdir(parents=True, exist_ok=True)
     versions: dict[str, dict[str, str]] = {}
     for name, (package, inside) in RUNTIME_FILES.items():
-        shutil.copyfile(root / package / inside, vendor / name)
         meta = json.loads((root / package / "package.json").read_text(encoding="utf-8"))
         versions[package] = {"version": str(meta["version"]), "license": str(meta["license"])}
+        if name == "sentencepiece.js":
+            text = shim_node_imports((root / package / inside).read_text(encoding="utf-8"))
+            (vendor / name).write_text(text, encoding="utf-8")
+            continue
+        shutil.copyfile(root / package / inside, vendor / name)
+    shutil.copyfile(PAGE_DIR / SHIM, vendor / SHIM)
     (vendor / "VERSIONS.json").write_text(json.dumps(versions, indent=2) + "\n", encoding="utf-8")
     return versions
+
+
+def shim_node_imports(text: str) -> str:
+    """sentencepiece-js's module with its node imports (`SHIMMED_IMPORTS`) taken from
+    ``./node-shims.js``.
+
+    Raises:
+        ConfigError: the module does not start with those imports (another version).
+    """
+    lines = text.split("\n")
+    head = [line.strip() for line in lines[: len(SHIMMED_IMPORTS)]]
+    if head != list(SHIMMED_IMPORTS):
+        raise ConfigError(
+            "@sctg/sentencepiece-js's dist/index.js does not start with the node imports the "
+            f"page replaces ({' '.join(SHIMMED_IMPORTS)}); the page is tested with the version "
+            "pinned in web/package.json"
+        )
+    lines[: len(SHIMMED_IMPORTS)] = list(SHIMMED_IMPORTS.values())
+    return "\n".join(lines)
+
+
+def write_header_files(folder: Path) -> None:
+    """The cross-origin isolation headers (`ISOLATION_HEADERS`) for the common servers, in
+    `folder` (`HEADER_FILES`; module docstring)."""
+    pairs = list(ISOLATION_HEADERS.items())
+    (folder / "_headers").write_text(
+        "/*\n" + "".join(f"  {k}: {v}\n" for k, v in pairs), encoding="utf-8"
+    )
+    (folder / ".htaccess").write_text(
+        "<IfModule mod_headers.c>\n"
+        + "".join(f'  Header set {k} "{v}"\n' for k, v in pairs)
+        + "</IfModule>\n",
+        encoding="utf-8",
+    )
+    (folder / "nginx.conf").write_text(
+        "# include this in the server or location block that serves the folder\n"
+        + "".join(f'add_header {k} "{v}" always;\n' for k, v in pairs),
+        encoding="utf-8",
+    )
+    (folder / "serve.py").write_text((PAGE_DIR / "serve.py").read_text(), encoding="utf-8")
+    (folder / "HEADERS.md").write_text((PAGE_DIR / "HEADERS.md").read_text(), encoding="utf-8")
 
 
 def is_web_dir(path: Path) -> bool:
@@ -110,6 +182,7 @@ def build_web_folder(
         tmp.chmod(0o755)  # a web server's user must read it (mkdtemp makes it 0700)
         for name in PAGE_FILES:
             shutil.copyfile(PAGE_DIR / name, tmp / name)
+        write_header_files(tmp)
         copy_runtime(node_modules, tmp / VENDOR_DIR)
         shutil.copytree(onnx_dir, tmp / MODEL_DIR, copy_function=shutil.copyfile)
         (tmp / MODEL_DIR).chmod(0o755)  # an export written through mkdtemp is 0700

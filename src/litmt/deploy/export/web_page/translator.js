@@ -1,10 +1,15 @@
 // The offline translator: litmt's ONNX export (format=onnx; its files are described in
-// docs/guide/ship.md) run by onnxruntime-web's single-threaded wasm backend, with sentencepiece
-// (the C++ library compiled to wasm) for the ids, so the page's ids are python
-// sentencepiece's. No DOM here: app.js draws the page.
+// docs/guide/ship.md) run by onnxruntime-web's wasm backend (multi-threaded where the page is
+// cross-origin isolated), with sentencepiece (the C++ library compiled to wasm) for the ids, so
+// the page's ids are python sentencepiece's. No DOM here: worker.js runs it in a Web Worker and
+// app.js draws the page.
+//
+// The searches are litmt's, with the same rules (litmt.decoding.search): greedy
+// (greedy_search) and beam search (beam_search: GNMT length penalty, output budgets, min_len,
+// a forced target-language tag, the stop test, n-best ranking), one sentence at a time.
 //
 // Shapes: S source tokens (pad excluded), L decoder layers, H heads, D head width, V target
-// vocabulary, t target tokens so far. The page decodes one sentence at a time (batch 1).
+// vocabulary, t target tokens so far, R decoder rows (1, or the beam's K).
 
 import * as ort from "./vendor/ort.wasm.bundle.min.mjs";
 import { SentencePieceProcessor } from "./vendor/sentencepiece.js";
@@ -12,6 +17,7 @@ import { SentencePieceProcessor } from "./vendor/sentencepiece.js";
 const RUNTIME_WASM = "vendor/ort-wasm-simd-threaded.wasm"; // relative to the page
 const FORMAT_VERSION = 1; // of config.json (litmt.deploy.export.onnx.FORMAT_VERSION)
 const SPECIAL = 4; // ids 0..3 (pad, unk, bos, eos) are never text
+const YIELD_EVERY = 8; // decoder steps between two looks at the message queue (a cancel)
 // Control characters but tab, removed from input as litmt.data.text.clean_line does.
 const CONTROL = /[\u0000-\u0008\u000A-\u001F\u007F-\u009F]/g;
 
@@ -56,6 +62,29 @@ export function outputBudget(srcLen, decoding, maxPositions, floor = 0) {
   return Math.max(0, Math.min(budget, maxPositions - 1));
 }
 
+// The GNMT length penalty ((5 + n) / 6) ** alpha (litmt.decoding.search.rules.length_penalty_factor).
+export function lengthPenalty(n, alpha) {
+  return Math.pow((5 + n) / 6, alpha);
+}
+
+// The search was cancelled (OfflineTranslator.translate's `signal`).
+export class Cancelled extends Error {
+  constructor() {
+    super("cancelled");
+    this.name = "Cancelled";
+  }
+}
+
+// Let the event loop run (a worker's "cancel" message) between two decoder steps: a message
+// port round trip, not setTimeout, whose nested calls are clamped to 4 ms.
+function nextTask() {
+  return new Promise((resolve) => {
+    const channel = new MessageChannel();
+    channel.port1.onmessage = () => resolve();
+    channel.port2.postMessage(null);
+  });
+}
+
 async function loadSentencePiece(bytes) {
   const sp = new SentencePieceProcessor();
   // the package's loader takes a file path (node) or base64; its _loadModel takes the bytes
@@ -79,8 +108,9 @@ export class OfflineTranslator {
 
   // The export at `base` (a URL folder ending in "/") and the runtime, with progress:
   // onProgress({loaded, total}) in bytes over every file fetched (total may grow while
-  // responses arrive; 0 when the server sends no lengths).
-  static async load(base, onProgress = () => {}) {
+  // responses arrive; 0 when the server sends no lengths). `threads`: onnxruntime-web's wasm
+  // threads (they need a cross-origin isolated page: `availableThreads`).
+  static async load(base, onProgress = () => {}, threads = 1) {
     const config = await fetchJson(`${base}config.json`);
     if (config.format !== "litmt-onnx") {
       throw new Error(`${base}config.json is not a litmt ONNX export (format=onnx)`);
@@ -116,13 +146,15 @@ export class OfflineTranslator {
     let pieces = tok.pieces || null; // the list itself, or the file holding {"pieces": [...]}
     if (typeof pieces === "string") pieces = (await fetchJson(base + pieces)).pieces;
     ort.env.wasm.wasmBinary = wasm.buffer; // fetched above, with the progress
-    ort.env.wasm.numThreads = 1; // threads need cross-origin isolation a plain server lacks
+    ort.env.wasm.numThreads = threads; // > 1 only where SharedArrayBuffer exists
     const options = { executionProviders: ["wasm"], graphOptimizationLevel: "all" };
     const encoder = await ort.InferenceSession.create(enc, options);
     const decoder = await ort.InferenceSession.create(dec, options);
     const srcSp = await loadSentencePiece(srcModel);
     const tgtSp = tgtModel ? await loadSentencePiece(tgtModel) : srcSp;
-    return new OfflineTranslator(config, encoder, decoder, srcSp, tgtSp, pieces);
+    const t = new OfflineTranslator(config, encoder, decoder, srcSp, tgtSp, pieces);
+    t.threads = ort.env.wasm.numThreads; // onnxruntime-web sets 1 where threads cannot run
+    return t;
   }
 
   // Target languages a user may choose (multilingual exports), in the export's order.
@@ -173,7 +205,7 @@ export class OfflineTranslator {
 
   // Greedy search on source ids `ids` (S,): the target ids without bos/eos (the forced tag of a
   // target-placement export first), as litmt's greedy_search with batch 1.
-  async greedy(ids, tgt = null) {
+  async greedy(ids, tgt = null, signal = null) {
     const { special_ids: sp, model, decoding } = this.config;
     const L = model.n_decoder_layers;
     const H = model.n_heads;
@@ -190,6 +222,7 @@ export class OfflineTranslator {
     let token = sp.bos;
     const out = [];
     while (out.length < budget) {
+      await checkpoint(out.length, signal);
       const step = await this.decoder.run({
         tokens: new ort.Tensor("int64", BigInt64Array.of(BigInt(token)), [1]),
         src_ids: src,
@@ -213,16 +246,175 @@ export class OfflineTranslator {
     return out; // at the budget eos is forced: nothing more to run
   }
 
+  // Beam search on source ids `ids` (S,) with `beamSize` beams, as litmt's beam_search with
+  // batch 1 and its rules (litmt.decoding.search.beam): each step scores the K*V continuations
+  // of the live beams and keeps the 2K best; eos candidates among the top K finish (kept by
+  // GNMT score log P / lp(t + 1), the K best, ties in order of arrival), the K best others live
+  // on; the search stops when K have finished, when the nBest-th finished beats what a live beam
+  // can still reach (log P / lp(budget + 1) for alpha > 0, else at the next step), at the
+  // budget, or with no live beam. Returns the nBest best [{tokens, score, logProb}], best first.
+  async beam(ids, tgt = null, { beamSize, lengthPenalty: alpha, nBest = 1 }, signal = null) {
+    const { special_ids: sp, model, decoding } = this.config;
+    const K = beamSize;
+    const V = model.tgt_vocab_size;
+    const S = ids.length;
+    const src = new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, S]);
+    const encoded = await this.encoder.run({ src_ids: src }); // (L, 1, H, S, D) each
+    const tag = this.tagId(tgt);
+    const prefix = tag !== null && this.config.tag_placement === "target" ? [tag] : [];
+    const budget = outputBudget(S, decoding, model.max_positions, prefix.length);
+    const minLen = decoding.min_len || 0;
+    const lpMax = lengthPenalty(budget + 1, alpha);
+    const empty = [model.n_decoder_layers, 1, model.n_heads, 0, model.head_dim];
+    let rows = {
+      src,
+      cross_k: encoded.cross_k,
+      cross_v: encoded.cross_v,
+      self_k: new ort.Tensor("float32", new Float32Array(0), empty),
+      self_v: new ort.Tensor("float32", new Float32Array(0), empty),
+    };
+    let scores = [0]; // (kk,) cumulative log-probabilities of the live beams
+    let history = [[]]; // (kk, t) their tokens
+    let last = [sp.bos];
+    let finished = []; // [{tokens, score, logProb}], best first, at most K
+    for (let step = 0; step <= budget; step++) {
+      await checkpoint(step, signal);
+      const kk = scores.length;
+      const out = await this.decoder.run({
+        tokens: new ort.Tensor("int64", BigInt64Array.from(last, BigInt), [kk]),
+        src_ids: rows.src,
+        cross_k: rows.cross_k,
+        cross_v: rows.cross_v,
+        self_k: rows.self_k,
+        self_v: rows.self_v,
+      });
+      const logits = out.logits.data; // (kk, V)
+      const top = []; // the 2K best candidates [value, beam, token], best first
+      for (let j = 0; j < kk; j++) {
+        const logp = logSoftmax(logits, j * V, V);
+        applyRules(logp, step, minLen, budget, prefix, sp.eos);
+        for (let v = 0; v < V; v++) pushTop(top, 2 * K, scores[j] + logp[v], j, v);
+      }
+      // finish: eos candidates among the top K
+      const ended = [];
+      for (const [value, j, v] of top.slice(0, K)) {
+        if (v === sp.eos && value > -Infinity) {
+          const lp = lengthPenalty(history[j].length + 1, alpha);
+          ended.push({ tokens: history[j], score: value / lp, logProb: value });
+        }
+      }
+      if (ended.length) finished = bestFirst([...finished, ...ended]).slice(0, K);
+      // continue: the K best non-eos candidates, in rank order
+      const live = top.filter(([, , v]) => v !== sp.eos).slice(0, K);
+      scores = live.map(([value]) => value);
+      last = live.map(([, , v]) => v);
+      const beams = live.map(([, j]) => j);
+      history = live.map(([, j, v]) => [...history[j], v]);
+      rows = {
+        src: step === 0 ? repeatRows(rows.src, K) : rows.src, // then beams stay in their sentence
+        cross_k: step === 0 ? repeatRows(rows.cross_k, K, 1) : rows.cross_k,
+        cross_v: step === 0 ? repeatRows(rows.cross_v, K, 1) : rows.cross_v,
+        self_k: gatherRows(out.new_self_k, beams),
+        self_v: gatherRows(out.new_self_v, beams),
+      };
+      // the stop test (beam_done)
+      const bestLive = Math.max(...scores);
+      const reachable = alpha > 0 ? bestLive / lpMax : bestLive / lengthPenalty(step + 2, alpha);
+      const beats = finished.length >= nBest && finished[nBest - 1].score >= reachable;
+      if (finished.length >= K || beats || step >= budget || bestLive === -Infinity) break;
+    }
+    return finished.slice(0, nBest);
+  }
+
   // Translate one line: {ids (source), out (target ids), text, ms (encode to text)}; a blank
-  // line gives "" without running the model, as in litmt's Translator.
-  async translate(line, tgt = null) {
+  // line gives "" without running the model, as in litmt's Translator. `beamSize` 1 is the
+  // greedy search (the same result as beam search with K = 1, faster); `lengthPenalty` is the
+  // beam's alpha. `signal` ({aborted}) cancels between two decoder steps (Cancelled).
+  async translate(line, tgt = null, { beamSize = 1, lengthPenalty = 1.0 } = {}, signal = null) {
     const start = performance.now();
     const text = line.replace(CONTROL, "");
     if (!text.trim()) return { ids: [], out: [], text: "", ms: 0 };
     const ids = this.encode(text, tgt);
-    const out = await this.greedy(ids, tgt);
+    let out;
+    if (beamSize > 1) {
+      const found = await this.beam(ids, tgt, { beamSize, lengthPenalty }, signal);
+      out = found.length ? found[0].tokens : [];
+    } else {
+      out = await this.greedy(ids, tgt, signal);
+    }
     return { ids, out, text: this.detokenize(out), ms: performance.now() - start };
   }
+}
+
+// Between two decoder steps: throw Cancelled once `signal.aborted`, and every YIELD_EVERY
+// steps let the event loop deliver messages (the worker's cancel).
+async function checkpoint(step, signal) {
+  if (signal === null) return;
+  if (step % YIELD_EVERY === 0) await nextTask();
+  if (signal.aborted) throw new Cancelled();
+}
+
+// log_softmax of values[offset .. offset + n) (float32 logits) in float64, as a new array.
+function logSoftmax(values, offset, n) {
+  let max = -Infinity;
+  for (let i = 0; i < n; i++) max = Math.max(max, values[offset + i]);
+  let sum = 0;
+  for (let i = 0; i < n; i++) sum += Math.exp(values[offset + i] - max);
+  const lse = max + Math.log(sum);
+  const out = new Float64Array(n);
+  for (let i = 0; i < n; i++) out[i] = values[offset + i] - lse;
+  return out;
+}
+
+// In place on one row's log-probabilities at `step` (litmt.decoding.search.rules.StepRules):
+// no eos before minLen; only eos at the budget; inside the prefix only its token.
+function applyRules(logp, step, minLen, budget, prefix, eos) {
+  if (step < minLen) logp[eos] = -Infinity;
+  if (step === budget) {
+    for (let v = 0; v < logp.length; v++) if (v !== eos) logp[v] = -Infinity;
+  }
+  if (step < prefix.length) {
+    for (let v = 0; v < logp.length; v++) if (v !== prefix[step]) logp[v] = -Infinity;
+  }
+}
+
+// Insert candidate [value, beam, token] into `top` (best first, at most n); on equal values
+// the earlier candidate (lower beam * V + token) ranks first.
+function pushTop(top, n, value, beam, token) {
+  if (top.length === n && !(value > top[n - 1][0])) return;
+  let i = top.length;
+  while (i > 0 && value > top[i - 1][0]) i--;
+  top.splice(i, 0, [value, beam, token]);
+  if (top.length > n) top.pop();
+}
+
+// Finished hypotheses by score, best first; a stable sort keeps the order of arrival on ties.
+function bestFirst(hyps) {
+  return hyps.slice().sort((a, b) => b.score - a.score);
+}
+
+// A tensor (..., R, ...) with dim `dim` (0 or 1) holding rows `index` of `tensor` in order.
+function gatherRows(tensor, index, dim = 1) {
+  const dims = tensor.dims;
+  const outer = dims.slice(0, dim).reduce((a, b) => a * b, 1);
+  const rows = dims[dim];
+  const inner = dims.slice(dim + 1).reduce((a, b) => a * b, 1);
+  const data = tensor.data;
+  const out = new data.constructor(outer * index.length * inner);
+  for (let o = 0; o < outer; o++) {
+    for (let r = 0; r < index.length; r++) {
+      const from = (o * rows + index[r]) * inner;
+      out.set(data.subarray(from, from + inner), (o * index.length + r) * inner);
+    }
+  }
+  const shape = dims.slice();
+  shape[dim] = index.length;
+  return new ort.Tensor(tensor.type, out, shape);
+}
+
+// `tensor` with its one row along `dim` repeated n times (the first step's fan-out to K beams).
+function repeatRows(tensor, n, dim = 0) {
+  return gatherRows(tensor, new Array(n).fill(0), dim);
 }
 
 // Index of the largest value (the first one on ties, as torch.argmax and numpy.argmax);
