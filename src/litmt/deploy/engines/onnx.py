@@ -10,7 +10,15 @@ side (input hygiene, directions, prefixes, n-best, `translate`) is
 constraints run litmt's search code unchanged. Only the model differs: `OnnxStepModel`
 has the `StepModel` methods (``encode``, ``init_state``, ``decode_step``) and runs them in
 the export's two onnxruntime sessions (`litmt.deploy.export.onnx`), with torch tensors in
-and out; `OnnxState` reorders the cache tensors for the beams.
+and out.
+
+The self-attention cache never leaves onnxruntime: each step runs with an IOBinding
+(``run_with_iobinding``) whose outputs ``new_self_k``/``new_self_v`` stay onnxruntime values
+(`OrtValue`) and are bound as the next step's ``self_k``/``self_v`` as they are; a beam
+search's reorder only composes the rows the next step gathers (``beam_index``, inside the
+graph: `OnnxState.reorder`). The inputs that live in torch (tokens, the source ids, the
+cross-attention keys and values) are bound by their memory, without a copy; only the logits
+(R, V) come back into torch.
 
 What the engine lacks: word alignments and the attention explorer (no torch model; use
 engine=torch), GPUs (the CPU execution provider only).
@@ -61,20 +69,24 @@ class OnnxState:
     Attributes:
         src_ids: (R, S) source ids (the step masks their padding).
         cross_k, cross_v: (L, R, H, S, D) cross-attention keys/values from the encoder.
-        self_k, self_v: (L, R, H, P, D) the self-attention cache (P = 0 before the first step).
+        self_k, self_v: (L, R0, H, P, D) the self-attention cache as the last step left it
+            (onnxruntime values; numpy arrays with P = 0 before the first step).
+        beam_index: (R,) the row of `self_k`/`self_v` each row continues (the next step
+            gathers them).
     """
 
     src_ids: Tensor
     cross_k: Tensor
     cross_v: Tensor
-    self_k: Tensor
-    self_v: Tensor
+    self_k: Any
+    self_v: Any
+    beam_index: Tensor
 
     def reorder(self, index: Tensor, *, cross: bool = True) -> None:
         """Keep rows `index` (R',) in that order (`litmt.models.transformer.DecoderState`'s
-        contract: ``cross=False`` leaves the source side as it is)."""
-        self.self_k = self.self_k.index_select(1, index)
-        self.self_v = self.self_v.index_select(1, index)
+        contract: ``cross=False`` leaves the source side as it is). The cache is not touched:
+        the next step gathers its rows (``beam_index``)."""
+        self.beam_index = self.beam_index.index_select(0, index)
         if cross:
             self.src_ids = self.src_ids.index_select(0, index)
             self.cross_k = self.cross_k.index_select(1, index)
@@ -115,9 +127,11 @@ class OnnxStepModel:
         """Run the encoder on src (B, S): the state's source side, and the padding mask."""
         cross_k, cross_v = self.encoder.run(None, {"src_ids": _np(src)})
         cfg = self.config
-        empty = torch.zeros(cfg.n_decoder_layers, src.size(0), cfg.n_heads, 0, cfg.head_dim)
-        state = OnnxState(src, torch.from_numpy(cross_k), torch.from_numpy(cross_v), empty, empty)
-        return state, src.eq(self.pad_id)
+        shape = (cfg.n_decoder_layers, src.size(0), cfg.n_heads, 0, cfg.head_dim)
+        empty = np.zeros(shape, dtype=np.float32)
+        rows = torch.arange(src.size(0))
+        k, v = torch.from_numpy(cross_k), torch.from_numpy(cross_v)
+        return OnnxState(src, k, v, empty, empty, rows), src.eq(self.pad_id)
 
     def init_state(
         self, memory: OnnxState, src_padding_mask: Tensor | None, capacity: int | None = None
@@ -126,22 +140,29 @@ class OnnxStepModel:
         return memory
 
     def decode_step(self, tokens: Tensor, state: OnnxState) -> Tensor:
-        """One step: tokens (R,) -> logits (R, V); the state's cache grows by one position."""
-        logits, state.self_k, state.self_v = (
-            torch.from_numpy(a)
-            for a in self.decoder.run(
-                None,
-                {
-                    "tokens": _np(tokens.view(-1)),
-                    "src_ids": _np(state.src_ids),
-                    "cross_k": _np(state.cross_k),
-                    "cross_v": _np(state.cross_v),
-                    "self_k": _np(state.self_k),
-                    "self_v": _np(state.self_v),
-                },
-            )
-        )
-        return logits
+        """One step: tokens (R,) -> logits (R, V); the state's cache grows by one position
+        and stays in onnxruntime (module docstring)."""
+        binding = self.decoder.io_binding()
+        inputs = {  # numpy views of torch's memory: kept alive until the run is over
+            "tokens": _np(tokens.view(-1)),
+            "src_ids": _np(state.src_ids),
+            "cross_k": _np(state.cross_k),
+            "cross_v": _np(state.cross_v),
+            "beam_index": _np(state.beam_index),
+        }
+        for name, array in inputs.items():
+            binding.bind_cpu_input(name, array)
+        for name, cache in (("self_k", state.self_k), ("self_v", state.self_v)):
+            if isinstance(cache, np.ndarray):  # the first step's empty cache
+                binding.bind_cpu_input(name, cache)
+            else:
+                binding.bind_ortvalue_input(name, cache)
+        for name in ("logits", "new_self_k", "new_self_v"):
+            binding.bind_output(name, "cpu")
+        self.decoder.run_with_iobinding(binding)
+        logits, state.self_k, state.self_v = binding.get_outputs()
+        state.beam_index = torch.arange(tokens.numel())
+        return torch.from_numpy(logits.numpy())
 
 
 class OnnxTranslator(Translator):

@@ -8,10 +8,16 @@ An export directory holds:
   (layers, batch, heads, src_len, head_dim): the encoder and every decoder layer's
   cross-attention keys and values, computed once per sentence.
 - ``decoder.onnx``: one step. ``tokens`` int64 (batch,), ``src_ids``, ``cross_k``,
-  ``cross_v``, ``self_k``/``self_v`` float32 (layers, batch, heads, past_len, head_dim; an
-  empty past_len=0 tensor at the first step) -> ``logits`` float32 (batch, tgt_vocab),
+  ``cross_v``, ``self_k``/``self_v`` float32 (layers, past_batch, heads, past_len, head_dim;
+  an empty past_len=0 tensor at the first step), ``beam_index`` int64 (batch,): the row of
+  ``self_k``/``self_v`` each row continues -> ``logits`` float32 (batch, tgt_vocab),
   ``new_self_k``/``new_self_v`` (past_len + 1). The new token's position is past_len, read
-  inside the graph; the padding mask is ``src_ids == pad``.
+  inside the graph; the padding mask is ``src_ids == pad``. A caller passes the previous
+  step's ``new_self_k``/``new_self_v`` back unchanged, with the reorder in ``beam_index``.
+- ``shared.bin``: the weights both graphs hold (the embedding of a model with shared
+  embeddings: the encoder's source embedding, the decoder's target embedding and tied output
+  projection), stored once as ONNX external data that both graphs name (`share_weights`);
+  absent when the graphs share nothing.
 - ``config.json``: the format and its version, the special ids, languages, tags and their
   placement, the decoding defaults, the model's sizes and the graphs' input/output names.
 - the tokenizer as `litmt.data.tokenization.tokenizer.Tokenizer.save` writes it: ``src.model``
@@ -24,8 +30,12 @@ empty cache of the first step and batch 1, which the torch.export-based exporter
 specialise (it treats sizes 0 and 1 as constants), and it needs no ``onnxscript``.
 
 ``quantization=int8`` applies onnxruntime's dynamic quantization
-(``onnxruntime.quantization.quantize_dynamic``: int8 weights of the MatMuls, activations
-quantized at run time) to both graphs, under the same file names.
+(``onnxruntime.quantization.quantize_dynamic``: int8 weights of the MatMuls and of the output
+projection's Gemm, activations quantized at run time) to both graphs, under the same file
+names.
+
+Format version 2 (``beam_index``, ``shared.bin``); version 1 exports are refused with one line
+saying to export again.
 
 Refused with one line (`ExportError`): an approximate attention kernel at any site (local,
 sparse, linear, flex with a window), whose outputs the graphs' full softmax attention would
@@ -62,12 +72,14 @@ log = logging.getLogger("litmt.deploy.export.onnx")
 
 CONFIG_FILE = "config.json"
 FORMAT_NAME = "litmt-onnx"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 OPSET = 17
+SHARED_FILE = "shared.bin"  # the weights both graphs hold, stored once (external data)
+SHARE_MIN_BYTES = 4096  # smaller equal initializers stay in each graph
 ONNX_QUANTIZATIONS = ("none", "int8")
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
 ENCODER_INPUTS, ENCODER_OUTPUTS = ["src_ids"], ["cross_k", "cross_v"]
-DECODER_INPUTS = ["tokens", "src_ids", "cross_k", "cross_v", "self_k", "self_v"]
+DECODER_INPUTS = ["tokens", "src_ids", "cross_k", "cross_v", "self_k", "self_v", "beam_index"]
 DECODER_OUTPUTS = ["logits", "new_self_k", "new_self_v"]
 _KV = {1: "batch", 3: "src_len"}  # cross_k/cross_v: (layers, batch, heads, src_len, head_dim)
 _ENCODER_AXES = {"src_ids": {0: "batch", 1: "src_len"}, "cross_k": _KV, "cross_v": _KV}
@@ -76,8 +88,9 @@ _DECODER_AXES = {
     "src_ids": {0: "batch", 1: "src_len"},
     "cross_k": _KV,
     "cross_v": _KV,
-    "self_k": {1: "batch", 3: "past_len"},
-    "self_v": {1: "batch", 3: "past_len"},
+    "self_k": {1: "past_batch", 3: "past_len"},
+    "self_v": {1: "past_batch", 3: "past_len"},
+    "beam_index": {0: "batch"},
     "logits": {0: "batch"},
     "new_self_k": {1: "batch", 3: "new_len"},
     "new_self_v": {1: "batch", 3: "new_len"},
@@ -152,8 +165,9 @@ def export_onnx(
         _trace(model, tmp)
         if q == "int8":
             _quantize(tmp)
+        shared = share_weights(tmp)
         loaded.tokenizer.save(tmp)
-        meta = onnx_config(loaded, q, decoding_defaults, file_sha256(paths))
+        meta = onnx_config(loaded, q, decoding_defaults, file_sha256(paths), shared)
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     log.info("exported %s (onnx, %s) to %s", paths[0], q, out)
     return out
@@ -184,7 +198,7 @@ def _trace(model: torch.nn.Module, directory: Path) -> None:
         )
         torch.onnx.export(
             decoder,
-            (torch.full((2,), BOS_ID), src, cross_k, cross_v, past, past),
+            (torch.full((2,), BOS_ID), src, cross_k, cross_v, past, past, torch.tensor([1, 0])),
             str(directory / DECODER_FILE),
             input_names=DECODER_INPUTS,
             output_names=DECODER_OUTPUTS,
@@ -205,14 +219,58 @@ def _quantize(directory: Path) -> None:
         # inference cannot follow the data-derived positions: skipped)
         quant_pre_process(str(path), str(pre), skip_symbolic_shape=True)
         quantize_dynamic(
-            str(pre), str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"]
+            str(pre),
+            str(tmp),
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul", "Gemm"],
         )
         pre.unlink()
         tmp.replace(path)
 
 
+def share_weights(directory: Path) -> bool:
+    """Store the initializers the two graphs in `directory` both hold (equal name-independent
+    contents: dtype, shape and bytes; at least `SHARE_MIN_BYTES`) once, in `SHARED_FILE`, as
+    ONNX external data both graphs point to; True when there were any.
+
+    onnxruntime reads external data relative to the graph's file (python), or from the
+    ``externalData`` session option (onnxruntime-web: the page passes the file's bytes)."""
+    import onnx
+    from onnx.external_data_helper import set_external_data
+
+    graphs = {name: onnx.load(str(directory / name)) for name in (ENCODER_FILE, DECODER_FILE)}
+
+    def key(t: Any) -> tuple:
+        return (t.data_type, tuple(t.dims), t.raw_data)
+
+    by_graph = [
+        {key(t): t for t in g.graph.initializer if len(t.raw_data) >= SHARE_MIN_BYTES}
+        for g in graphs.values()
+    ]
+    common = [k for k in by_graph[0] if k in by_graph[1]]
+    if not common:
+        return False
+    with open(directory / SHARED_FILE, "wb") as f:
+        for k in common:
+            offset = f.tell()
+            f.write(k[2])
+            for tensors in by_graph:
+                tensor = tensors[k]
+                set_external_data(tensor, SHARED_FILE, offset=offset, length=len(k[2]))
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+                tensor.ClearField("raw_data")
+    for name, graph in graphs.items():
+        onnx.save(graph, str(directory / name))
+    log.info("%d weight(s) both graphs hold stored once in %s", len(common), SHARED_FILE)
+    return True
+
+
 def onnx_config(
-    loaded: LoadedModel, quantization: str, decoding: dict[str, Any], sha256: str
+    loaded: LoadedModel,
+    quantization: str,
+    decoding: dict[str, Any],
+    sha256: str,
+    shared: bool = False,
 ) -> dict[str, Any]:
     """The ``config.json`` of an export (its keys:
     docs/guide/ship.md#onnx-formatonnx-and-engineonnx)."""
@@ -221,7 +279,11 @@ def onnx_config(
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        "files": {"encoder": ENCODER_FILE, "decoder": DECODER_FILE},
+        "files": {
+            "encoder": ENCODER_FILE,
+            "decoder": DECODER_FILE,
+            "shared": SHARED_FILE if shared else None,
+        },
         "quantization": quantization,
         "opset": OPSET,
         "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
@@ -283,7 +345,7 @@ def read_onnx_config(path: str | Path) -> dict[str, Any]:
     if meta.get("format_version") != FORMAT_VERSION:
         raise ExportError(
             f"{p} has ONNX format version {meta.get('format_version')}, this litmt reads "
-            f"{FORMAT_VERSION}"
+            f"{FORMAT_VERSION}: export it again (scripts/export.py format=onnx)"
         )
     return meta
 
@@ -297,4 +359,5 @@ __all__ = [
     "is_onnx_dir",
     "onnx_config",
     "read_onnx_config",
+    "share_weights",
 ]

@@ -11,6 +11,17 @@ learned, rotary) at positions counted from the input tensors' data, so the trace
 Shapes: B rows, S source length, P positions decoded so far (past), L decoder layers,
 H heads, D head dim, C d_model, V target vocabulary. The cache layout (the file format the
 browser page reads too) is stacked per layer: (L, B, H, P, D).
+
+Two choices keep the runtime's work and the files small:
+
+- The decoder step takes ``beam_index`` (B,): the rows of the previous step's cache each row
+  continues (a beam search's reorder, or rows dropped), gathered inside the graph, so a
+  caller hands the previous step's ``new_self_k``/``new_self_v`` back as they came out
+  (onnxruntime's IOBinding in python, the same tensors in the page) instead of reordering
+  them itself.
+- The output projection is a ``Gemm`` reading the (V, C) weight as stored (``transB``), so a
+  tied output projection is the target embedding's own initializer, not a transposed copy
+  (`litmt.deploy.export.onnx` then stores the weights both graphs share once).
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from litmt.models import Seq2SeqTransformer
@@ -123,8 +135,9 @@ class EncoderGraph(nn.Module):
 
 class DecoderStepGraph(nn.Module):
     """One decoder step: ``tokens`` (B,), ``src_ids`` (B, S), ``cross_k``/``cross_v``
-    (L, B, H, S, D), ``self_k``/``self_v`` (L, B, H, P, D) -> ``logits`` (B, V),
-    ``new_self_k``/``new_self_v`` (L, B, H, P + 1, D). The new token sits at position P."""
+    (L, B, H, S, D), ``self_k``/``self_v`` (L, B0, H, P, D), ``beam_index`` (B,) rows of
+    ``self_k``/``self_v`` -> ``logits`` (B, V), ``new_self_k``/``new_self_v``
+    (L, B, H, P + 1, D). The new token sits at position P."""
 
     def __init__(self, model: Seq2SeqTransformer) -> None:
         super().__init__()
@@ -139,8 +152,11 @@ class DecoderStepGraph(nn.Module):
         cross_v: Tensor,
         self_k: Tensor,
         self_v: Tensor,
+        beam_index: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         m = self.model
+        self_k = self_k.index_select(1, beam_index)  # (L, B, H, P, D)
+        self_v = self_v.index_select(1, beam_index)
         pad = src_ids.eq(m.pad_id)  # (B, S)
         # the new token's position P, counted from the cache's data (the trace stays dynamic)
         pos = torch.ones_like(self_k[0, 0, 0, :, 0], dtype=torch.long).sum(0, keepdim=True)
@@ -160,8 +176,19 @@ class DecoderStepGraph(nn.Module):
             h = cross.out_proj(_attend(q, cross_k[i], cross_v[i], pad, self.scale))
             x = x + h if layer.norm_first else layer.norm2(x + h)
             x = _residual(layer.norm_first, layer.norm3, x, layer.ffn)
-        logits = m.logits(m.decoder_norm(x))[:, 0]  # (B, V)
-        return logits, torch.stack(new_k), torch.stack(new_v)
+        return self.project(m.decoder_norm(x)[:, 0]), torch.stack(new_k), torch.stack(new_v)
+
+    def project(self, h: Tensor) -> Tensor:
+        """`Seq2SeqTransformer.logits` of h (B, C) as one ``Gemm`` (B, V): a 2-D input and a
+        bias make the exporter keep the (V, C) weight as stored (``transB=1``)."""
+        m = self.model
+        weight = m.output_proj.weight  # (V, C): the target embedding when the output is tied
+        bias = m.output_proj.bias
+        if bias is None:
+            bias = torch.zeros(weight.size(0), dtype=weight.dtype)
+        if m.config.output_bias:
+            bias = bias + m.output_bias.to(weight.dtype)
+        return F.linear(h, weight, bias)
 
 
 __all__ = ["DecoderStepGraph", "EncoderGraph"]

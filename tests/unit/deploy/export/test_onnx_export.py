@@ -73,7 +73,10 @@ def _assert_parity(torch_engine: Translator, onnx_engine: OnnxTranslator, source
 
 def test_step_logits_equal_torch(ckpt, onnx_dir):
     """Encoder + decoder steps of the ONNX graphs give the torch model's logits (STEP_ATOL) on
-    a padded batch, and follow a row reorder (what a beam step does) like the torch state."""
+    a padded batch, and follow row reorders (a beam step's, with and without the source side)
+    like the torch state, while the cache stays an onnxruntime value between the steps."""
+    import onnxruntime
+
     model = load_model(ckpt).model
     step = OnnxStepModel(onnx_dir, read_onnx_config(onnx_dir), threads=1)
     src = padded([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], 0)
@@ -90,8 +93,40 @@ def test_step_logits_equal_torch(ckpt, onnx_dir):
             index = torch.tensor([2, 0, 0])
             ref_state.reorder(index, cross=True)
             state.reorder(index, cross=True)
+        if t == 4:  # within their sentences: the source side stays
+            index = torch.tensor([1, 1, 0])
+            ref_state.reorder(index, cross=False)
+            state.reorder(index, cross=False)
+            assert state.beam_index.tolist() == [1, 1, 0]  # the next step gathers them
         tokens = ref.argmax(-1)
-    assert state.self_k.shape == (2, 3, 4, 6, 16)  # (L, R, H, P, D)
+        assert isinstance(state.self_k, onnxruntime.OrtValue)  # never copied out to numpy
+    assert tuple(state.self_k.shape()) == (2, 3, 4, 6, 16)  # (L, R, H, P, D)
+
+
+def test_shared_weights_are_stored_once(ckpt, onnx_dir):
+    """The tied embedding (the encoder's source embedding, the decoder's target embedding and
+    output projection) and the position table are one copy in shared.bin, which both graphs
+    name; the decoder holds no transposed copy of the projection."""
+    import onnx
+
+    meta = read_onnx_config(onnx_dir)
+    assert meta["files"]["shared"] == "shared.bin"
+    cfg = load_model(ckpt).model.config
+    vocab = (cfg.tgt_vocab_size, cfg.d_model)
+    external = {}
+    for name in ("encoder.onnx", "decoder.onnx"):
+        graph = onnx.load(str(onnx_dir / name), load_external_data=False).graph
+        shapes = [tuple(t.dims) for t in graph.initializer]
+        assert vocab[::-1] not in shapes  # no (C, V) transposed copy
+        external[name] = {
+            (tuple(t.dims), tuple((e.key, e.value) for e in t.external_data))
+            for t in graph.initializer
+            if t.data_location == onnx.TensorProto.EXTERNAL
+        }
+    assert external["encoder.onnx"] == external["decoder.onnx"]  # the same bytes of one file
+    assert vocab in {dims for dims, _ in external["decoder.onnx"]}
+    size = (onnx_dir / "shared.bin").stat().st_size
+    assert size == sum(int(dict(e)["length"]) for _, e in external["decoder.onnx"])
 
 
 def test_greedy_and_beam_equal_torch(ckpt, onnx_dir):
@@ -168,7 +203,7 @@ def test_imported_marian(tmp_path):
 def test_config_json(onnx_dir, ckpt):
     meta = read_onnx_config(onnx_dir)
     cfg = load_model(ckpt).model.config
-    assert meta["format"] == "litmt-onnx" and meta["format_version"] == 1
+    assert meta["format"] == "litmt-onnx" and meta["format_version"] == 2
     assert meta["special_ids"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
     assert (meta["src_lang"], meta["tgt_lang"]) == ("en", "de")
     assert meta["model"]["n_decoder_layers"] == cfg.n_decoder_layers
@@ -180,13 +215,27 @@ def test_config_json(onnx_dir, ckpt):
         "cross_v",
         "self_k",
         "self_v",
+        "beam_index",
     ]
+    assert meta["files"] == {
+        "encoder": "encoder.onnx", "decoder": "decoder.onnx", "shared": "shared.bin"
+    }  # fmt: skip
     assert meta["tokenizer"] == {
         "src_model": "src.model", "tgt_model": None, "pieces": None, "src_eos": False, "joint": True
     }  # fmt: skip
     assert {p.name for p in onnx_dir.iterdir()} == {
-        "config.json", "encoder.onnx", "decoder.onnx", "src.model"
+        "config.json", "encoder.onnx", "decoder.onnx", "shared.bin", "src.model"
     }  # fmt: skip
+
+
+def test_a_version_1_export_is_refused_saying_to_export_again(onnx_dir, tmp_path):
+    import shutil
+
+    old = shutil.copytree(onnx_dir, tmp_path / "v1")
+    meta = json.loads((old / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps({**meta, "format_version": 1}))
+    with pytest.raises(ExportError, match=r"version 1, this litmt reads 2: export it again"):
+        OnnxTranslator(old)
 
 
 def test_int8_export(ckpt, onnx_dir, tmp_path):
@@ -196,6 +245,7 @@ def test_int8_export(ckpt, onnx_dir, tmp_path):
     assert read_onnx_config(out)["quantization"] == "int8"
     size = lambda d: sum(p.stat().st_size for p in d.glob("*.onnx"))  # noqa: E731
     assert size(out) < 0.6 * size(onnx_dir)
+    assert read_onnx_config(out)["files"]["shared"] == "shared.bin"  # the embedding, once
     texts = held_sentences(40)
     ref = OnnxTranslator(onnx_dir, threads=1).translate(texts, beam_size=1)
     got = OnnxTranslator(out, threads=1).translate(texts, beam_size=1)

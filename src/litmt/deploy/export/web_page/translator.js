@@ -15,9 +15,10 @@ import * as ort from "./vendor/ort.wasm.bundle.min.mjs";
 import { SentencePieceProcessor } from "./vendor/sentencepiece.js";
 
 const RUNTIME_WASM = "vendor/ort-wasm-simd-threaded.wasm"; // relative to the page
-const FORMAT_VERSION = 1; // of config.json (litmt.deploy.export.onnx.FORMAT_VERSION)
+const FORMAT_VERSION = 2; // of config.json (litmt.deploy.export.onnx.FORMAT_VERSION)
 const SPECIAL = 4; // ids 0..3 (pad, unk, bos, eos) are never text
 const YIELD_EVERY = 8; // decoder steps between two looks at the message queue (a cancel)
+const ROW0 = new ort.Tensor("int64", BigInt64Array.of(0n), [1]); // greedy: the one row goes on
 // Control characters but tab, removed from input as litmt.data.text.clean_line does.
 const CONTROL = /[\u0000-\u0008\u000A-\u001F\u007F-\u009F]/g;
 
@@ -139,8 +140,9 @@ export class OfflineTranslator {
       base + config.files.decoder,
       base + tok.src_model,
       tok.tgt_model ? base + tok.tgt_model : null,
+      config.files.shared ? base + config.files.shared : null,
     ];
-    const [wasm, enc, dec, srcModel, tgtModel] = await Promise.all(
+    const [wasm, enc, dec, srcModel, tgtModel, shared] = await Promise.all(
       files.map((f) => (f ? track(f) : null)),
     );
     let pieces = tok.pieces || null; // the list itself, or the file holding {"pieces": [...]}
@@ -148,6 +150,10 @@ export class OfflineTranslator {
     ort.env.wasm.wasmBinary = wasm.buffer; // fetched above, with the progress
     ort.env.wasm.numThreads = threads; // > 1 only where SharedArrayBuffer exists
     const options = { executionProviders: ["wasm"], graphOptimizationLevel: "all" };
+    if (shared) {
+      // the weights both graphs hold, fetched once (litmt.deploy.export.onnx.share_weights)
+      options.externalData = [{ path: config.files.shared, data: shared }];
+    }
     const encoder = await ort.InferenceSession.create(enc, options);
     const decoder = await ort.InferenceSession.create(dec, options);
     const srcSp = await loadSentencePiece(srcModel);
@@ -230,6 +236,7 @@ export class OfflineTranslator {
         cross_v,
         self_k: selfK,
         self_v: selfV,
+        beam_index: ROW0,
       });
       let next;
       if (out.length < prefix.length) {
@@ -272,6 +279,7 @@ export class OfflineTranslator {
       cross_v: encoded.cross_v,
       self_k: new ort.Tensor("float32", new Float32Array(0), empty),
       self_v: new ort.Tensor("float32", new Float32Array(0), empty),
+      beams: [0], // the row of self_k/self_v each row continues (gathered in the graph)
     };
     let scores = [0]; // (kk,) cumulative log-probabilities of the live beams
     let history = [[]]; // (kk, t) their tokens
@@ -287,6 +295,7 @@ export class OfflineTranslator {
         cross_v: rows.cross_v,
         self_k: rows.self_k,
         self_v: rows.self_v,
+        beam_index: new ort.Tensor("int64", BigInt64Array.from(rows.beams, BigInt), [kk]),
       });
       const logits = out.logits.data; // (kk, V)
       const top = []; // the 2K best candidates [value, beam, token], best first
@@ -314,8 +323,9 @@ export class OfflineTranslator {
         src: step === 0 ? repeatRows(rows.src, K) : rows.src, // then beams stay in their sentence
         cross_k: step === 0 ? repeatRows(rows.cross_k, K, 1) : rows.cross_k,
         cross_v: step === 0 ? repeatRows(rows.cross_v, K, 1) : rows.cross_v,
-        self_k: gatherRows(out.new_self_k, beams),
-        self_v: gatherRows(out.new_self_v, beams),
+        self_k: out.new_self_k, // as it came out: the next step gathers `beams`
+        self_v: out.new_self_v,
+        beams,
       };
       // the stop test (beam_done)
       const bestLive = Math.max(...scores);
