@@ -1,6 +1,7 @@
 """reports/student_table.py runs end to end on the tiny model: a checkpoint row (exported in
-int8) and an export-directory row, both test sets of the data directory, the goal lines, and
-one-line refusals for a float32 export and a missing path."""
+int8) and an export-directory row, both test sets of the data directory, the parameter count,
+the goal lines (the same weights in every role: each comparison is +0.00 and says so), the
+result record, and one-line refusals for a float32 export and a missing path."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def test_table_rows_goals_and_json(setup, tmp_path):
     run = _run(
         "--model", f"teacher={ckpt}", "--model", f"student={export}", "--data-dir", str(data),
         "--exports", str(tmp_path / "exports"), "--teacher", "teacher", "--student", "student",
-        "--reference-student", "teacher", "--json", str(tmp_path / "t.json"),
+        "--reference-student", "teacher", "--born-again", "student",
+        "--json", str(tmp_path / "t.json"),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     result = json.loads((tmp_path / "t.json").read_text())
@@ -58,9 +60,16 @@ def test_table_rows_goals_and_json(setup, tmp_path):
     # the same weights in both rows: the same translations, so the same scores
     for a, b in zip(rows[:4], rows[4:], strict=True):
         assert (a["bleu"], a["chrf"]) == (b["bleu"], b["chrf"])
+    from litmt.checkpoint.load import load_model
+
+    n = sum(p.numel() for p in load_model(ckpt).model.parameters())
+    assert {r["parameters"] for r in rows} == {n}
     goals = result["goals"]
-    assert len(goals) == 4 and "% of the teacher's" in goals[1]
+    assert len(goals) == 5 and "% of the teacher's" in goals[1]
+    assert "+0.00 BLEU (goal >= -1.00: met)" in goals[0]
+    assert f"{n:,} parameters against {n:,} (goal: fewer: missed)" in goals[0]
     assert "distilled vs reference-trained student, beam 1: +0.00 BLEU" in goals[2]
+    assert goals[4] == "- born-again student vs teacher, beam 5: +0.00 BLEU (goal >= +0.50: missed)"
     assert "| student | test2017 | 5 |" in run.stdout
 
 
