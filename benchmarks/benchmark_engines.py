@@ -34,7 +34,7 @@ from litmt.deploy.engines.ct2 import CT2Translator
 from litmt.deploy.engines.onnx import OnnxTranslator
 from litmt.deploy.export.base import file_sha256
 from litmt.deploy.export.ct2 import export_model, is_export_dir, read_metadata
-from litmt.deploy.export.onnx import export_onnx, is_onnx_dir, read_onnx_config
+from litmt.deploy.export.onnx import export_onnx, is_current_onnx_dir, read_onnx_config
 from litmt.metrics import corpus_bleu
 
 ENGINES = ("torch", "ct2 float32", "ct2 int8", "onnx float32", "onnx int8")
@@ -76,7 +76,8 @@ def ensure_export(ckpt: Path, directory: Path, quantization: str) -> Path:
 def ensure_onnx_export(ckpt: Path, directory: Path, quantization: str) -> Path:
     """The ONNX export of `ckpt` with `quantization` in `directory`, written when missing/stale."""
     out = directory / f"onnx-{quantization}"
-    if is_onnx_dir(out) and read_onnx_config(out)["checkpoint_sha256"] == file_sha256(ckpt):
+    current = is_current_onnx_dir(out)  # another format version is exported again
+    if current and read_onnx_config(out)["checkpoint_sha256"] == file_sha256(ckpt):
         return out
     return export_onnx(ckpt, out, quantization=quantization, force=True)
 

@@ -47,6 +47,7 @@ from litmt.deploy.export.base import file_sha256
 from litmt.deploy.export.onnx import (
     export_onnx,
     import_onnxruntime,
+    is_current_onnx_dir,
     is_onnx_dir,
     read_onnx_config,
 )
@@ -207,8 +208,8 @@ class OnnxTranslator(Translator):
                 raise ConfigError(f"model not found: {p} (give a .ckpt file or an ONNX export)")
             target = Path(cache_dir or default_onnx_cache_dir())
             target = target / f"{p.stem}-{file_sha256(p)[:16]}-{quantization}"
-            if not is_onnx_dir(target):
-                log.info("exporting %s for engine=onnx into %s (first use)", p, target)
+            if not is_current_onnx_dir(target):  # first use, or a cache of another version
+                log.info("exporting %s for engine=onnx into %s", p, target)
                 export_onnx(p, target, quantization=quantization, force=True)
             p = target
         return cls(p, threads=threads)

@@ -329,6 +329,15 @@ def is_onnx_dir(path: str | Path) -> bool:
     return isinstance(meta, dict) and meta.get("format") == FORMAT_NAME
 
 
+def is_current_onnx_dir(path: str | Path) -> bool:
+    """True when `path` is an ONNX export of this litmt's `FORMAT_VERSION` (a cache or a
+    benchmark's export of another version is exported again)."""
+    if not is_onnx_dir(path):
+        return False
+    meta = json.loads((Path(path) / CONFIG_FILE).read_text(encoding="utf-8"))
+    return meta.get("format_version") == FORMAT_VERSION
+
+
 def read_onnx_config(path: str | Path) -> dict[str, Any]:
     """The ``config.json`` of an ONNX export directory.
 
@@ -356,6 +365,7 @@ __all__ = [
     "check_onnx_exportable",
     "export_onnx",
     "import_onnxruntime",
+    "is_current_onnx_dir",
     "is_onnx_dir",
     "onnx_config",
     "read_onnx_config",

@@ -293,3 +293,14 @@ def test_ckpt_exported_on_first_use(ckpt, tmp_path):
     second = OnnxTranslator.from_pretrained(ckpt, cache_dir=tmp_path)
     assert (entry / "decoder.onnx").stat().st_mtime_ns == mtime
     assert first.translate(["A red dog runs."]) == second.translate(["A red dog runs."])
+
+
+def test_a_cached_export_of_another_version_is_exported_again(ckpt, tmp_path):
+    """A cache entry an older litmt wrote (format version 1) is replaced, not refused."""
+    OnnxTranslator.from_pretrained(ckpt, cache_dir=tmp_path)
+    (entry,) = tmp_path.iterdir()
+    meta = json.loads((entry / "config.json").read_text())
+    (entry / "config.json").write_text(json.dumps({**meta, "format_version": 1}))
+    again = OnnxTranslator.from_pretrained(ckpt, cache_dir=tmp_path)
+    assert read_onnx_config(entry)["format_version"] == 2
+    assert again.translate(["A red dog runs."])
