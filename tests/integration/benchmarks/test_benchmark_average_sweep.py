@@ -45,6 +45,7 @@ def test_a_run_without_per_epoch_checkpoints_is_refused_with_the_fix(tmp_path: P
         run_checkpoints(tmp_path)
 
 
+@pytest.mark.slow
 def test_the_table_ranks_a_trained_checkpoint_above_its_averages_with_random_weights(
     tmp_path: Path,
 ):

@@ -22,6 +22,7 @@ ENGINES = ["litmt torch", "transformers generate", "ct2 float32", "ct2 int8", "o
            "onnx int8"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_smoke_run_prints_every_engine_and_search(tmp_path_factory):
     ckpt = tiny_checkpoint_path(tmp_path_factory)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}

@@ -45,6 +45,7 @@ def toy_layout(root: Path) -> Path:
     return root / "repo"
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_all_tables(tmp_path):
     out = tmp_path / "bench.md"
     out.write_text("# Benchmarks\n\nHand-written notes stay.\n")

@@ -11,6 +11,7 @@ from tiny_corpora import write_multi
 from reports.subword_batches import SETTINGS, main
 
 
+@pytest.mark.slow
 def test_the_table_shows_no_planned_batch_over_the_budget(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,6 +12,7 @@ from tiny_corpora import write_multi
 from benchmarks.subword_samplers import ROWS, main
 
 
+@pytest.mark.slow
 def test_the_seeded_rows_repeat_in_a_new_process(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

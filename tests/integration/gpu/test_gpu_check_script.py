@@ -38,6 +38,7 @@ def read_rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "gpu_check_rows.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_the_dry_run_writes_the_whole_table(tmp_path: Path) -> None:
     """The same code path as on the GPU (read the files, tokenise, parity runs, matmul peak,
     throughput, recipe training + beam-5 decoding, the gpu-test step) with a tiny model."""
@@ -75,6 +76,7 @@ def fake_flash_attn(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_an_exception_in_one_row_is_its_fail_and_every_other_row_is_still_written(
     tmp_path: Path,
 ) -> None:
@@ -108,6 +110,7 @@ def test_an_exception_in_one_row_is_its_fail_and_every_other_row_is_still_writte
     assert "InjectedFailure" in (out / "gpu_check_runs.log").read_text()  # the traceback
 
 
+@pytest.mark.slow
 def test_rows_a_crash_leaves_unwritten_are_fail_rows_in_the_table(tmp_path: Path) -> None:
     """--inject-crash ends gpu_check.py at the matmul row (as a segfault would, without a
     row): gpu_check.sh compares its plan with the rows and adds every missing one as FAIL."""

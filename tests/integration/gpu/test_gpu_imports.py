@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from train_utils import REPO, script_env
 
 BLOCK = [sys.executable, "tests/helpers/without_packages.py"]
@@ -25,6 +26,7 @@ def collect(prefix: list[str], *extra: str) -> tuple[subprocess.CompletedProcess
     return proc, {line for line in proc.stdout.splitlines() if "::" in line}
 
 
+@pytest.mark.slow
 def test_every_gpu_test_is_collected_without_the_four_packages() -> None:
     full, expected = collect([sys.executable])
     assert full.returncode == 0, full.stdout[-3000:]

@@ -618,6 +618,7 @@ def test_serve_script_without_model_is_one_line_exit_2():
     ]
 
 
+@pytest.mark.slow
 def test_benchmark_server_smoke(ckpt, tmp_path):
     (tmp_path / "test.en").write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     run = subprocess.run(

@@ -252,6 +252,7 @@ def test_train_script_reports_a_bad_override_in_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_multirun_over_attention_backends(tmp_path):
     """Each run of the sweep trains with its own backend: the model config saved in each run's
     checkpoint names the backend of that run's override, at every site."""

@@ -857,6 +857,7 @@ def test_te_wrapper_sets_layout_and_mask_type_per_site(case, monkeypatch):
 
 
 # -- benchmark script -------------------------------------------------------------------
+@pytest.mark.slow
 def test_benchmark_script_smoke():
     """One tiny cell end to end: subprocess worker, table, claims section (prints only)."""
     import subprocess

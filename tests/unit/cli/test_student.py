@@ -144,14 +144,14 @@ def test_settings_errors_are_one_line(tmp_path: Path) -> None:
         student_settings(OmegaConf.create({"out": "x", "mix": True, "data": {"dir": "."}}))
 
 
-def test_the_student_recipe_is_the_teacher_recipe_with_a_small_shallow_model() -> None:
+def test_the_student_recipe_is_the_teacher_recipe_with_a_deep_encoder_and_a_shallow_decoder() -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         teacher = compose("train", overrides=["experiment=multi30k_cpu"])
         student = compose("train", overrides=["experiment=multi30k_student_cpu"])
     shape = ("d_model", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions")
-    assert [student.model[k] for k in shape] == [80, 320, 6, 1, 256]
+    assert [student.model[k] for k in shape] == [144, 576, 6, 2, 256]
     assert student.data.tokenizer.vocab_size == 3000
-    assert student.trainer.max_time == "00:00:29:00"
+    assert student.trainer.max_time == "00:00:58:00" == teacher.trainer.max_time
     assert student.task_name == "multi30k_student_cpu"
     for key in ("module", "finalize", "callbacks"):  # inherited as they are
         assert student[key] == teacher[key]

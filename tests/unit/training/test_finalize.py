@@ -619,6 +619,7 @@ def _finalize_script(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_finalize_script_reruns_the_end_step_on_a_finished_run(tmp_path):
     """scripts/train.py saving a finalize block (a 2-best average and a grid) but stopping
     before the end step (test_after_training=false), then scripts/finalize.py on its run

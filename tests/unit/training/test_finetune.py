@@ -168,6 +168,7 @@ def test_shape_mismatch_is_a_one_line_error_naming_the_parameter(init_ckpt):
         assert torch.equal(v, init.weights[k]), k
 
 
+@pytest.mark.slow
 def test_shape_mismatch_from_the_command_line(init_ckpt, shifted_corpus, tmp_path):
     # finetune.model_config=config builds `model`, which must fit the weights
     cmd = [sys.executable, "scripts/train.py", *tiny_overrides(shifted_corpus, tmp_path)]

@@ -76,6 +76,7 @@ def test_a_clock_stop_during_validation_keeps_one_checkpoint(tmp_path, monkeypat
     )
 
 
+@pytest.mark.slow
 def test_without_the_stop_the_clock_validation_saves_a_second_checkpoint(tmp_path, monkeypatch):
     """The control: Lightning alone takes one more step, stops on its Timer and validates
     again, so two checkpoints one step apart are kept (the reported best-step006175/6176)."""

@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from tiny_corpora import TINY_TOKENIZER, write_text_corpus
 
 from litmt.data.preparation.encoding import WORKER_DIED
@@ -84,6 +85,7 @@ def _run(script: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess
     return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
 
 
+@pytest.mark.slow
 def test_script_without_main_guard_fails_with_one_line(tmp_path: Path) -> None:
     write_text_corpus(tmp_path / "corpus", sizes=PAIRS)
     run = _run(NO_GUARD, tmp_path)

@@ -293,6 +293,7 @@ print(json.dumps([(int(i), s.tolist(), t.tolist()) for i, s, t in map(train.__ge
 """
 
 
+@pytest.mark.slow
 def test_a_rerun_or_another_rank_samples_the_same_nbest_segmentations(dm_kwargs: dict) -> None:
     """`sampling_nbest > 1`: a new process (a rerun, a resume, another DDP rank) builds the
     data module again and gets this process's segmentations, item for item."""

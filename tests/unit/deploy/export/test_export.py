@@ -418,6 +418,7 @@ def _script(name: str, *overrides: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_translate_and_evaluate_jobs_on_the_ct2_engine(ckpt, export_dir, tmp_path):
     en, de = corpus(seed=1)
     src, ref = tmp_path / "t.en", tmp_path / "t.de"

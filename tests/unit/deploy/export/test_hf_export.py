@@ -98,6 +98,7 @@ def test_unmappable_models_are_refused(tmp_path):
             check_hf_exportable(cfg, loaded.tokenizer)
 
 
+@pytest.mark.slow
 def test_export_script_writes_a_model_card(tmp_path):
     ckpt = build_tiny_checkpoint(tmp_path, steps=1)
     en, de = corpus()
