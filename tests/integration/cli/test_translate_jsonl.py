@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -73,6 +75,7 @@ def test_translate_jsonl_flags_unmet_constraints_with_one_warning(ckpt, referenc
     ]
 
 
+@pytest.mark.slow
 def test_translate_jsonl_errors_name_the_line(ckpt, tmp_path):
     cases = [
         ('{"src": "A dog."}\n{"src": "A cat."', "line 2: not valid JSON"),

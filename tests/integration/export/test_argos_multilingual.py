@@ -43,6 +43,7 @@ def check_argos(tmp_path_factory):
     return module, python
 
 
+@pytest.mark.slow
 def test_argos_translates_a_paragraph_with_no_language_token(check_argos, tmp_path) -> None:
     from litmt.deploy.export.argos import export_argos_package
 

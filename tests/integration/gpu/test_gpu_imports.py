@@ -40,6 +40,7 @@ def test_every_gpu_test_is_collected_without_the_four_packages() -> None:
     assert got == expected
 
 
+@pytest.mark.slow
 def test_gpu_check_help_runs_without_the_four_packages() -> None:
     proc = subprocess.run([*BLOCK, "scripts/gpu_check.py", "--help"], cwd=REPO,
                           env=script_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -47,6 +48,7 @@ def test_gpu_check_help_runs_without_the_four_packages() -> None:
     assert "--deadline-s" in proc.stdout and "--dry-run" in proc.stdout
 
 
+@pytest.mark.slow
 def test_the_blocker_blocks(tmp_path) -> None:
     script = tmp_path / "imports.py"
     script.write_text("import lightning.pytorch\nimport omegaconf\n")  # Lightning probes omegaconf

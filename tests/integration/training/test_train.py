@@ -240,6 +240,7 @@ def test_train_script_fast_dev_run_in_a_subprocess(tmp_path):
     assert f"run directory: {tmp_path / 'run'}" in proc.stdout
 
 
+@pytest.mark.slow
 def test_train_script_reports_a_bad_override_in_one_line(tmp_path):
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 50, "valid": 5, "test": 5})
     overrides = [*tiny_overrides(corpus, tmp_path), "model.positional=alibi", "debug=fast_dev_run"]

@@ -144,7 +144,9 @@ def test_settings_errors_are_one_line(tmp_path: Path) -> None:
         student_settings(OmegaConf.create({"out": "x", "mix": True, "data": {"dir": "."}}))
 
 
-def test_the_student_recipe_is_the_teacher_recipe_with_a_deep_encoder_and_a_shallow_decoder() -> None:
+def test_the_student_recipe_is_the_teacher_recipe_with_a_deep_encoder_and_a_shallow_decoder() -> (
+    None
+):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         teacher = compose("train", overrides=["experiment=multi30k_cpu"])
         student = compose("train", overrides=["experiment=multi30k_student_cpu"])

@@ -78,6 +78,7 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_started_together_train_the_tokenizer_once(tmp_path: Path) -> None:
     corpus = write_toy_corpus(tmp_path / "corpus", {"train": 120, "valid": 8, "test": 8})
     over = [
