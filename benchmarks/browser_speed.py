@@ -58,16 +58,13 @@ from checks.decode_margins import NEAR_TIE, compare_outputs
 from litmt.data.text import read_text_file
 from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID
 from litmt.decoding.search.rules import length_penalty_factor
+from litmt.deploy.export.web import ISOLATION_HEADERS
 from litmt.errors import LitmtError
 
 NODE_MODULES = REPO / "web" / "node_modules"  # `npm ci --ignore-scripts` in web/ fills it
 LOAD_TIMEOUT_MS = 300_000  # a real model over a slow disk
 LINE_TIMEOUT_MS = 60_000  # per line translated
 KEY_EVERY_S = 0.05  # a key pressed in the textarea this often while the page translates
-ISOLATION = {  # what the folder's serve.py sends (litmt.deploy.export.web.ISOLATION_HEADERS)
-    "Cross-Origin-Opener-Policy": "same-origin",
-    "Cross-Origin-Embedder-Policy": "require-corp",
-}
 
 
 def chromium_path() -> str | None:
@@ -82,7 +79,7 @@ def chromium_path() -> str | None:
 def serve_folder(directory: Path, isolated: bool = False) -> Iterator[str]:
     """Serve `directory` with python's http.server on 127.0.0.1 (a free port) in a thread;
     yields its base URL (``http://127.0.0.1:PORT/``). `isolated`: with the cross-origin
-    isolation headers (`ISOLATION`), as the folder's serve.py serves it."""
+    isolation headers (`ISOLATION_HEADERS`), as the folder's serve.py serves it."""
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:  # no line per request on stderr
@@ -90,7 +87,7 @@ def serve_folder(directory: Path, isolated: bool = False) -> Iterator[str]:
 
         def end_headers(self) -> None:
             if isolated:
-                for name, value in ISOLATION.items():
+                for name, value in ISOLATION_HEADERS.items():
                     self.send_header(name, value)
             super().end_headers()
 

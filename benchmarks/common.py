@@ -174,6 +174,17 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
+def add_test_set_args(p: Any, split_help: str) -> None:
+    """The arguments of a report that decodes a corpus's test split on the ct2 engine:
+    ``--data-dir``, ``--split``, ``--src-lang``, ``--tgt-lang``, ``--threads``, ``--reps``."""
+    p.add_argument("--data-dir", required=True, help="the corpus directory ({split}.{lang})")
+    p.add_argument("--split", default="test2016", help=split_help)
+    p.add_argument("--src-lang", default="en", help="source language suffix")
+    p.add_argument("--tgt-lang", default="de", help="target language suffix")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of the ct2 engine")
+    p.add_argument("--reps", type=int, default=3, help="timed runs per row (median)")
+
+
 def median_timed(fn: Callable[[], T], reps: int) -> tuple[T, float]:
     """(output of the last run, median seconds over `reps` runs) of a CPU-side call."""
     times: list[float] = []

@@ -39,7 +39,7 @@ import torch
 import yaml
 
 from benchmarks.benchmark_engines import ensure_export
-from benchmarks.common import median_timed, parallel_lines
+from benchmarks.common import add_test_set_args, median_timed, parallel_lines
 from litmt.checkpoint.io import META_KEY, load_checkpoint
 from litmt.cli.script.exits import cli_errors
 from litmt.data.tokenization.tokenizer import Tokenizer, TokenizerConfig, train_spm
@@ -58,14 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--shape", action="append", required=True, metavar="KEY=VALUE,...",
         help="a candidate shape: TransformerConfig keys, optionally vocab_size (repeat)",
     )  # fmt: skip
-    p.add_argument("--data-dir", required=True, help="the corpus directory ({split}.{lang})")
-    p.add_argument("--split", default="test2016", help="the test split decoded")
-    p.add_argument("--src-lang", default="en", help="source language suffix")
-    p.add_argument("--tgt-lang", default="de", help="target language suffix")
+    add_test_set_args(p, "the test split decoded")
     p.add_argument("--corpus", default=None, help="train.{src,tgt} for a shape's vocab_size")
     p.add_argument("--exports", default="exports/student-screen", help="the teacher's export")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads of the ct2 engine")
-    p.add_argument("--reps", type=int, default=3, help="timed runs per row (median)")
     p.add_argument("--goal", type=float, default=3.0, help="x the teacher's beam-5 rate")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     return p.parse_args(argv)

@@ -30,7 +30,12 @@ from typing import Any
 import torch
 
 from benchmarks.benchmark_engines import ensure_export
-from benchmarks.common import median_timed, parallel_lines, write_result_record
+from benchmarks.common import (
+    add_test_set_args,
+    median_timed,
+    parallel_lines,
+    write_result_record,
+)
 from litmt.cli.script.exits import cli_errors
 from litmt.deploy.engines.ct2 import CT2Translator
 from litmt.deploy.export.ct2 import is_export_dir, read_metadata
@@ -44,14 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--model", action="append", required=True, metavar="NAME=PATH",
         help="a row: its name and a checkpoint or int8 ct2 export (repeat, in table order)",
     )  # fmt: skip
-    p.add_argument("--data-dir", required=True, help="the corpus directory ({split}.{lang})")
-    p.add_argument("--src-lang", default="en", help="source language suffix")
-    p.add_argument("--tgt-lang", default="de", help="target language suffix")
-    p.add_argument("--split", default="test2016", help="the table's test split")
+    add_test_set_args(p, "the table's test split")
     p.add_argument("--exports", default="exports/student-table", help="where exports go")
     p.add_argument("--beam", type=int, nargs="+", default=[1, 5], help="beam sizes (1: greedy)")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads of the ct2 engine")
-    p.add_argument("--reps", type=int, default=3, help="timed runs per row (median)")
     p.add_argument("--teacher", default=None, help="the teacher's row name (for the goals)")
     p.add_argument("--student", default=None, help="the distilled student's row name")
     p.add_argument("--reference-student", default=None, help="the reference-trained student")
@@ -83,8 +83,7 @@ def parameters(export: Path) -> int:
 
     config = TransformerConfig.from_dict(read_metadata(export)["model_config"])
     with torch.device("meta"):
-        model = Seq2SeqTransformer(config)
-    return sum(p.numel() for p in model.parameters())
+        return Seq2SeqTransformer(config).num_parameters()
 
 
 def size_on_disk(directory: Path) -> int:

@@ -215,18 +215,16 @@ class CT2Translator(Translator):
         blocked = self._eos_blocked(request, budgets)
         calls = list(plan_calls(request, budgets, blocked).items())
         grain = stop_grain()
-        if grain is None:
+        if grain is None:  # everything submitted at once, each call collected when its turn comes
             futures = [self._submit(request, idx, call) for call, idx in calls]
-            results: list[list[Any] | None] = [None] * len(calls)
+            results: list[list[Any]] | None = None
         else:
-            results = list(self._stoppable_results(request, calls, grain))
+            results = self._stoppable_results(request, calls, grain)
         for n, (call, idx) in enumerate(calls):
             if call.budget == 0:  # only eos is allowed: the empty translation
                 yield idx, [[Hypothesis([], 0.0, 0.0)] for _ in idx]
                 continue
-            found = results[n]
-            if found is None:
-                found = [f.result() for f in futures[n]]
+            found = results[n] if results is not None else [f.result() for f in futures[n]]
             yield idx, self._collect(request, call, idx, found, blocked)
 
     def _stoppable_results(

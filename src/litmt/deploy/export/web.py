@@ -145,8 +145,8 @@ def write_header_files(folder: Path) -> None:
         + "".join(f'add_header {k} "{v}" always;\n' for k, v in pairs),
         encoding="utf-8",
     )
-    (folder / "serve.py").write_text((PAGE_DIR / "serve.py").read_text(), encoding="utf-8")
-    (folder / "HEADERS.md").write_text((PAGE_DIR / "HEADERS.md").read_text(), encoding="utf-8")
+    for name in ("serve.py", "HEADERS.md"):  # the server for python, the note for the others
+        shutil.copyfile(PAGE_DIR / name, folder / name)
 
 
 def is_web_dir(path: Path) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 
 from litmt.config import build, renamed_keys
 from litmt.decoding.config import DecodeConfig, job_options
+from litmt.decoding.search.stopping import DEFAULT_GRAIN
 from litmt.deploy.server.access import AccessConfig
 from litmt.deploy.server.input.sentences import MODES
 from litmt.errors import ConfigError
@@ -70,7 +71,7 @@ class ServeConfig:
     own)"""
     max_wait_ms: float = 10.0
     """dynamic batching: how long a batch's first request waits for company"""
-    stop_grain_sentences: int = 16
+    stop_grain_sentences: int = DEFAULT_GRAIN
     """a batch no client waits for any more stops: the torch and ONNX engines at their next
     decoder step, the ct2 engine (whose search cannot be interrupted) between sub-batches of
     at most this many sentences, which it then decodes one group at a time per thread"""

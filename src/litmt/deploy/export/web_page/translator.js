@@ -209,22 +209,29 @@ export class OfflineTranslator {
     return this.tgtSp.decodeIds(kept);
   }
 
+  // What both searches start from: the source ids as a (1, S) tensor, the encoder's
+  // cross-attention keys/values (L, 1, H, S, D), the forced target prefix (the tag of a
+  // target-placement export), the output budget, min_len and the empty self-attention cache
+  // (L, 1, H, 0, D).
+  async start(ids, tgt) {
+    const { model, decoding } = this.config;
+    const src = new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]);
+    const { cross_k, cross_v } = await this.encoder.run({ src_ids: src });
+    const tag = this.tagId(tgt);
+    const prefix = tag !== null && this.config.tag_placement === "target" ? [tag] : [];
+    const budget = outputBudget(ids.length, decoding, model.max_positions, prefix.length);
+    const shape = [model.n_decoder_layers, 1, model.n_heads, 0, model.head_dim];
+    const empty = new ort.Tensor("float32", new Float32Array(0), shape);
+    return { src, cross_k, cross_v, prefix, budget, minLen: decoding.min_len || 0, empty };
+  }
+
   // Greedy search on source ids `ids` (S,): the target ids without bos/eos (the forced tag of a
   // target-placement export first), as litmt's greedy_search with batch 1.
   async greedy(ids, tgt = null, signal = null) {
-    const { special_ids: sp, model, decoding } = this.config;
-    const L = model.n_decoder_layers;
-    const H = model.n_heads;
-    const D = model.head_dim;
-    const S = ids.length;
-    const src = new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, S]);
-    const { cross_k, cross_v } = await this.encoder.run({ src_ids: src }); // (L, 1, H, S, D)
-    const tag = this.tagId(tgt);
-    const prefix = tag !== null && this.config.tag_placement === "target" ? [tag] : [];
-    const budget = outputBudget(S, decoding, model.max_positions, prefix.length);
-    const minLen = decoding.min_len || 0;
-    let selfK = new ort.Tensor("float32", new Float32Array(0), [L, 1, H, 0, D]); // (L, 1, H, t, D)
-    let selfV = selfK;
+    const sp = this.config.special_ids;
+    const { src, cross_k, cross_v, prefix, budget, minLen, empty } = await this.start(ids, tgt);
+    let selfK = empty; // (L, 1, H, t, D)
+    let selfV = empty;
     let token = sp.bos;
     const out = [];
     while (out.length < budget) {
@@ -261,24 +268,17 @@ export class OfflineTranslator {
   // can still reach (log P / lp(budget + 1) for alpha > 0, else at the next step), at the
   // budget, or with no live beam. Returns the nBest best [{tokens, score, logProb}], best first.
   async beam(ids, tgt = null, { beamSize, lengthPenalty: alpha, nBest = 1 }, signal = null) {
-    const { special_ids: sp, model, decoding } = this.config;
+    const sp = this.config.special_ids;
     const K = beamSize;
-    const V = model.tgt_vocab_size;
-    const S = ids.length;
-    const src = new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, S]);
-    const encoded = await this.encoder.run({ src_ids: src }); // (L, 1, H, S, D) each
-    const tag = this.tagId(tgt);
-    const prefix = tag !== null && this.config.tag_placement === "target" ? [tag] : [];
-    const budget = outputBudget(S, decoding, model.max_positions, prefix.length);
-    const minLen = decoding.min_len || 0;
+    const V = this.config.model.tgt_vocab_size;
+    const { src, cross_k, cross_v, prefix, budget, minLen, empty } = await this.start(ids, tgt);
     const lpMax = lengthPenalty(budget + 1, alpha);
-    const empty = [model.n_decoder_layers, 1, model.n_heads, 0, model.head_dim];
     let rows = {
       src,
-      cross_k: encoded.cross_k,
-      cross_v: encoded.cross_v,
-      self_k: new ort.Tensor("float32", new Float32Array(0), empty),
-      self_v: new ort.Tensor("float32", new Float32Array(0), empty),
+      cross_k,
+      cross_v,
+      self_k: empty,
+      self_v: empty,
       beams: [0], // the row of self_k/self_v each row continues (gathered in the graph)
     };
     let scores = [0]; // (kk,) cumulative log-probabilities of the live beams
