@@ -108,6 +108,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise LitmtError(f"--model {spec!r}: expected NAME=PATH")
         export = int8_export(name, Path(path), Path(args.exports))
         translator = CT2Translator(export, device="cpu", compute_type="int8", threads=args.threads)
+        size, n_parameters = size_on_disk(export), parameters(export)  # once per model
         for split in splits:
             src, ref = parallel_lines(
                 str(data_dir / f"{split}.{args.src_lang}"),
@@ -125,8 +126,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "model": name, "export": str(export), "split": split, "beam": beam,
                         "bleu": scores["bleu"].score, "chrf": scores["chrf"].score,
                         "seconds": seconds, "sentences_per_s": len(src) / seconds,
-                        "bytes": size_on_disk(export), "sentences": len(src),
-                        "parameters": parameters(export),
+                        "bytes": size, "sentences": len(src), "parameters": n_parameters,
                     }
                 )  # fmt: skip
                 print(f"{name} {split} beam {beam}: BLEU {rows[-1]['bleu']:.2f}", file=sys.stderr)
