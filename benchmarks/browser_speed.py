@@ -51,13 +51,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import torch
-import torch.nn.functional as F
 
 from benchmarks.common import MULTI30K, REPO, write_result_record
-from checks.decode_margins import NEAR_TIE, compare_outputs
+from checks.decode_margins import NEAR_TIE, compare_outputs, parting_gaps
 from litmt.data.text import read_text_file
-from litmt.data.tokenization.tokenizer import BOS_ID, EOS_ID
-from litmt.decoding.search.rules import length_penalty_factor
+from litmt.data.tokenization.tokenizer import EOS_ID
 from litmt.deploy.export.web import ISOLATION_HEADERS
 from litmt.errors import LitmtError
 
@@ -233,27 +231,6 @@ def python_reference(
     return Reference(src, out, translator.tokenizer.decode_tgt(out))
 
 
-def step_log_probs(translator: Any, src: Sequence[int], prefix: Sequence[int]) -> torch.Tensor:
-    """(V,) log-probabilities of the token after bos + `prefix`, python onnxruntime."""
-    model = translator.step_model
-    state, _ = model.encode(torch.tensor([list(src)]))  # (1, S)
-    logits = None
-    for token in [BOS_ID, *prefix]:
-        logits = model.decode_step(torch.tensor([token]), state)  # (1, V)
-    return F.log_softmax(logits[0].float(), dim=-1)
-
-
-def hypothesis_log_prob(translator: Any, src: Sequence[int], tokens: Sequence[int]) -> float:
-    """log P(tokens + eos | src), python onnxruntime, one decoder step per token."""
-    model = translator.step_model
-    state, _ = model.encode(torch.tensor([list(src)]))  # (1, S)
-    total = 0.0
-    for previous, token in zip([BOS_ID, *tokens], [*tokens, EOS_ID], strict=True):
-        logits = model.decode_step(torch.tensor([previous]), state)  # (1, V)
-        total += float(F.log_softmax(logits[0].float(), dim=-1)[token])
-    return total
-
-
 def compare(
     translator: Any, ref: Reference, run: PageRun, alpha: float | None = None
 ) -> dict[str, Any]:
@@ -274,14 +251,10 @@ def compare(
             counts["same"] += 1
             continue
         t = next(j for j, (p, q) in enumerate(zip(x, y, strict=False)) if p != q)
-        logp = step_log_probs(translator, src, x[:t])
-        gap = abs(float(logp[x[t]] - logp[y[t]]))
-        if alpha is not None:  # or a ranking tie of the two finished hypotheses
-            score_a, score_b = (
-                hypothesis_log_prob(translator, src, h) / length_penalty_factor(len(h) + 1, alpha)
-                for h in (a, b)
-            )
-            gap = min(gap, abs(score_a - score_b))
+        # where they part, by python onnxruntime's own log-probabilities; for a beam, also
+        # their ranking as finished hypotheses (the parity rule, checks.decode_margins)
+        step, ranking = parting_gaps(translator, src, a, b, 0.0 if alpha is None else alpha)
+        gap = step if alpha is None else min(step, ranking)
         kind = "near_tie" if gap <= NEAR_TIE else "real"
         counts[kind] += 1
         differences.append({"line": i, "kind": kind, "step": t, "gap": gap, "python": a, "page": b})

@@ -37,8 +37,15 @@ EXCUSE_CAP = 0.05
 
 
 def teacher_forced_log_probs(translator, src: Sequence[int], prefix: Sequence[int]) -> torch.Tensor:
-    """(t + 1, V) log-probabilities of each next target token after bos + `prefix`, torch
-    engine (row i: after the first i tokens of `prefix`)."""
+    """(t + 1, V) log-probabilities of each next target token after bos + `prefix` (row i:
+    after the first i tokens of `prefix`): one forward pass of a torch-engine translator's
+    model, or, for an engine without one (``engine=onnx``), its step model's decoder steps
+    (``encode``, then ``decode_step`` per token, as its searches run it)."""
+    if translator.model is None:
+        model = translator.step_model
+        state, _ = model.encode(torch.tensor([list(src)]))  # (1, S)
+        rows = [model.decode_step(torch.tensor([tok]), state)[0] for tok in [BOS_ID, *prefix]]
+        return F.log_softmax(torch.stack(rows).float(), dim=-1)  # (t + 1, V)
     src_t = torch.tensor([list(src)], device=translator.device)  # (1, S)
     tgt_in = torch.tensor([[BOS_ID, *prefix]], device=translator.device)  # (1, t + 1)
     with torch.no_grad():

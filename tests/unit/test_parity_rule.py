@@ -114,3 +114,29 @@ def test_n_best_lists_part_at_their_first_differing_rank() -> None:
     assert list(tie.near_ties) == [0]  # rank 0 parts at A against B: a near-tie
     cut = compare_outputs(near, [SRC], [[[A, C], [B, C]]], [[[A, C]]])
     assert cut.real == {0: math.inf}  # an n-best list cut short is never a near-tie
+
+
+class TableSteps:
+    """`TableModel` as a step model (``encode``, ``decode_step``), as an engine without a
+    torch model (``engine=onnx``) has one: the state is the target prefix so far."""
+
+    def __init__(self, gap: float) -> None:
+        self.table = TableModel(gap)
+
+    def encode(self, src: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+        return [], src.eq(0)
+
+    def decode_step(self, tokens: torch.Tensor, state: list[int]) -> torch.Tensor:
+        state.append(int(tokens[0]))
+        logp = self.table(torch.tensor([SRC]), torch.tensor([state]))[0, -1]  # (V,)
+        return logp[None] + 7.0  # (1, V): logits, not normalised
+
+
+def test_a_step_model_reference_measures_the_same_gaps() -> None:
+    """The rule measured by decoder steps (the page's benchmark against python onnxruntime)
+    gives the torch forward pass's gaps."""
+    for gap in (NEAR_TIE / 2, 0.5):
+        steps = SimpleNamespace(model=None, step_model=TableSteps(gap), tokenizer=None)
+        for a, b in (([A, C], [B, C]), ([A], [A, C])):
+            want = parting_gaps(reference(gap), SRC, a, b)
+            assert parting_gaps(steps, SRC, a, b) == pytest.approx(want, abs=1e-6)
