@@ -13,12 +13,12 @@ the export's two onnxruntime sessions (`litmt.deploy.export.onnx`), with torch t
 and out.
 
 The self-attention cache never leaves onnxruntime: each step runs with an IOBinding
-(``run_with_iobinding``) whose outputs ``new_self_k``/``new_self_v`` stay onnxruntime values
-(`OrtValue`) and are bound as the next step's ``self_k``/``self_v`` as they are; a beam
-search's reorder only composes the rows the next step gathers (``beam_index``, inside the
-graph: `OnnxState.reorder`). The inputs that live in torch (tokens, the source ids, the
-cross-attention keys and values) are bound by their memory, without a copy; only the logits
-(R, V) come back into torch.
+(``run_with_iobinding``) whose outputs ``new_self_k_i``/``new_self_v_i`` (one per decoder
+layer) stay onnxruntime values (`OrtValue`) and are bound as the next step's
+``self_k_i``/``self_v_i`` as they are; a beam search's reorder only composes the rows the next
+step gathers (``beam_index``, inside the graph: `OnnxState.reorder`). The inputs that live in
+torch (tokens, the source ids, the cross-attention keys and values) are bound by their memory,
+without a copy; only the logits (R, V) come back into torch.
 
 What the engine lacks: word alignments and the attention explorer (no torch model; use
 engine=torch), GPUs (the CPU execution provider only).
@@ -69,18 +69,16 @@ class OnnxState:
 
     Attributes:
         src_ids: (R, S) source ids (the step masks their padding).
-        cross_k, cross_v: (L, R, H, S, D) cross-attention keys/values from the encoder.
-        self_k, self_v: (L, R0, H, P, D) the self-attention cache as the last step left it
+        cross: 2L tensors (R, H, S, D): every layer's cross-attention keys, then its values,
+            from the encoder (the graph's ``cross_k_i``, ``cross_v_i`` order).
+        past: 2L values (R0, H, P, D): the self-attention cache as the last step left it
             (onnxruntime values; numpy arrays with P = 0 before the first step).
-        beam_index: (R,) the row of `self_k`/`self_v` each row continues (the next step
-            gathers them).
+        beam_index: (R,) the row of `past` each row continues (the next step gathers them).
     """
 
     src_ids: Tensor
-    cross_k: Tensor
-    cross_v: Tensor
-    self_k: Any
-    self_v: Any
+    cross: list[Tensor]
+    past: list[Any]
     beam_index: Tensor
 
     def reorder(self, index: Tensor, *, cross: bool = True) -> None:
@@ -90,8 +88,7 @@ class OnnxState:
         self.beam_index = self.beam_index.index_select(0, index)
         if cross:
             self.src_ids = self.src_ids.index_select(0, index)
-            self.cross_k = self.cross_k.index_select(1, index)
-            self.cross_v = self.cross_v.index_select(1, index)
+            self.cross = [t.index_select(0, index) for t in self.cross]
 
 
 def _np(t: Tensor) -> np.ndarray:
@@ -123,16 +120,19 @@ class OnnxStepModel:
         )
         self.config = TransformerConfig.from_dict(meta["model_config"])
         self.pad_id = PAD_ID
+        names = meta["inputs"]["decoder"]
+        layers = self.config.n_decoder_layers
+        self.cross_names = names[3 : 3 + 2 * layers]  # cross_k_i..., cross_v_i...
+        self.past_names = names[3 + 2 * layers :]  # self_k_i..., self_v_i...
+        self.output_names = meta["outputs"]["decoder"]  # logits, new_self_k_i..., new_self_v_i...
 
     def encode(self, src: Tensor) -> tuple[OnnxState, Tensor]:
         """Run the encoder on src (B, S): the state's source side, and the padding mask."""
-        cross_k, cross_v = self.encoder.run(None, {"src_ids": _np(src)})
+        cross = [torch.from_numpy(t) for t in self.encoder.run(None, {"src_ids": _np(src)})]
         cfg = self.config
-        shape = (cfg.n_decoder_layers, src.size(0), cfg.n_heads, 0, cfg.head_dim)
-        empty = np.zeros(shape, dtype=np.float32)
-        rows = torch.arange(src.size(0))
-        k, v = torch.from_numpy(cross_k), torch.from_numpy(cross_v)
-        return OnnxState(src, k, v, empty, empty, rows), src.eq(self.pad_id)
+        empty = np.zeros((src.size(0), cfg.n_heads, 0, cfg.head_dim), dtype=np.float32)
+        past = [empty] * len(self.past_names)
+        return OnnxState(src, cross, past, torch.arange(src.size(0))), src.eq(self.pad_id)
 
     def init_state(
         self, memory: OnnxState, src_padding_mask: Tensor | None, capacity: int | None = None
@@ -147,21 +147,20 @@ class OnnxStepModel:
         inputs = {  # numpy views of torch's memory: kept alive until the run is over
             "tokens": _np(tokens.view(-1)),
             "src_ids": _np(state.src_ids),
-            "cross_k": _np(state.cross_k),
-            "cross_v": _np(state.cross_v),
             "beam_index": _np(state.beam_index),
         }
+        inputs |= {name: _np(t) for name, t in zip(self.cross_names, state.cross, strict=True)}
         for name, array in inputs.items():
             binding.bind_cpu_input(name, array)
-        for name, cache in (("self_k", state.self_k), ("self_v", state.self_v)):
+        for name, cache in zip(self.past_names, state.past, strict=True):
             if isinstance(cache, np.ndarray):  # the first step's empty cache
                 binding.bind_cpu_input(name, cache)
             else:
                 binding.bind_ortvalue_input(name, cache)
-        for name in ("logits", "new_self_k", "new_self_v"):
+        for name in self.output_names:
             binding.bind_output(name, "cpu")
         self.decoder.run_with_iobinding(binding)
-        logits, state.self_k, state.self_v = binding.get_outputs()
+        logits, *state.past = binding.get_outputs()
         state.beam_index = torch.arange(tokens.numel())
         return torch.from_numpy(logits.numpy())
 

@@ -4,16 +4,17 @@ and onnxruntime-web in a page.
 
 An export directory holds:
 
-- ``encoder.onnx``: ``src_ids`` int64 (batch, src_len) -> ``cross_k``, ``cross_v`` float32
-  (layers, batch, heads, src_len, head_dim): the encoder and every decoder layer's
-  cross-attention keys and values, computed once per sentence.
-- ``decoder.onnx``: one step. ``tokens`` int64 (batch,), ``src_ids``, ``cross_k``,
-  ``cross_v``, ``self_k``/``self_v`` float32 (layers, past_batch, heads, past_len, head_dim;
-  an empty past_len=0 tensor at the first step), ``beam_index`` int64 (batch,): the row of
-  ``self_k``/``self_v`` each row continues -> ``logits`` float32 (batch, tgt_vocab),
-  ``new_self_k``/``new_self_v`` (past_len + 1). The new token's position is past_len, read
-  inside the graph; the padding mask is ``src_ids == pad``. A caller passes the previous
-  step's ``new_self_k``/``new_self_v`` back unchanged, with the reorder in ``beam_index``.
+- ``encoder.onnx``: ``src_ids`` int64 (batch, src_len) -> ``cross_k_0`` ... ``cross_k_{L-1}``,
+  ``cross_v_0`` ... float32 (batch, heads, src_len, head_dim) each: the encoder and every
+  decoder layer's cross-attention keys and values, computed once per sentence.
+- ``decoder.onnx``: one step. ``tokens`` int64 (batch,), ``src_ids``, ``beam_index`` int64
+  (batch,): the row of the past each row continues, then ``cross_k_i``/``cross_v_i`` and
+  ``self_k_i``/``self_v_i`` float32 (past_batch, heads, past_len, head_dim; an empty
+  past_len=0 tensor at the first step), one per decoder layer -> ``logits`` float32
+  (batch, tgt_vocab), ``new_self_k_i``/``new_self_v_i`` (past_len + 1). The new token's
+  position is past_len, read inside the graph; the padding mask is ``src_ids == pad``. A
+  caller passes the previous step's ``new_self_k_i``/``new_self_v_i`` back unchanged, with the
+  reorder in ``beam_index``. ``config.json`` lists every input and output name in order.
 - ``shared.bin``: the weights both graphs hold (the embedding of a model with shared
   embeddings: the encoder's source embedding, the decoder's target embedding and tied output
   projection), stored once as ONNX external data that both graphs name (`share_weights`);
@@ -34,7 +35,8 @@ specialise (it treats sizes 0 and 1 as constants), and it needs no ``onnxscript`
 projection's Gemm, activations quantized at run time) to both graphs, under the same file
 names.
 
-Format version 2 (``beam_index``, ``shared.bin``); version 1 exports are refused with one line
+Format version 3 (one cache tensor per decoder layer; version 2 stacked them, version 1 had no
+``beam_index`` and no ``shared.bin``); exports of another version are refused with one line
 saying to export again.
 
 Refused with one line (`ExportError`): an approximate attention kernel at any site (local,
@@ -65,36 +67,51 @@ from litmt.deploy.export.base import (
     file_sha256,
     staged_directory,
 )
-from litmt.deploy.export.onnx_graphs import DecoderStepGraph, EncoderGraph
+from litmt.deploy.export.onnx_graphs import DecoderStepGraph, EncoderGraph, layer_names
 from litmt.errors import BackendError
 
 log = logging.getLogger("litmt.deploy.export.onnx")
 
 CONFIG_FILE = "config.json"
 FORMAT_NAME = "litmt-onnx"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 OPSET = 17
 SHARED_FILE = "shared.bin"  # the weights both graphs hold, stored once (external data)
 SHARE_MIN_BYTES = 4096  # smaller equal initializers stay in each graph
 ONNX_QUANTIZATIONS = ("none", "int8")
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
-ENCODER_INPUTS, ENCODER_OUTPUTS = ["src_ids"], ["cross_k", "cross_v"]
-DECODER_INPUTS = ["tokens", "src_ids", "cross_k", "cross_v", "self_k", "self_v", "beam_index"]
-DECODER_OUTPUTS = ["logits", "new_self_k", "new_self_v"]
-_KV = {1: "batch", 3: "src_len"}  # cross_k/cross_v: (layers, batch, heads, src_len, head_dim)
-_ENCODER_AXES = {"src_ids": {0: "batch", 1: "src_len"}, "cross_k": _KV, "cross_v": _KV}
-_DECODER_AXES = {
-    "tokens": {0: "batch"},
-    "src_ids": {0: "batch", 1: "src_len"},
-    "cross_k": _KV,
-    "cross_v": _KV,
-    "self_k": {1: "past_batch", 3: "past_len"},
-    "self_v": {1: "past_batch", 3: "past_len"},
-    "beam_index": {0: "batch"},
-    "logits": {0: "batch"},
-    "new_self_k": {1: "batch", 3: "new_len"},
-    "new_self_v": {1: "batch", 3: "new_len"},
-}
+ENCODER_INPUTS = ["src_ids"]
+
+
+def graph_names(layers: int) -> dict[str, dict[str, list[str]]]:
+    """The input and output names of both graphs of a model with `layers` decoder layers, in
+    order (``config.json``'s ``inputs`` and ``outputs``)."""
+    cross = layer_names("cross_k", layers) + layer_names("cross_v", layers)
+    past = layer_names("self_k", layers) + layer_names("self_v", layers)
+    new = layer_names("new_self_k", layers) + layer_names("new_self_v", layers)
+    return {
+        "inputs": {
+            "encoder": ENCODER_INPUTS,
+            "decoder": ["tokens", "src_ids", "beam_index", *cross, *past],
+        },
+        "outputs": {"encoder": cross, "decoder": ["logits", *new]},
+    }
+
+
+def _dynamic_axes(layers: int) -> tuple[dict[str, dict[int, str]], dict[str, dict[int, str]]]:
+    """The named dynamic axes of the encoder's and the decoder's inputs and outputs."""
+    names = graph_names(layers)
+    kv = {0: "batch", 2: "src_len"}  # cross_k_i/cross_v_i: (batch, heads, src_len, head_dim)
+    encoder = {"src_ids": {0: "batch", 1: "src_len"}}
+    encoder |= {name: kv for name in names["outputs"]["encoder"]}
+    decoder = {"tokens": {0: "batch"}, "src_ids": {0: "batch", 1: "src_len"}}
+    decoder |= {"beam_index": {0: "batch"}, "logits": {0: "batch"}}
+    decoder |= {name: kv for name in names["outputs"]["encoder"]}
+    for name in names["inputs"]["decoder"][3 + 2 * layers :]:  # self_k_i, self_v_i
+        decoder[name] = {0: "past_batch", 2: "past_len"}
+    for name in names["outputs"]["decoder"][1:]:
+        decoder[name] = {0: "batch", 2: "new_len"}
+    return encoder, decoder
 
 
 def import_onnxruntime() -> Any:
@@ -180,29 +197,32 @@ def _trace(model: torch.nn.Module, directory: Path) -> None:
     src = torch.tensor([[4, 5, 6, 7], [8, 9, PAD_ID, PAD_ID]])  # (2, 4): any ids < vocab
     src = src.clamp(max=cfg.src_vocab_size - 1)
     encoder, decoder = EncoderGraph(model), DecoderStepGraph(model)
-    past = torch.zeros(cfg.n_decoder_layers, 2, cfg.n_heads, 3, cfg.head_dim)
+    layers = cfg.n_decoder_layers
+    names = graph_names(layers)
+    encoder_axes, decoder_axes = _dynamic_axes(layers)
+    past = [torch.zeros(2, cfg.n_heads, 3, cfg.head_dim) for _ in range(2 * layers)]
     with torch.no_grad(), warnings.catch_warnings():
         # the TorchScript exporter is chosen on purpose (module docstring): not its notice
         warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch.onnx")
         warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
-        cross_k, cross_v = encoder(src)
+        cross = encoder(src)
         common = {"dynamo": False, "opset_version": OPSET, "do_constant_folding": True}
         torch.onnx.export(
             encoder,
             (src,),
             str(directory / ENCODER_FILE),
-            input_names=ENCODER_INPUTS,
-            output_names=ENCODER_OUTPUTS,
-            dynamic_axes=_ENCODER_AXES,
+            input_names=names["inputs"]["encoder"],
+            output_names=names["outputs"]["encoder"],
+            dynamic_axes=encoder_axes,
             **common,
         )
         torch.onnx.export(
             decoder,
-            (torch.full((2,), BOS_ID), src, cross_k, cross_v, past, past, torch.tensor([1, 0])),
+            (torch.full((2,), BOS_ID), src, torch.tensor([1, 0]), *cross, *past),
             str(directory / DECODER_FILE),
-            input_names=DECODER_INPUTS,
-            output_names=DECODER_OUTPUTS,
-            dynamic_axes=_DECODER_AXES,
+            input_names=names["inputs"]["decoder"],
+            output_names=names["outputs"]["decoder"],
+            dynamic_axes=decoder_axes,
             **common,
         )
 
@@ -310,8 +330,7 @@ def onnx_config(
             "tgt_vocab_size": cfg.tgt_vocab_size,
             "max_positions": cfg.max_positions,
         },
-        "inputs": {"encoder": ENCODER_INPUTS, "decoder": DECODER_INPUTS},
-        "outputs": {"encoder": ENCODER_OUTPUTS, "decoder": DECODER_OUTPUTS},
+        **graph_names(cfg.n_decoder_layers),
         "checkpoint_sha256": sha256,
         "model_config": cfg.to_dict(),
     }
@@ -364,6 +383,7 @@ __all__ = [
     "ONNX_QUANTIZATIONS",
     "check_onnx_exportable",
     "export_onnx",
+    "graph_names",
     "import_onnxruntime",
     "is_current_onnx_dir",
     "is_onnx_dir",

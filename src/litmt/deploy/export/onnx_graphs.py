@@ -9,19 +9,23 @@ are read from the tables of the model's positional modules (sinusoidal, split si
 learned, rotary) at positions counted from the input tensors' data, so the trace stays dynamic in every length.
 
 Shapes: B rows, S source length, P positions decoded so far (past), L decoder layers,
-H heads, D head dim, C d_model, V target vocabulary. The cache layout (the file format the
-browser page reads too) is stacked per layer: (L, B, H, P, D).
+H heads, D head dim, C d_model, V target vocabulary. The caches (the file format the browser
+page reads too) are one tensor per decoder layer and kind, (B, H, P, D) each: ``cross_k_0``,
+``cross_v_0``, ..., ``self_k_0``, ... (`layer_names`), so a step reads and writes each layer's
+keys and values where they are, with no split of stacked inputs and no stack of its outputs.
 
-Two choices keep the runtime's work and the files small:
+Three more choices keep the runtime's work and the files small:
 
 - The decoder step takes ``beam_index`` (B,): the rows of the previous step's cache each row
   continues (a beam search's reorder, or rows dropped), gathered inside the graph, so a
-  caller hands the previous step's ``new_self_k``/``new_self_v`` back as they came out
+  caller hands the previous step's ``new_self_k_i``/``new_self_v_i`` back as they came out
   (onnxruntime's IOBinding in python, the same tensors in the page) instead of reordering
   them itself.
 - The output projection is a ``Gemm`` reading the (V, C) weight as stored (``transB``), so a
   tied output projection is the target embedding's own initializer, not a transposed copy
   (`litmt.deploy.export.onnx` then stores the weights both graphs share once).
+- Self-attention's fused ``qkv_proj`` runs as three projections (`_qkv`): its weight's three
+  row blocks become three initializers, so no ``Split`` copies the projected activations.
 """
 
 from __future__ import annotations
@@ -80,21 +84,40 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None, scale: float) -
     return out.transpose(1, 2).flatten(2)
 
 
-def _heads(x: Tensor, mha: MultiHeadAttention, parts: int) -> list[Tensor]:
-    """(B, T, parts*C) -> `parts` tensors (B, T, H, D)."""
-    return list(x.unflatten(-1, (parts, mha.n_heads, mha.head_dim)).unbind(dim=2))
+def _split_heads(x: Tensor, mha: MultiHeadAttention) -> Tensor:
+    """(B, T, C) -> (B, T, H, D)."""
+    return x.unflatten(-1, (mha.n_heads, mha.head_dim))
+
+
+def _heads(x: Tensor, mha: MultiHeadAttention) -> Tensor:
+    """(B, T, C) -> (B, H, T, D)."""
+    return _split_heads(x, mha).transpose(1, 2)
+
+
+def _project(x: Tensor, linear: nn.Linear, part: int, parts: int) -> Tensor:
+    """Block `part` of `parts` of `linear`'s output features, as its own projection of x
+    (B, T, C_in) -> (B, T, C_out / parts): the weight's row block is sliced at trace time, and
+    constant folding stores it as its own initializer."""
+    size = linear.out_features // parts
+    rows = slice(part * size, (part + 1) * size)
+    bias = None if linear.bias is None else linear.bias[rows]
+    return F.linear(x, linear.weight[rows], bias)
 
 
 def _qkv(
     model: Seq2SeqTransformer, mha: MultiHeadAttention, x: Tensor, pos: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Self-attention's q, k, v (B, H, T, D) of x (B, T, C) at positions `pos` (T,),
-    rotated for rotary models."""
-    q, k, v = _heads(mha.qkv_proj(x), mha, 3)  # (B, T, H, D)
+    rotated for rotary models: the fused ``qkv_proj`` as three projections."""
+    q, k, v = (_split_heads(_project(x, mha.qkv_proj, i, 3), mha) for i in range(3))
     if mha.rotary:
         q, k = _rotate(model, q, pos), _rotate(model, k, pos)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
-    return q, k, v
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+
+
+def layer_names(kind: str, layers: int) -> list[str]:
+    """The per-layer tensor names of one cache kind: ``kind_0`` ... ``kind_{layers-1}``."""
+    return [f"{kind}_{i}" for i in range(layers)]
 
 
 def _residual(norm_first: bool, norm: nn.Module, x: Tensor, block: nn.Module) -> Tensor:
@@ -104,15 +127,16 @@ def _residual(norm_first: bool, norm: nn.Module, x: Tensor, block: nn.Module) ->
 
 
 class EncoderGraph(nn.Module):
-    """``src_ids`` (B, S) -> ``cross_k``, ``cross_v`` (L, B, H, S, D): the encoder, then every
-    decoder layer's cross-attention keys and values of its output."""
+    """``src_ids`` (B, S) -> ``cross_k_0`` ... ``cross_k_{L-1}``, then ``cross_v_0`` ...
+    (B, H, S, D) each: the encoder, then every decoder layer's cross-attention keys and values
+    of its output."""
 
     def __init__(self, model: Seq2SeqTransformer) -> None:
         super().__init__()
         self.model = model
         self.scale = math.sqrt(model.config.head_dim)
 
-    def forward(self, src_ids: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, src_ids: Tensor) -> tuple[Tensor, ...]:
         m = self.model
         pad = src_ids.eq(m.pad_id)  # (B, S)
         # positions 0..S-1 computed from the data (no Python ints: the trace stays dynamic)
@@ -127,17 +151,17 @@ class EncoderGraph(nn.Module):
         memory = m.encoder_norm(x)  # (B, S, C)
         keys, values = [], []
         for layer in m.decoder_layers:
-            k, v = _heads(layer.cross_attn.kv_proj(memory), layer.cross_attn, 2)
-            keys.append(k.transpose(1, 2))  # (B, H, S, D)
-            values.append(v.transpose(1, 2))
-        return torch.stack(keys), torch.stack(values)
+            cross = layer.cross_attn
+            keys.append(_heads(_project(memory, cross.kv_proj, 0, 2), cross))  # (B, H, S, D)
+            values.append(_heads(_project(memory, cross.kv_proj, 1, 2), cross))
+        return (*keys, *values)
 
 
 class DecoderStepGraph(nn.Module):
-    """One decoder step: ``tokens`` (B,), ``src_ids`` (B, S), ``cross_k``/``cross_v``
-    (L, B, H, S, D), ``self_k``/``self_v`` (L, B0, H, P, D), ``beam_index`` (B,) rows of
-    ``self_k``/``self_v`` -> ``logits`` (B, V), ``new_self_k``/``new_self_v``
-    (L, B, H, P + 1, D). The new token sits at position P."""
+    """One decoder step: ``tokens`` (B,), ``src_ids`` (B, S), ``beam_index`` (B,) rows of the
+    past, then per layer ``cross_k_i`` ..., ``cross_v_i`` ... (B, H, S, D) and ``self_k_i``
+    ..., ``self_v_i`` ... (B0, H, P, D) -> ``logits`` (B, V), then ``new_self_k_i`` ...,
+    ``new_self_v_i`` ... (B, H, P + 1, D). The new token sits at position P."""
 
     def __init__(self, model: Seq2SeqTransformer) -> None:
         super().__init__()
@@ -145,38 +169,34 @@ class DecoderStepGraph(nn.Module):
         self.scale = math.sqrt(model.config.head_dim)
 
     def forward(
-        self,
-        tokens: Tensor,
-        src_ids: Tensor,
-        cross_k: Tensor,
-        cross_v: Tensor,
-        self_k: Tensor,
-        self_v: Tensor,
-        beam_index: Tensor,
-    ) -> tuple[Tensor, Tensor, Tensor]:
+        self, tokens: Tensor, src_ids: Tensor, beam_index: Tensor, *caches: Tensor
+    ) -> tuple[Tensor, ...]:
         m = self.model
-        self_k = self_k.index_select(1, beam_index)  # (L, B, H, P, D)
-        self_v = self_v.index_select(1, beam_index)
+        n = len(m.decoder_layers)
+        cross_k, cross_v = caches[:n], caches[n : 2 * n]
+        self_k, self_v = caches[2 * n : 3 * n], caches[3 * n :]
         pad = src_ids.eq(m.pad_id)  # (B, S)
         # the new token's position P, counted from the cache's data (the trace stays dynamic)
-        pos = torch.ones_like(self_k[0, 0, 0, :, 0], dtype=torch.long).sum(0, keepdim=True)
+        pos = torch.ones_like(self_k[0][0, 0, :, 0], dtype=torch.long).sum(0, keepdim=True)
         x = _embed(m, tokens.view(-1, 1), m.tgt_embed, "tgt_pos", pos)  # (B, 1, C)
         new_k, new_v = [], []
         for i, layer in enumerate(m.decoder_layers):
             h = layer.norm1(x) if layer.norm_first else x
             q, k, v = _qkv(m, layer.self_attn, h, pos)  # (B, H, 1, D)
-            k, v = torch.cat([self_k[i], k], dim=2), torch.cat([self_v[i], v], dim=2)
+            # the rows each continues (a beam's reorder), then the new position
+            k = torch.cat([self_k[i].index_select(0, beam_index), k], dim=2)  # (B, H, P+1, D)
+            v = torch.cat([self_v[i].index_select(0, beam_index), v], dim=2)
             new_k.append(k)
             new_v.append(v)
             h = layer.self_attn.out_proj(_attend(q, k, v, None, self.scale))
             x = x + h if layer.norm_first else layer.norm1(x + h)
             h = layer.norm2(x) if layer.norm_first else x
             cross = layer.cross_attn
-            q = cross.q_proj(h).unflatten(-1, (cross.n_heads, cross.head_dim)).transpose(1, 2)
+            q = _heads(cross.q_proj(h), cross)  # (B, H, 1, D)
             h = cross.out_proj(_attend(q, cross_k[i], cross_v[i], pad, self.scale))
             x = x + h if layer.norm_first else layer.norm2(x + h)
             x = _residual(layer.norm_first, layer.norm3, x, layer.ffn)
-        return self.project(m.decoder_norm(x)[:, 0]), torch.stack(new_k), torch.stack(new_v)
+        return (self.project(m.decoder_norm(x)[:, 0]), *new_k, *new_v)
 
     def project(self, h: Tensor) -> Tensor:
         """`Seq2SeqTransformer.logits` of h (B, C) as one ``Gemm`` (B, V): a 2-D input and a
@@ -191,4 +211,4 @@ class DecoderStepGraph(nn.Module):
         return F.linear(h, weight, bias)
 
 
-__all__ = ["DecoderStepGraph", "EncoderGraph"]
+__all__ = ["DecoderStepGraph", "EncoderGraph", "layer_names"]

@@ -99,8 +99,9 @@ def test_step_logits_equal_torch(ckpt, onnx_dir):
             state.reorder(index, cross=False)
             assert state.beam_index.tolist() == [1, 1, 0]  # the next step gathers them
         tokens = ref.argmax(-1)
-        assert isinstance(state.self_k, onnxruntime.OrtValue)  # never copied out to numpy
-    assert tuple(state.self_k.shape()) == (2, 3, 4, 6, 16)  # (L, R, H, P, D)
+        # one value per layer and kind, never copied out to numpy
+        assert all(isinstance(v, onnxruntime.OrtValue) for v in state.past)
+    assert [tuple(v.shape()) for v in state.past] == [(3, 4, 6, 16)] * 4  # 2L of (R, H, P, D)
 
 
 def test_shared_weights_are_stored_once(ckpt, onnx_dir):
@@ -203,20 +204,21 @@ def test_imported_marian(tmp_path):
 def test_config_json(onnx_dir, ckpt):
     meta = read_onnx_config(onnx_dir)
     cfg = load_model(ckpt).model.config
-    assert meta["format"] == "litmt-onnx" and meta["format_version"] == 2
+    assert meta["format"] == "litmt-onnx" and meta["format_version"] == 3
     assert meta["special_ids"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
     assert (meta["src_lang"], meta["tgt_lang"]) == ("en", "de")
     assert meta["model"]["n_decoder_layers"] == cfg.n_decoder_layers
     assert meta["model"]["head_dim"] == cfg.d_model // cfg.n_heads
-    assert meta["inputs"]["decoder"] == [
-        "tokens",
-        "src_ids",
-        "cross_k",
-        "cross_v",
-        "self_k",
-        "self_v",
-        "beam_index",
-    ]
+    assert cfg.n_decoder_layers == 2
+    assert meta["inputs"] == {
+        "encoder": ["src_ids"],
+        "decoder": ["tokens", "src_ids", "beam_index", "cross_k_0", "cross_k_1", "cross_v_0",
+                    "cross_v_1", "self_k_0", "self_k_1", "self_v_0", "self_v_1"],
+    }  # fmt: skip
+    assert meta["outputs"] == {
+        "encoder": ["cross_k_0", "cross_k_1", "cross_v_0", "cross_v_1"],
+        "decoder": ["logits", "new_self_k_0", "new_self_k_1", "new_self_v_0", "new_self_v_1"],
+    }
     assert meta["files"] == {
         "encoder": "encoder.onnx", "decoder": "decoder.onnx", "shared": "shared.bin"
     }  # fmt: skip
@@ -228,13 +230,13 @@ def test_config_json(onnx_dir, ckpt):
     }  # fmt: skip
 
 
-def test_a_version_1_export_is_refused_saying_to_export_again(onnx_dir, tmp_path):
+def test_an_older_export_is_refused_saying_to_export_again(onnx_dir, tmp_path):
     import shutil
 
-    old = shutil.copytree(onnx_dir, tmp_path / "v1")
+    old = shutil.copytree(onnx_dir, tmp_path / "v2")
     meta = json.loads((old / "config.json").read_text())
-    (old / "config.json").write_text(json.dumps({**meta, "format_version": 1}))
-    with pytest.raises(ExportError, match=r"version 1, this litmt reads 2: export it again"):
+    (old / "config.json").write_text(json.dumps({**meta, "format_version": 2}))
+    with pytest.raises(ExportError, match=r"version 2, this litmt reads 3: export it again"):
         OnnxTranslator(old)
 
 
@@ -296,11 +298,11 @@ def test_ckpt_exported_on_first_use(ckpt, tmp_path):
 
 
 def test_a_cached_export_of_another_version_is_exported_again(ckpt, tmp_path):
-    """A cache entry an older litmt wrote (format version 1) is replaced, not refused."""
+    """A cache entry an older litmt wrote (format version 2) is replaced, not refused."""
     OnnxTranslator.from_pretrained(ckpt, cache_dir=tmp_path)
     (entry,) = tmp_path.iterdir()
     meta = json.loads((entry / "config.json").read_text())
-    (entry / "config.json").write_text(json.dumps({**meta, "format_version": 1}))
+    (entry / "config.json").write_text(json.dumps({**meta, "format_version": 2}))
     again = OnnxTranslator.from_pretrained(ckpt, cache_dir=tmp_path)
-    assert read_onnx_config(entry)["format_version"] == 2
+    assert read_onnx_config(entry)["format_version"] == 3
     assert again.translate(["A red dog runs."])

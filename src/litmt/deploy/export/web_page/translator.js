@@ -15,7 +15,7 @@ import * as ort from "./vendor/ort.wasm.bundle.min.mjs";
 import { SentencePieceProcessor } from "./vendor/sentencepiece.js";
 
 const RUNTIME_WASM = "vendor/ort-wasm-simd-threaded.wasm"; // relative to the page
-const FORMAT_VERSION = 2; // of config.json (litmt.deploy.export.onnx.FORMAT_VERSION)
+const FORMAT_VERSION = 3; // of config.json (litmt.deploy.export.onnx.FORMAT_VERSION)
 const SPECIAL = 4; // ids 0..3 (pad, unk, bos, eos) are never text
 const YIELD_EVERY = 8; // decoder steps between two looks at the message queue (a cancel)
 const ROW0 = new ort.Tensor("int64", BigInt64Array.of(0n), [1]); // greedy: the one row goes on
@@ -210,28 +210,48 @@ export class OfflineTranslator {
   }
 
   // What both searches start from: the source ids as a (1, S) tensor, the encoder's
-  // cross-attention keys/values (L, 1, H, S, D), the forced target prefix (the tag of a
-  // target-placement export), the output budget, min_len and the empty self-attention cache
-  // (L, 1, H, 0, D).
+  // cross-attention keys/values by input name (cross_k_i, cross_v_i: (1, H, S, D) each), the
+  // forced target prefix (the tag of a target-placement export), the output budget, min_len
+  // and the empty self-attention cache by input name (self_k_i, self_v_i: (1, H, 0, D)).
   async start(ids, tgt) {
     const { model, decoding } = this.config;
     const src = new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]);
-    const { cross_k, cross_v } = await this.encoder.run({ src_ids: src });
+    const encoded = await this.encoder.run({ src_ids: src });
+    const cross = {};
+    for (const name of this.config.outputs.encoder) cross[name] = encoded[name];
     const tag = this.tagId(tgt);
     const prefix = tag !== null && this.config.tag_placement === "target" ? [tag] : [];
     const budget = outputBudget(ids.length, decoding, model.max_positions, prefix.length);
-    const shape = [model.n_decoder_layers, 1, model.n_heads, 0, model.head_dim];
+    const shape = [1, model.n_heads, 0, model.head_dim];
     const empty = new ort.Tensor("float32", new Float32Array(0), shape);
-    return { src, cross_k, cross_v, prefix, budget, minLen: decoding.min_len || 0, empty };
+    const past = {};
+    for (const name of this.pastNames()) past[name] = empty;
+    return { src, cross, prefix, budget, minLen: decoding.min_len || 0, past };
+  }
+
+  // The decoder's self-attention cache inputs (self_k_i..., self_v_i...), in config order.
+  pastNames() {
+    const { inputs, model } = this.config;
+    return inputs.decoder.slice(3 + 2 * model.n_decoder_layers);
+  }
+
+  // A step's new cache (new_self_k_i..., new_self_v_i...) as the next step's cache inputs,
+  // as it came out (the next step gathers its rows by beam_index).
+  nextPast(out) {
+    const fresh = this.config.outputs.decoder.slice(1);
+    const past = {};
+    this.pastNames().forEach((name, i) => {
+      past[name] = out[fresh[i]];
+    });
+    return past;
   }
 
   // Greedy search on source ids `ids` (S,): the target ids without bos/eos (the forced tag of a
   // target-placement export first), as litmt's greedy_search with batch 1.
   async greedy(ids, tgt = null, signal = null) {
     const sp = this.config.special_ids;
-    const { src, cross_k, cross_v, prefix, budget, minLen, empty } = await this.start(ids, tgt);
-    let selfK = empty; // (L, 1, H, t, D)
-    let selfV = empty;
+    const { src, cross, prefix, budget, minLen, past: empty } = await this.start(ids, tgt);
+    let past = empty; // self_k_i/self_v_i (1, H, t, D)
     let token = sp.bos;
     const out = [];
     while (out.length < budget) {
@@ -239,11 +259,9 @@ export class OfflineTranslator {
       const step = await this.decoder.run({
         tokens: new ort.Tensor("int64", BigInt64Array.of(BigInt(token)), [1]),
         src_ids: src,
-        cross_k,
-        cross_v,
-        self_k: selfK,
-        self_v: selfV,
         beam_index: ROW0,
+        ...cross,
+        ...past,
       });
       let next;
       if (out.length < prefix.length) {
@@ -254,8 +272,7 @@ export class OfflineTranslator {
       }
       out.push(next);
       token = next;
-      selfK = step.new_self_k;
-      selfV = step.new_self_v;
+      past = this.nextPast(step);
     }
     return out; // at the budget eos is forced: nothing more to run
   }
@@ -271,15 +288,13 @@ export class OfflineTranslator {
     const sp = this.config.special_ids;
     const K = beamSize;
     const V = this.config.model.tgt_vocab_size;
-    const { src, cross_k, cross_v, prefix, budget, minLen, empty } = await this.start(ids, tgt);
+    const { src, cross, prefix, budget, minLen, past } = await this.start(ids, tgt);
     const lpMax = lengthPenalty(budget + 1, alpha);
     let rows = {
       src,
-      cross_k,
-      cross_v,
-      self_k: empty,
-      self_v: empty,
-      beams: [0], // the row of self_k/self_v each row continues (gathered in the graph)
+      cross,
+      past,
+      beams: [0], // the row of the past each row continues (gathered in the graph)
     };
     let scores = [0]; // (kk,) cumulative log-probabilities of the live beams
     let history = [[]]; // (kk, t) their tokens
@@ -291,11 +306,9 @@ export class OfflineTranslator {
       const out = await this.decoder.run({
         tokens: new ort.Tensor("int64", BigInt64Array.from(last, BigInt), [kk]),
         src_ids: rows.src,
-        cross_k: rows.cross_k,
-        cross_v: rows.cross_v,
-        self_k: rows.self_k,
-        self_v: rows.self_v,
         beam_index: new ort.Tensor("int64", BigInt64Array.from(rows.beams, BigInt), [kk]),
+        ...rows.cross,
+        ...rows.past,
       });
       const logits = out.logits.data; // (kk, V)
       const top = []; // the 2K best candidates [value, beam, token], best first
@@ -321,10 +334,8 @@ export class OfflineTranslator {
       history = live.map(([, j, v]) => [...history[j], v]);
       rows = {
         src: step === 0 ? repeatRows(rows.src, K) : rows.src, // then beams stay in their sentence
-        cross_k: step === 0 ? repeatRows(rows.cross_k, K, 1) : rows.cross_k,
-        cross_v: step === 0 ? repeatRows(rows.cross_v, K, 1) : rows.cross_v,
-        self_k: out.new_self_k, // as it came out: the next step gathers `beams`
-        self_v: out.new_self_v,
+        cross: step === 0 ? mapValues(rows.cross, (t) => repeatRows(t, K)) : rows.cross,
+        past: this.nextPast(out), // as it came out: the next step gathers `beams`
         beams,
       };
       // the stop test (beam_done)
@@ -403,28 +414,23 @@ function bestFirst(hyps) {
   return hyps.slice().sort((a, b) => b.score - a.score);
 }
 
-// A tensor (..., R, ...) with dim `dim` (0 or 1) holding rows `index` of `tensor` in order.
-function gatherRows(tensor, index, dim = 1) {
-  const dims = tensor.dims;
-  const outer = dims.slice(0, dim).reduce((a, b) => a * b, 1);
-  const rows = dims[dim];
-  const inner = dims.slice(dim + 1).reduce((a, b) => a * b, 1);
+// A tensor (R', ...) holding rows `index` (R',) of `tensor` (R, ...) in order.
+function gatherRows(tensor, index) {
+  const inner = tensor.dims.slice(1).reduce((a, b) => a * b, 1);
   const data = tensor.data;
-  const out = new data.constructor(outer * index.length * inner);
-  for (let o = 0; o < outer; o++) {
-    for (let r = 0; r < index.length; r++) {
-      const from = (o * rows + index[r]) * inner;
-      out.set(data.subarray(from, from + inner), (o * index.length + r) * inner);
-    }
-  }
-  const shape = dims.slice();
-  shape[dim] = index.length;
-  return new ort.Tensor(tensor.type, out, shape);
+  const out = new data.constructor(index.length * inner);
+  index.forEach((row, r) => out.set(data.subarray(row * inner, (row + 1) * inner), r * inner));
+  return new ort.Tensor(tensor.type, out, [index.length, ...tensor.dims.slice(1)]);
 }
 
-// `tensor` with its one row along `dim` repeated n times (the first step's fan-out to K beams).
-function repeatRows(tensor, n, dim = 0) {
-  return gatherRows(tensor, new Array(n).fill(0), dim);
+// An object with `f` applied to each of its values.
+function mapValues(object, f) {
+  return Object.fromEntries(Object.entries(object).map(([key, value]) => [key, f(value)]));
+}
+
+// `tensor` (1, ...) with its one row repeated n times (the first step's fan-out to K beams).
+function repeatRows(tensor, n) {
+  return gatherRows(tensor, new Array(n).fill(0));
 }
 
 // Index of the largest value (the first one on ties, as torch.argmax and numpy.argmax);
