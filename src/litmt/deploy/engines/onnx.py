@@ -110,6 +110,11 @@ class OnnxStepModel:
         if check_threads(threads) > 0:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
+        # Between two decoder steps the search runs in torch on the same cores; onnxruntime's
+        # workers spinning there for their next task took the cores from torch's threads and
+        # made each step wait (measured on 2 cores: greedy 2.7x slower with spinning; notebook
+        # 2026-12-05, "ONNX format 3"). Idle workers sleep instead.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = ["CPUExecutionProvider"]
         files = meta["files"]
         self.encoder = ort.InferenceSession(
