@@ -104,6 +104,15 @@ def test_step_logits_equal_torch(ckpt, onnx_dir):
     assert [tuple(v.shape()) for v in state.past] == [(3, 4, 6, 16)] * 4  # 2L of (R, H, P, D)
 
 
+def test_sessions_do_not_spin_between_steps(onnx_dir):
+    """The engine's sessions let idle workers sleep: spinning ones take the cores from the
+    search's torch threads between two decoder steps."""
+    step = OnnxStepModel(onnx_dir, read_onnx_config(onnx_dir), threads=2)
+    for session in (step.encoder, step.decoder):
+        options = session.get_session_options()
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
 def test_shared_weights_are_stored_once(ckpt, onnx_dir):
     """The tied embedding (the encoder's source embedding, the decoder's target embedding and
     output projection) and the position table are one copy in shared.bin, which both graphs
