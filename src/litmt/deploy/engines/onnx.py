@@ -45,6 +45,7 @@ from litmt.decoding.translator_base import DecodeRequest
 from litmt.deploy.engines.cache import default_cache_dir
 from litmt.deploy.export.base import file_sha256
 from litmt.deploy.export.onnx import (
+    cache_names,
     export_onnx,
     import_onnxruntime,
     is_current_onnx_dir,
@@ -125,18 +126,14 @@ class OnnxStepModel:
         )
         self.config = TransformerConfig.from_dict(meta["model_config"])
         self.pad_id = PAD_ID
-        names = meta["inputs"]["decoder"]
-        layers = self.config.n_decoder_layers
-        self.cross_names = names[3 : 3 + 2 * layers]  # cross_k_i..., cross_v_i...
-        self.past_names = names[3 + 2 * layers :]  # self_k_i..., self_v_i...
-        self.output_names = meta["outputs"]["decoder"]  # logits, new_self_k_i..., new_self_v_i...
+        self.names = cache_names(self.config.n_decoder_layers)  # cross, past, new
 
     def encode(self, src: Tensor) -> tuple[OnnxState, Tensor]:
         """Run the encoder on src (B, S): the state's source side, and the padding mask."""
         cross = [torch.from_numpy(t) for t in self.encoder.run(None, {"src_ids": _np(src)})]
         cfg = self.config
         empty = np.zeros((src.size(0), cfg.n_heads, 0, cfg.head_dim), dtype=np.float32)
-        past = [empty] * len(self.past_names)
+        past = [empty] * len(self.names["past"])
         return OnnxState(src, cross, past, torch.arange(src.size(0))), src.eq(self.pad_id)
 
     def init_state(
@@ -154,15 +151,15 @@ class OnnxStepModel:
             "src_ids": _np(state.src_ids),
             "beam_index": _np(state.beam_index),
         }
-        inputs |= {name: _np(t) for name, t in zip(self.cross_names, state.cross, strict=True)}
+        inputs |= {name: _np(t) for name, t in zip(self.names["cross"], state.cross, strict=True)}
         for name, array in inputs.items():
             binding.bind_cpu_input(name, array)
-        for name, cache in zip(self.past_names, state.past, strict=True):
+        for name, cache in zip(self.names["past"], state.past, strict=True):
             if isinstance(cache, np.ndarray):  # the first step's empty cache
                 binding.bind_cpu_input(name, cache)
             else:
                 binding.bind_ortvalue_input(name, cache)
-        for name in self.output_names:
+        for name in ("logits", *self.names["new"]):
             binding.bind_output(name, "cpu")
         self.decoder.run_with_iobinding(binding)
         logits, *state.past = binding.get_outputs()

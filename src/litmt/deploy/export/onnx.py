@@ -83,34 +83,39 @@ ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
 ENCODER_INPUTS = ["src_ids"]
 
 
+def cache_names(layers: int) -> dict[str, list[str]]:
+    """The per-layer cache tensors' names of a model with `layers` decoder layers, in graph
+    order: ``cross`` (``cross_k_i``..., ``cross_v_i``...: the encoder's outputs, the decoder's
+    inputs), ``past`` (``self_k_i``..., ``self_v_i``...: the decoder's inputs) and ``new``
+    (``new_self_k_i``...: its outputs, the next step's ``past`` in the same order)."""
+    cross = layer_names("cross_k", layers) + layer_names("cross_v", layers)
+    past = layer_names("self_k", layers) + layer_names("self_v", layers)
+    return {"cross": cross, "past": past, "new": [f"new_{name}" for name in past]}
+
+
 def graph_names(layers: int) -> dict[str, dict[str, list[str]]]:
     """The input and output names of both graphs of a model with `layers` decoder layers, in
     order (``config.json``'s ``inputs`` and ``outputs``)."""
-    cross = layer_names("cross_k", layers) + layer_names("cross_v", layers)
-    past = layer_names("self_k", layers) + layer_names("self_v", layers)
-    new = layer_names("new_self_k", layers) + layer_names("new_self_v", layers)
+    cache = cache_names(layers)
     return {
         "inputs": {
             "encoder": ENCODER_INPUTS,
-            "decoder": ["tokens", "src_ids", "beam_index", *cross, *past],
+            "decoder": ["tokens", "src_ids", "beam_index", *cache["cross"], *cache["past"]],
         },
-        "outputs": {"encoder": cross, "decoder": ["logits", *new]},
+        "outputs": {"encoder": cache["cross"], "decoder": ["logits", *cache["new"]]},
     }
 
 
 def _dynamic_axes(layers: int) -> tuple[dict[str, dict[int, str]], dict[str, dict[int, str]]]:
     """The named dynamic axes of the encoder's and the decoder's inputs and outputs."""
-    names = graph_names(layers)
+    cache = cache_names(layers)
     kv = {0: "batch", 2: "src_len"}  # cross_k_i/cross_v_i: (batch, heads, src_len, head_dim)
-    encoder = {"src_ids": {0: "batch", 1: "src_len"}}
-    encoder |= {name: kv for name in names["outputs"]["encoder"]}
+    encoder = {"src_ids": {0: "batch", 1: "src_len"}} | {name: kv for name in cache["cross"]}
     decoder = {"tokens": {0: "batch"}, "src_ids": {0: "batch", 1: "src_len"}}
     decoder |= {"beam_index": {0: "batch"}, "logits": {0: "batch"}}
-    decoder |= {name: kv for name in names["outputs"]["encoder"]}
-    for name in names["inputs"]["decoder"][3 + 2 * layers :]:  # self_k_i, self_v_i
-        decoder[name] = {0: "past_batch", 2: "past_len"}
-    for name in names["outputs"]["decoder"][1:]:
-        decoder[name] = {0: "batch", 2: "new_len"}
+    decoder |= {name: kv for name in cache["cross"]}
+    decoder |= {name: {0: "past_batch", 2: "past_len"} for name in cache["past"]}
+    decoder |= {name: {0: "batch", 2: "new_len"} for name in cache["new"]}
     return encoder, decoder
 
 
@@ -381,6 +386,7 @@ def read_onnx_config(path: str | Path) -> dict[str, Any]:
 __all__ = [
     "CONFIG_FILE",
     "ONNX_QUANTIZATIONS",
+    "cache_names",
     "check_onnx_exportable",
     "export_onnx",
     "graph_names",

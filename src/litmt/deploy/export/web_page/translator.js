@@ -98,6 +98,8 @@ export class OfflineTranslator {
   // Use `OfflineTranslator.load(base)`.
   constructor(config, encoder, decoder, srcSp, tgtSp, pieces) {
     this.config = config;
+    // the decoder's self-attention cache inputs (self_k_i..., self_v_i...), in config order
+    this.pastNames = config.inputs.decoder.filter((name) => name.startsWith("self_"));
     this.encoder = encoder;
     this.decoder = decoder;
     this.srcSp = srcSp;
@@ -225,24 +227,15 @@ export class OfflineTranslator {
     const shape = [1, model.n_heads, 0, model.head_dim];
     const empty = new ort.Tensor("float32", new Float32Array(0), shape);
     const past = {};
-    for (const name of this.pastNames()) past[name] = empty;
+    for (const name of this.pastNames) past[name] = empty;
     return { src, cross, prefix, budget, minLen: decoding.min_len || 0, past };
   }
 
-  // The decoder's self-attention cache inputs (self_k_i..., self_v_i...), in config order.
-  pastNames() {
-    const { inputs, model } = this.config;
-    return inputs.decoder.slice(3 + 2 * model.n_decoder_layers);
-  }
-
-  // A step's new cache (new_self_k_i..., new_self_v_i...) as the next step's cache inputs,
-  // as it came out (the next step gathers its rows by beam_index).
+  // A step's new cache (new_self_k_i..., new_self_v_i...) as the next step's cache inputs
+  // (self_k_i..., self_v_i...), as it came out (the next step gathers its rows by beam_index).
   nextPast(out) {
-    const fresh = this.config.outputs.decoder.slice(1);
     const past = {};
-    this.pastNames().forEach((name, i) => {
-      past[name] = out[fresh[i]];
-    });
+    for (const name of this.pastNames) past[name] = out[`new_${name}`];
     return past;
   }
 
