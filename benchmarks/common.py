@@ -197,6 +197,26 @@ def median_timed(fn: Callable[[], T], reps: int) -> tuple[T, float]:
     return out, statistics.median(times)
 
 
+# Options that only say where this run keeps its own files (a JSON copy, a kept folder, a
+# working directory): their values are this machine's paths and change no measured number,
+# so a record's command leaves them out.
+LOCAL_OUTPUT_OPTIONS = ("--json", "--out", "--work")
+
+
+def published_argv(argv: list[str]) -> list[str]:
+    """`argv` without `LOCAL_OUTPUT_OPTIONS` and their values (``--json F`` or ``--json=F``)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in LOCAL_OUTPUT_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in LOCAL_OUTPUT_OPTIONS)):
+            kept.append(arg)
+    return kept
+
+
 def write_result_record(
     record_id: str,
     title: str,
@@ -208,7 +228,8 @@ def write_result_record(
 ) -> Path:
     """Write a benchmark's result record (`litmt.records`, ``docs/results/records/<id>.json``
     in this repository) with this machine, the time now and the command as typed
-    (``python -m <module> <argv>``); returns its path. Regenerate the results page after it:
+    (``python -m <module> <argv>``, without the options that name local output files:
+    `published_argv`); returns its path. Regenerate the results page after it:
     ``python -m reports.results_page``."""
     import shlex
 
@@ -219,7 +240,7 @@ def write_result_record(
         title=title,
         date=utc_now(),
         machine=machine_description(),
-        command=" ".join(["python -m", module, *map(shlex.quote, argv)]),
+        command=" ".join(["python -m", module, *map(shlex.quote, published_argv(argv))]),
         values={k: float(v) for k, v in values.items()},
         units=units,
         notes=notes,
