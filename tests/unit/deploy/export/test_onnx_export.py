@@ -127,7 +127,7 @@ def test_self_cache_keeps_unwritten_positions_zero():
         assert not buffer[:, :, :, length:].any()
         values = [float(10 * t + r) for r in range(rows)]
         cache.push(torch.tensor(values).view(1, rows, 1, 1, 1).expand(2, -1, -1, -1, -1))
-        history = [h + [v] for h, v in zip(history, values, strict=True)]
+        history = [[*h, v] for h, v in zip(history, values, strict=True)]
         if index is not None:
             cache.reorder(index)
             history = [list(history[i]) for i in index.tolist()]
