@@ -12,14 +12,13 @@ has the `StepModel` methods (``encode``, ``init_state``, ``decode_step``) and ru
 the export's two onnxruntime sessions (`litmt.deploy.export.onnx`), with torch tensors in
 and out.
 
-The self-attention cache is the engine's (`SelfCache`, format 4 of the export): one torch
-buffer per kind of every layer's keys and values with room for the next positions, bound to
-the step by its memory. A step reads it where it lies and returns only the new position's
-keys and values, which the next step writes in place; a beam search's reorder copies the
-decoded positions of the rows it keeps into a second buffer once, at the next step. Every
-input that lives in torch (tokens, the source ids, the cross-attention keys and values, the
-cache) is bound by its memory, and the outputs (the logits, the new keys and values) are
-written by onnxruntime into torch tensors: nothing is copied in or out of a step.
+The self-attention cache never leaves onnxruntime: each step runs with an IOBinding
+(``run_with_iobinding``) whose outputs ``new_self_k_i``/``new_self_v_i`` (one per decoder
+layer) stay onnxruntime values (`OrtValue`) and are bound as the next step's
+``self_k_i``/``self_v_i`` as they are; a beam search's reorder only composes the rows the next
+step gathers (``beam_index``, inside the graph: `OnnxState.reorder`). The inputs that live in
+torch (tokens, the source ids, the cross-attention keys and values) are bound by their memory,
+without a copy; only the logits (R, V) come back into torch.
 
 What the engine lacks: word alignments and the attention explorer (no torch model; use
 engine=torch), GPUs (the CPU execution provider only).
@@ -65,100 +64,29 @@ def default_onnx_cache_dir() -> Path:
     return default_cache_dir("onnx")
 
 
-class SelfCache:
-    """The decoder's self-attention cache for an ONNX step (format 4): L layers, R rows, H
-    heads, N capacity, D head dim.
-
-    Every layer's keys, then its values, are one buffer (2L, R, H, N, D) whose first `length`
-    positions hold the steps so far, zeros after them (the graph masks them, and zeros keep
-    its masked products finite). A step's new keys and values are kept as they came out
-    (`push`) and written at the next step (`inputs`): in place while the rows stay as they
-    are, or, after a `reorder`, with the decoded positions of the kept rows copied once into
-    the second buffer (two buffers take turns, so no step allocates one). The capacity grows
-    in steps of `chunk` positions.
-
-    Args:
-        kinds: 2L (keys and values of every decoder layer).
-        rows: R at the first step.
-        heads: H.
-        head_dim: D.
-        chunk: positions added when the cache is full (the first capacity too).
-    """
-
-    def __init__(self, kinds: int, rows: int, heads: int, head_dim: int, chunk: int = 16):
-        self.shape = (kinds, heads, head_dim)
-        self.chunk = chunk
-        self.buffer = self._zeros(rows, chunk)  # (2L, R, H, N, D)
-        self.spare: Tensor | None = None  # the other buffer (its written part is stale)
-        self.rows = rows
-        self.length = 0
-        self.pending: Tensor | None = None  # (2L, R0, H, 1, D): the last step's new keys, values
-        self.index: Tensor | None = None  # (R,): the rows of `pending`/`buffer` kept; None = all
-
-    def _zeros(self, rows: int, capacity: int) -> Tensor:
-        kinds, heads, head_dim = self.shape
-        return torch.zeros(kinds, rows, heads, capacity, head_dim)
-
-    @property
-    def capacity(self) -> int:
-        """N: the positions the buffer holds."""
-        return self.buffer.size(3)
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep rows `index` (R',) in that order (copied at the next `inputs`)."""
-        self.index = index if self.index is None else self.index.index_select(0, index)
-
-    def push(self, new: Tensor) -> None:
-        """The new position's keys and values (2L, R, H, 1, D) of the step that just ran."""
-        self.pending = new
-
-    def inputs(self) -> tuple[Tensor, int]:
-        """The buffer the next step reads, (2L, R, H, N, D) (each [i] contiguous), and the
-        positions it holds (``past_len``), after writing the pending step in."""
-        if self.pending is None and self.index is None:
-            return self.buffer[:, : self.rows], self.length
-        index = self.index
-        rows = self.rows if index is None else index.numel()
-        length = self.length + (self.pending is not None)
-        kept = index is None or torch.equal(index, torch.arange(rows))
-        if kept and length <= self.capacity:  # rows in place (or a prefix): write the step
-            if self.pending is not None:
-                self.buffer[:, :rows, :, self.length] = self.pending[:, :rows, :, 0]
-        else:  # move the rows (and grow) into the spare buffer
-            capacity = max(self.capacity, -(-length // self.chunk) * self.chunk)
-            spare = self.spare
-            if spare is None or spare.size(1) < rows or spare.size(3) != capacity:
-                spare = self._zeros(max(rows, self.buffer.size(1)), capacity)
-            index = torch.arange(rows) if index is None else index
-            n = self.length
-            torch.index_select(self.buffer[:, :, :, :n], 1, index, out=spare[:, :rows, :, :n])
-            if self.pending is not None:
-                spare[:, :rows, :, n] = self.pending[:, :, :, 0].index_select(1, index)
-            self.buffer, self.spare = spare, self.buffer
-        self.rows, self.length = rows, length
-        self.pending, self.index = None, None
-        return self.buffer[:, :rows], length
-
-
 @dataclass
 class OnnxState:
-    """The decoder state of the ONNX step: L layers, R rows, H heads, S source, D head dim.
+    """The decoder state of the ONNX step: L layers, R rows, H heads, S source, P past, D.
 
     Attributes:
         src_ids: (R, S) source ids (the step masks their padding).
         cross: 2L tensors (R, H, S, D): every layer's cross-attention keys, then its values,
             from the encoder (the graph's ``cross_k_i``, ``cross_v_i`` order).
-        cache: the self-attention cache (`SelfCache`).
+        past: 2L values (R0, H, P, D): the self-attention cache as the last step left it
+            (onnxruntime values; numpy arrays with P = 0 before the first step).
+        beam_index: (R,) the row of `past` each row continues (the next step gathers them).
     """
 
     src_ids: Tensor
     cross: list[Tensor]
-    cache: SelfCache
+    past: list[Any]
+    beam_index: Tensor
 
     def reorder(self, index: Tensor, *, cross: bool = True) -> None:
         """Keep rows `index` (R',) in that order (`litmt.models.transformer.DecoderState`'s
-        contract: ``cross=False`` leaves the source side as it is)."""
-        self.cache.reorder(index)
+        contract: ``cross=False`` leaves the source side as it is). The cache is not touched:
+        the next step gathers its rows (``beam_index``)."""
+        self.beam_index = self.beam_index.index_select(0, index)
         if cross:
             self.src_ids = self.src_ids.index_select(0, index)
             self.cross = [t.index_select(0, index) for t in self.cross]
@@ -204,39 +132,39 @@ class OnnxStepModel:
         """Run the encoder on src (B, S): the state's source side, and the padding mask."""
         cross = [torch.from_numpy(t) for t in self.encoder.run(None, {"src_ids": _np(src)})]
         cfg = self.config
-        cache = SelfCache(len(self.names["past"]), src.size(0), cfg.n_heads, cfg.head_dim)
-        return OnnxState(src, cross, cache), src.eq(self.pad_id)
+        empty = np.zeros((src.size(0), cfg.n_heads, 0, cfg.head_dim), dtype=np.float32)
+        past = [empty] * len(self.names["past"])
+        return OnnxState(src, cross, past, torch.arange(src.size(0))), src.eq(self.pad_id)
 
     def init_state(
         self, memory: OnnxState, src_padding_mask: Tensor | None, capacity: int | None = None
     ) -> OnnxState:
-        """The state `encode` made (its cache grows as the search goes: no capacity needed)."""
+        """The state `encode` made (its cache is empty; the capacity is not needed)."""
         return memory
 
     def decode_step(self, tokens: Tensor, state: OnnxState) -> Tensor:
-        """One step: tokens (R,) -> logits (R, V); the new position's keys and values go into
-        the state's cache (module docstring)."""
-        cache, past_len = state.cache.inputs()  # (2L, R, H, N, D)
-        rows = tokens.numel()
-        logits = torch.empty(rows, self.config.tgt_vocab_size)
-        kinds, _, heads, _, head_dim = cache.shape
-        new = torch.empty(kinds, rows, heads, 1, head_dim)
+        """One step: tokens (R,) -> logits (R, V); the state's cache grows by one position
+        and stays in onnxruntime (module docstring)."""
         binding = self.decoder.io_binding()
         inputs = {  # numpy views of torch's memory: kept alive until the run is over
             "tokens": _np(tokens.view(-1)),
             "src_ids": _np(state.src_ids),
-            "past_len": np.array([past_len], dtype=np.int64),
+            "beam_index": _np(state.beam_index),
         }
         inputs |= {name: _np(t) for name, t in zip(self.names["cross"], state.cross, strict=True)}
-        inputs |= {name: _np(cache[i]) for i, name in enumerate(self.names["past"])}
         for name, array in inputs.items():
             binding.bind_cpu_input(name, array)
-        outputs = {"logits": logits} | dict(zip(self.names["new"], new, strict=True))
-        for name, out in outputs.items():
-            binding.bind_output(name, "cpu", 0, np.float32, tuple(out.shape), out.data_ptr())
+        for name, cache in zip(self.names["past"], state.past, strict=True):
+            if isinstance(cache, np.ndarray):  # the first step's empty cache
+                binding.bind_cpu_input(name, cache)
+            else:
+                binding.bind_ortvalue_input(name, cache)
+        for name in ("logits", *self.names["new"]):
+            binding.bind_output(name, "cpu")
         self.decoder.run_with_iobinding(binding)
-        state.cache.push(new)
-        return logits
+        logits, *state.past = binding.get_outputs()
+        state.beam_index = torch.arange(tokens.numel())
+        return torch.from_numpy(logits.numpy())
 
 
 class OnnxTranslator(Translator):
@@ -304,10 +232,4 @@ class OnnxTranslator(Translator):
         yield from decode_request(self, self.step_model, request, PAD_ID)
 
 
-__all__ = [
-    "OnnxState",
-    "OnnxStepModel",
-    "OnnxTranslator",
-    "SelfCache",
-    "default_onnx_cache_dir",
-]
+__all__ = ["OnnxState", "OnnxStepModel", "OnnxTranslator", "default_onnx_cache_dir"]

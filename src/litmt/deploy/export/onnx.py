@@ -7,15 +7,14 @@ An export directory holds:
 - ``encoder.onnx``: ``src_ids`` int64 (batch, src_len) -> ``cross_k_0`` ... ``cross_k_{L-1}``,
   ``cross_v_0`` ... float32 (batch, heads, src_len, head_dim) each: the encoder and every
   decoder layer's cross-attention keys and values, computed once per sentence.
-- ``decoder.onnx``: one step. ``tokens`` int64 (batch,), ``src_ids``, ``past_len`` int64 (1,):
-  the positions decoded so far, then ``cross_k_i``/``cross_v_i`` and ``self_k_i``/``self_v_i``
-  float32 (batch, heads, capacity, head_dim), one per decoder layer: the caller's cache, whose
-  first past_len positions hold the steps so far (capacity >= 1; the positions from past_len
-  on are masked and must hold finite values, zeros) -> ``logits`` float32 (batch, tgt_vocab),
-  ``new_self_k_i``/``new_self_v_i`` (batch, heads, 1, head_dim): the new token's keys and
-  values, which the caller writes at position past_len of its cache (reordering its rows when
-  a beam search moves them). The new token's position is past_len; the padding mask is
-  ``src_ids == pad``. ``config.json`` lists every input and output name in order.
+- ``decoder.onnx``: one step. ``tokens`` int64 (batch,), ``src_ids``, ``beam_index`` int64
+  (batch,): the row of the past each row continues, then ``cross_k_i``/``cross_v_i`` and
+  ``self_k_i``/``self_v_i`` float32 (past_batch, heads, past_len, head_dim; an empty
+  past_len=0 tensor at the first step), one per decoder layer -> ``logits`` float32
+  (batch, tgt_vocab), ``new_self_k_i``/``new_self_v_i`` (past_len + 1). The new token's
+  position is past_len, read inside the graph; the padding mask is ``src_ids == pad``. A
+  caller passes the previous step's ``new_self_k_i``/``new_self_v_i`` back unchanged, with the
+  reorder in ``beam_index``. ``config.json`` lists every input and output name in order.
 - ``shared.bin``: the weights both graphs hold (the embedding of a model with shared
   embeddings: the encoder's source embedding, the decoder's target embedding and tied output
   projection), stored once as ONNX external data that both graphs name (`share_weights`);
@@ -36,8 +35,8 @@ specialise (it treats sizes 0 and 1 as constants), and it needs no ``onnxscript`
 projection's Gemm, activations quantized at run time) to both graphs, under the same file
 names.
 
-Format version 4 (the caller owns the self-attention cache; version 3 returned the whole cache
-each step, version 2 stacked the layers' caches, version 1 had no ``shared.bin``); exports of another version are refused with one line
+Format version 3 (one cache tensor per decoder layer; version 2 stacked them, version 1 had no
+``beam_index`` and no ``shared.bin``); exports of another version are refused with one line
 saying to export again.
 
 Refused with one line (`ExportError`): an approximate attention kernel at any site (local,
@@ -75,7 +74,7 @@ log = logging.getLogger("litmt.deploy.export.onnx")
 
 CONFIG_FILE = "config.json"
 FORMAT_NAME = "litmt-onnx"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 3
 OPSET = 17
 SHARED_FILE = "shared.bin"  # the weights both graphs hold, stored once (external data)
 SHARE_MIN_BYTES = 4096  # smaller equal initializers stay in each graph
@@ -101,7 +100,7 @@ def graph_names(layers: int) -> dict[str, dict[str, list[str]]]:
     return {
         "inputs": {
             "encoder": ENCODER_INPUTS,
-            "decoder": ["tokens", "src_ids", "past_len", *cache["cross"], *cache["past"]],
+            "decoder": ["tokens", "src_ids", "beam_index", *cache["cross"], *cache["past"]],
         },
         "outputs": {"encoder": cache["cross"], "decoder": ["logits", *cache["new"]]},
     }
@@ -113,10 +112,10 @@ def _dynamic_axes(layers: int) -> tuple[dict[str, dict[int, str]], dict[str, dic
     kv = {0: "batch", 2: "src_len"}  # cross_k_i/cross_v_i: (batch, heads, src_len, head_dim)
     encoder = {"src_ids": {0: "batch", 1: "src_len"}} | {name: kv for name in cache["cross"]}
     decoder = {"tokens": {0: "batch"}, "src_ids": {0: "batch", 1: "src_len"}}
-    decoder |= {"logits": {0: "batch"}}
+    decoder |= {"beam_index": {0: "batch"}, "logits": {0: "batch"}}
     decoder |= {name: kv for name in cache["cross"]}
-    decoder |= {name: {0: "batch", 2: "capacity"} for name in cache["past"]}
-    decoder |= {name: {0: "batch"} for name in cache["new"]}
+    decoder |= {name: {0: "past_batch", 2: "past_len"} for name in cache["past"]}
+    decoder |= {name: {0: "batch", 2: "new_len"} for name in cache["new"]}
     return encoder, decoder
 
 
@@ -206,7 +205,7 @@ def _trace(model: torch.nn.Module, directory: Path) -> None:
     layers = cfg.n_decoder_layers
     names = graph_names(layers)
     encoder_axes, decoder_axes = _dynamic_axes(layers)
-    past = [torch.zeros(2, cfg.n_heads, 4, cfg.head_dim) for _ in range(2 * layers)]
+    past = [torch.zeros(2, cfg.n_heads, 3, cfg.head_dim) for _ in range(2 * layers)]
     with torch.no_grad(), warnings.catch_warnings():
         # the TorchScript exporter is chosen on purpose (module docstring): not its notice
         warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch.onnx")
@@ -224,7 +223,7 @@ def _trace(model: torch.nn.Module, directory: Path) -> None:
         )
         torch.onnx.export(
             decoder,
-            (torch.full((2,), BOS_ID), src, torch.tensor([2]), *cross, *past),
+            (torch.full((2,), BOS_ID), src, torch.tensor([1, 0]), *cross, *past),
             str(directory / DECODER_FILE),
             input_names=names["inputs"]["decoder"],
             output_names=names["outputs"]["decoder"],

@@ -8,27 +8,19 @@ attention written out here instead of the kernels and `DecodeCache` objects of
 are read from the tables of the model's positional modules (sinusoidal, split sinusoidal,
 learned, rotary) at positions counted from the input tensors' data, so the trace stays dynamic in every length.
 
-Shapes: B rows, S source length, P positions decoded so far (past), N the capacity of the
-self-attention cache (N >= P), L decoder layers, H heads, D head dim, C d_model, V target
-vocabulary. The caches (the file format the browser page reads too) are one tensor per decoder
-layer and kind, (B, H, ., D) each: ``cross_k_0``, ``cross_v_0``, ..., ``self_k_0``, ...
-(`layer_names`).
-
-The self-attention cache belongs to the caller (format 4): the step reads it where it lies and
-returns only the new position's keys and values, (B, H, 1, D) per layer, which the caller
-writes at position P of its own buffers (`litmt.deploy.engines.onnx.SelfCache`; the page's
-``translator.js``). A graph cannot write into its input, so a step that returned the whole
-cache (format 3: the previous cache gathered by ``beam_index`` and concatenated with the new
-position) copied every layer's keys and values twice per step; now the caller copies them only
-when a beam search moves rows, and a cache with room for the next positions (capacity N > P,
-the positions from P on masked) is read without any copy. The new position attends over the
-cache and itself with one softmax over both (`_attend_cached`), so no concatenation of keys
-is needed either.
+Shapes: B rows, S source length, P positions decoded so far (past), L decoder layers,
+H heads, D head dim, C d_model, V target vocabulary. The caches (the file format the browser
+page reads too) are one tensor per decoder layer and kind, (B, H, P, D) each: ``cross_k_0``,
+``cross_v_0``, ..., ``self_k_0``, ... (`layer_names`), so a step reads and writes each layer's
+keys and values where they are, with no split of stacked inputs and no stack of its outputs.
 
 Three more choices keep the runtime's work and the files small:
 
-- The new token's position P is the input ``past_len`` (1,), so one trace serves every
-  capacity and past length.
+- The decoder step takes ``beam_index`` (B,): the rows of the previous step's cache each row
+  continues (a beam search's reorder, or rows dropped), gathered inside the graph, so a
+  caller hands the previous step's ``new_self_k_i``/``new_self_v_i`` back as they came out
+  (onnxruntime's IOBinding in python, the same tensors in the page) instead of reordering
+  them itself.
 - The output projection is a ``Gemm`` reading the (V, C) weight as stored (``transB``), so a
   tied output projection is the target embedding's own initializer, not a transposed copy
   (`litmt.deploy.export.onnx` then stores the weights both graphs share once).
@@ -89,35 +81,6 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None, scale: float) -
     if pad is not None:
         scores = scores.masked_fill(pad[:, None, None, :], _MASKED)
     out = torch.matmul(scores.softmax(dim=-1), v)  # (B, H, Tq, D)
-    return out.transpose(1, 2).flatten(2)
-
-
-def _attend_cached(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    past_k: Tensor,
-    past_v: Tensor,
-    unwritten: Tensor,
-    scale: float,
-) -> Tensor:
-    """One new query over a cache and its own key: softmax attention over the cache's written
-    positions and the new position, with the cache read where it lies (no concatenation).
-
-    Args:
-        q, k, v: (B, H, 1, D) the new position's query, key and value.
-        past_k, past_v: (B, H, N, D) the cache (capacity N).
-        unwritten: (N,) True at the positions the cache does not hold yet (masked).
-        scale: sqrt(D).
-
-    Returns:
-        (B, 1, H * D)
-    """
-    past = torch.matmul(q, past_k.transpose(-1, -2)) / scale  # (B, H, 1, N)
-    past = past.masked_fill(unwritten, _MASKED)
-    own = (q * k).sum(-1, keepdim=True) / scale  # (B, H, 1, 1)
-    p = torch.cat([past, own], dim=-1).softmax(dim=-1)  # (B, H, 1, N + 1)
-    out = torch.matmul(p[..., :-1], past_v) + p[..., -1:] * v  # (B, H, 1, D)
     return out.transpose(1, 2).flatten(2)
 
 
@@ -195,12 +158,10 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderStepGraph(nn.Module):
-    """One decoder step: ``tokens`` (B,), ``src_ids`` (B, S), ``past_len`` (1,) = P, then per
-    layer ``cross_k_i`` ..., ``cross_v_i`` ... (B, H, S, D) and ``self_k_i`` ..., ``self_v_i``
-    ... (B, H, N, D): a caller-owned cache of capacity N whose first P positions hold the
-    steps so far (positions P.. are masked and must hold finite values) -> ``logits`` (B, V),
-    then ``new_self_k_i`` ..., ``new_self_v_i`` ... (B, H, 1, D): the new token's keys and
-    values at position P, which the caller writes into its cache (module docstring)."""
+    """One decoder step: ``tokens`` (B,), ``src_ids`` (B, S), ``beam_index`` (B,) rows of the
+    past, then per layer ``cross_k_i`` ..., ``cross_v_i`` ... (B, H, S, D) and ``self_k_i``
+    ..., ``self_v_i`` ... (B0, H, P, D) -> ``logits`` (B, V), then ``new_self_k_i`` ...,
+    ``new_self_v_i`` ... (B, H, P + 1, D). The new token sits at position P."""
 
     def __init__(self, model: Seq2SeqTransformer) -> None:
         super().__init__()
@@ -208,27 +169,26 @@ class DecoderStepGraph(nn.Module):
         self.scale = math.sqrt(model.config.head_dim)
 
     def forward(
-        self, tokens: Tensor, src_ids: Tensor, past_len: Tensor, *caches: Tensor
+        self, tokens: Tensor, src_ids: Tensor, beam_index: Tensor, *caches: Tensor
     ) -> tuple[Tensor, ...]:
         m = self.model
         n = len(m.decoder_layers)
         cross_k, cross_v = caches[:n], caches[n : 2 * n]
         self_k, self_v = caches[2 * n : 3 * n], caches[3 * n :]
         pad = src_ids.eq(m.pad_id)  # (B, S)
-        pos = past_len.view(1)  # the new token's position P
-        # the cache's positions 0..N-1 counted from its data (the trace stays dynamic in N);
-        # those at or after P hold no step yet
-        slots = torch.ones_like(self_k[0][0, 0, :, 0], dtype=torch.long).cumsum(0) - 1  # (N,)
-        unwritten = slots.ge(pos)
+        # the new token's position P, counted from the cache's data (the trace stays dynamic)
+        pos = torch.ones_like(self_k[0][0, 0, :, 0], dtype=torch.long).sum(0, keepdim=True)
         x = _embed(m, tokens.view(-1, 1), m.tgt_embed, "tgt_pos", pos)  # (B, 1, C)
         new_k, new_v = [], []
         for i, layer in enumerate(m.decoder_layers):
             h = layer.norm1(x) if layer.norm_first else x
             q, k, v = _qkv(m, layer.self_attn, h, pos)  # (B, H, 1, D)
+            # the rows each continues (a beam's reorder), then the new position
+            k = torch.cat([self_k[i].index_select(0, beam_index), k], dim=2)  # (B, H, P+1, D)
+            v = torch.cat([self_v[i].index_select(0, beam_index), v], dim=2)
             new_k.append(k)
             new_v.append(v)
-            out = _attend_cached(q, k, v, self_k[i], self_v[i], unwritten, self.scale)
-            h = layer.self_attn.out_proj(out)
+            h = layer.self_attn.out_proj(_attend(q, k, v, None, self.scale))
             x = x + h if layer.norm_first else layer.norm1(x + h)
             h = layer.norm2(x) if layer.norm_first else x
             cross = layer.cross_attn

@@ -26,7 +26,7 @@ from litmt.checkpoint.load import load_model
 from litmt.data.tokenization.tokenizer import BOS_ID, Tokenizer, TokenizerConfig
 from litmt.decoding.batching import padded
 from litmt.decoding.translator import Translator
-from litmt.deploy.engines.onnx import OnnxStepModel, OnnxTranslator, SelfCache
+from litmt.deploy.engines.onnx import OnnxStepModel, OnnxTranslator
 from litmt.deploy.export.base import ExportError
 from litmt.deploy.export.onnx import export_onnx, read_onnx_config
 from litmt.deploy.loader import load_translator
@@ -73,26 +73,22 @@ def _assert_parity(torch_engine: Translator, onnx_engine: OnnxTranslator, source
 
 def test_step_logits_equal_torch(ckpt, onnx_dir):
     """Encoder + decoder steps of the ONNX graphs give the torch model's logits (STEP_ATOL) on
-    a padded batch, and follow row reorders (a beam step's, with and without the source side,
-    and rows dropped) like the torch state, through the caller's cache growing past its first
-    capacity (chunk 4: the steps read masked, unwritten positions)."""
+    a padded batch, and follow row reorders (a beam step's, with and without the source side)
+    like the torch state, while the cache stays an onnxruntime value between the steps."""
+    import onnxruntime
+
     model = load_model(ckpt).model
     step = OnnxStepModel(onnx_dir, read_onnx_config(onnx_dir), threads=1)
     src = padded([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], 0)
     memory, mask = model.encode(src)
     ref_state = model.init_state(memory, mask)
     state = step.init_state(*step.encode(src))
-    state.cache = SelfCache(4, 3, 4, 16, chunk=4)  # 2L kinds, R, H, D: grows at steps 4 and 8
     tokens = torch.full((3,), BOS_ID)
-    lengths, capacities = [], []
-    for t in range(10):
+    for t in range(6):
         with torch.no_grad():
             ref = model.decode_step(tokens, ref_state)
         got = step.decode_step(tokens, state)
-        lengths.append(state.cache.length)
-        capacities.append(state.cache.capacity)
         torch.testing.assert_close(got, ref, atol=STEP_ATOL, rtol=0)
-        tokens = ref.argmax(-1)
         if t == 2:  # rows move as beams do
             index = torch.tensor([2, 0, 0])
             ref_state.reorder(index, cross=True)
@@ -101,43 +97,11 @@ def test_step_logits_equal_torch(ckpt, onnx_dir):
             index = torch.tensor([1, 1, 0])
             ref_state.reorder(index, cross=False)
             state.reorder(index, cross=False)
-        if t == 6:  # a finished row leaves
-            index = torch.tensor([0, 2])
-            ref_state.reorder(index, cross=True)
-            state.reorder(index, cross=True)
-            tokens = tokens.index_select(0, index)
-    assert lengths == list(range(10))  # positions held when each step ran
-    assert capacities == [4] * 5 + [8] * 4 + [12]
-    assert state.cache.buffer.shape[1:] == (3, 4, 12, 16)  # (2L, R, H, N, D), 2 rows in use
-
-
-def test_self_cache_keeps_unwritten_positions_zero():
-    """The cache's contract with the graph: after in-place steps, reorders, a row dropped and
-    growth, positions from `length` on are zeros (masked, and finite) and the written ones
-    hold each kept row's history; the buffers take turns (no allocation per reorder)."""
-    cache = SelfCache(2, 3, 1, 1, chunk=2)  # 2 kinds, 3 rows, 1 head, head dim 1
-    history = [[] for _ in range(3)]  # row -> its values so far
-    steps = [None, torch.tensor([2, 0, 0]), None, torch.tensor([1, 2]), None, None]
-    for t, index in enumerate(steps):
-        buffer, length = cache.inputs()
-        rows = buffer.size(1)
-        assert length == t and rows == len(history)
-        for r in range(rows):
-            assert buffer[0, r, 0, :length, 0].tolist() == history[r]
-        assert not buffer[:, :, :, length:].any()
-        values = [float(10 * t + r) for r in range(rows)]
-        cache.push(torch.tensor(values).view(1, rows, 1, 1, 1).expand(2, -1, -1, -1, -1))
-        history = [[*h, v] for h, v in zip(history, values, strict=True)]
-        if index is not None:
-            cache.reorder(index)
-            history = [list(history[i]) for i in index.tolist()]
-    cache = SelfCache(2, 2, 1, 1, chunk=16)
-    buffers = []
-    for _ in range(4):  # beam steps within the capacity
-        cache.push(torch.ones(2, 2, 1, 1, 1))
-        cache.reorder(torch.tensor([1, 0]))
-        buffers.append(cache.inputs()[0].data_ptr())
-    assert buffers[0] != buffers[1] and buffers[2:] == buffers[:2]  # two buffers, in turn
+            assert state.beam_index.tolist() == [1, 1, 0]  # the next step gathers them
+        tokens = ref.argmax(-1)
+        # one value per layer and kind, never copied out to numpy
+        assert all(isinstance(v, onnxruntime.OrtValue) for v in state.past)
+    assert [tuple(v.shape()) for v in state.past] == [(3, 4, 6, 16)] * 4  # 2L of (R, H, P, D)
 
 
 def test_sessions_do_not_spin_between_steps(onnx_dir):
@@ -249,7 +213,7 @@ def test_imported_marian(tmp_path):
 def test_config_json(onnx_dir, ckpt):
     meta = read_onnx_config(onnx_dir)
     cfg = load_model(ckpt).model.config
-    assert meta["format"] == "litmt-onnx" and meta["format_version"] == 4
+    assert meta["format"] == "litmt-onnx" and meta["format_version"] == 3
     assert meta["special_ids"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
     assert (meta["src_lang"], meta["tgt_lang"]) == ("en", "de")
     assert meta["model"]["n_decoder_layers"] == cfg.n_decoder_layers
@@ -257,7 +221,7 @@ def test_config_json(onnx_dir, ckpt):
     assert cfg.n_decoder_layers == 2
     assert meta["inputs"] == {
         "encoder": ["src_ids"],
-        "decoder": ["tokens", "src_ids", "past_len", "cross_k_0", "cross_k_1", "cross_v_0",
+        "decoder": ["tokens", "src_ids", "beam_index", "cross_k_0", "cross_k_1", "cross_v_0",
                     "cross_v_1", "self_k_0", "self_k_1", "self_v_0", "self_v_1"],
     }  # fmt: skip
     assert meta["outputs"] == {
@@ -278,10 +242,10 @@ def test_config_json(onnx_dir, ckpt):
 def test_an_older_export_is_refused_saying_to_export_again(onnx_dir, tmp_path):
     import shutil
 
-    old = shutil.copytree(onnx_dir, tmp_path / "v3")
+    old = shutil.copytree(onnx_dir, tmp_path / "v2")
     meta = json.loads((old / "config.json").read_text())
-    (old / "config.json").write_text(json.dumps({**meta, "format_version": 3}))
-    with pytest.raises(ExportError, match=r"version 3, this litmt reads 4: export it again"):
+    (old / "config.json").write_text(json.dumps({**meta, "format_version": 2}))
+    with pytest.raises(ExportError, match=r"version 2, this litmt reads 3: export it again"):
         OnnxTranslator(old)
 
 
@@ -343,11 +307,11 @@ def test_ckpt_exported_on_first_use(ckpt, tmp_path):
 
 
 def test_a_cached_export_of_another_version_is_exported_again(ckpt, tmp_path):
-    """A cache entry an older litmt wrote (format version 3) is replaced, not refused."""
+    """A cache entry an older litmt wrote (format version 2) is replaced, not refused."""
     OnnxTranslator.from_pretrained(ckpt, cache_dir=tmp_path)
     (entry,) = tmp_path.iterdir()
     meta = json.loads((entry / "config.json").read_text())
-    (entry / "config.json").write_text(json.dumps({**meta, "format_version": 3}))
+    (entry / "config.json").write_text(json.dumps({**meta, "format_version": 2}))
     again = OnnxTranslator.from_pretrained(ckpt, cache_dir=tmp_path)
-    assert read_onnx_config(entry)["format_version"] == 4
+    assert read_onnx_config(entry)["format_version"] == 3
     assert again.translate(["A red dog runs."])

@@ -15,10 +15,10 @@ import * as ort from "./vendor/ort.wasm.bundle.min.mjs";
 import { SentencePieceProcessor } from "./vendor/sentencepiece.js";
 
 const RUNTIME_WASM = "vendor/ort-wasm-simd-threaded.wasm"; // relative to the page
-const FORMAT_VERSION = 4; // of config.json (litmt.deploy.export.onnx.FORMAT_VERSION)
+const FORMAT_VERSION = 3; // of config.json (litmt.deploy.export.onnx.FORMAT_VERSION)
 const SPECIAL = 4; // ids 0..3 (pad, unk, bos, eos) are never text
 const YIELD_EVERY = 8; // decoder steps between two looks at the message queue (a cancel)
-const CACHE_CHUNK = 16; // positions the self-attention cache grows by (SelfCache's chunk)
+const ROW0 = new ort.Tensor("int64", BigInt64Array.of(0n), [1]); // greedy: the one row goes on
 // Control characters but tab, removed from input as litmt.data.text.clean_line does.
 const CONTROL = /[\u0000-\u0008\u000A-\u001F\u007F-\u009F]/g;
 
@@ -98,8 +98,7 @@ export class OfflineTranslator {
   // Use `OfflineTranslator.load(base)`.
   constructor(config, encoder, decoder, srcSp, tgtSp, pieces) {
     this.config = config;
-    // the decoder's self-attention cache inputs (self_k_i..., self_v_i...), in config order;
-    // the page holds them (format 4: a step returns only the new position, new_self_*)
+    // the decoder's self-attention cache inputs (self_k_i..., self_v_i...), in config order
     this.pastNames = config.inputs.decoder.filter((name) => name.startsWith("self_"));
     this.encoder = encoder;
     this.decoder = decoder;
@@ -215,7 +214,7 @@ export class OfflineTranslator {
   // What both searches start from: the source ids as a (1, S) tensor, the encoder's
   // cross-attention keys/values by input name (cross_k_i, cross_v_i: (1, H, S, D) each), the
   // forced target prefix (the tag of a target-placement export), the output budget, min_len
-  // and the empty self-attention cache (`newCache`).
+  // and the empty self-attention cache by input name (self_k_i, self_v_i: (1, H, 0, D)).
   async start(ids, tgt) {
     const { model, decoding } = this.config;
     const src = new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]);
@@ -225,69 +224,19 @@ export class OfflineTranslator {
     const tag = this.tagId(tgt);
     const prefix = tag !== null && this.config.tag_placement === "target" ? [tag] : [];
     const budget = outputBudget(ids.length, decoding, model.max_positions, prefix.length);
-    const past = this.newCache();
+    const shape = [1, model.n_heads, 0, model.head_dim];
+    const empty = new ort.Tensor("float32", new Float32Array(0), shape);
+    const past = {};
+    for (const name of this.pastNames) past[name] = empty;
     return { src, cross, prefix, budget, minLen: decoding.min_len || 0, past };
   }
 
-  // An empty self-attention cache of one row: {rows, length, capacity, data: {self_k_i: a
-  // Float32Array (rows, H, capacity, D), ...}}, zeros; the first `length` positions of each
-  // row hold its steps so far (litmt.deploy.engines.onnx.SelfCache's contract with the graph).
-  newCache() {
-    const { n_heads: H, head_dim: D } = this.config.model;
-    const data = {};
-    for (const name of this.pastNames) data[name] = new Float32Array(H * CACHE_CHUNK * D);
-    return { rows: 1, length: 0, capacity: CACHE_CHUNK, data };
-  }
-
-  // The decoder's cache inputs: past_len and self_k_i/self_v_i (rows, H, capacity, D).
-  cacheFeeds(cache) {
-    const { n_heads: H, head_dim: D } = this.config.model;
-    const shape = [cache.rows, H, cache.capacity, D];
-    const length = BigInt64Array.of(BigInt(cache.length));
-    const feeds = { past_len: new ort.Tensor("int64", length, [1]) };
-    for (const name of this.pastNames) {
-      feeds[name] = new ort.Tensor("float32", cache.data[name], shape);
-    }
-    return feeds;
-  }
-
-  // The cache after a step whose outputs are `out` (new_self_k_i...: (R, H, 1, D)), keeping
-  // rows `index` (R',) in that order: the new position written at `length`, in place when
-  // the rows stay as they are and there is room, else into new buffers (grown by CACHE_CHUNK).
-  nextCache(cache, out, index) {
-    const { n_heads: H, head_dim: D } = this.config.model;
-    const rows = index.length;
-    const length = cache.length + 1;
-    const kept = rows <= cache.rows && index.every((row, r) => row === r);
-    if (kept && length <= cache.capacity) {
-      for (const name of this.pastNames) {
-        const buffer = cache.data[name];
-        const step = out[`new_${name}`].data;
-        for (let rh = 0; rh < rows * H; rh++) {
-          const to = (rh * cache.capacity + cache.length) * D;
-          buffer.set(step.subarray(rh * D, (rh + 1) * D), to);
-        }
-      }
-      return { ...cache, rows, length };
-    }
-    const capacity = Math.max(cache.capacity, Math.ceil(length / CACHE_CHUNK) * CACHE_CHUNK);
-    const data = {};
-    for (const name of this.pastNames) {
-      const old = cache.data[name];
-      const step = out[`new_${name}`].data;
-      const buffer = new Float32Array(rows * H * capacity * D);
-      index.forEach((row, r) => {
-        for (let h = 0; h < H; h++) {
-          const from = (row * H + h) * cache.capacity * D;
-          const to = (r * H + h) * capacity * D;
-          buffer.set(old.subarray(from, from + cache.length * D), to);
-          const at = (row * H + h) * D;
-          buffer.set(step.subarray(at, at + D), to + cache.length * D);
-        }
-      });
-      data[name] = buffer;
-    }
-    return { rows, length, capacity, data };
+  // A step's new cache (new_self_k_i..., new_self_v_i...) as the next step's cache inputs
+  // (self_k_i..., self_v_i...), as it came out (the next step gathers its rows by beam_index).
+  nextPast(out) {
+    const past = {};
+    for (const name of this.pastNames) past[name] = out[`new_${name}`];
+    return past;
   }
 
   // Greedy search on source ids `ids` (S,): the target ids without bos/eos (the forced tag of a
@@ -295,7 +244,7 @@ export class OfflineTranslator {
   async greedy(ids, tgt = null, signal = null) {
     const sp = this.config.special_ids;
     const { src, cross, prefix, budget, minLen, past: empty } = await this.start(ids, tgt);
-    let past = empty; // the self-attention cache (newCache)
+    let past = empty; // self_k_i/self_v_i (1, H, t, D)
     let token = sp.bos;
     const out = [];
     while (out.length < budget) {
@@ -303,8 +252,9 @@ export class OfflineTranslator {
       const step = await this.decoder.run({
         tokens: new ort.Tensor("int64", BigInt64Array.of(BigInt(token)), [1]),
         src_ids: src,
+        beam_index: ROW0,
         ...cross,
-        ...this.cacheFeeds(past),
+        ...past,
       });
       let next;
       if (out.length < prefix.length) {
@@ -315,7 +265,7 @@ export class OfflineTranslator {
       }
       out.push(next);
       token = next;
-      past = this.nextCache(past, step, [0]);
+      past = this.nextPast(step);
     }
     return out; // at the budget eos is forced: nothing more to run
   }
@@ -336,7 +286,8 @@ export class OfflineTranslator {
     let rows = {
       src,
       cross,
-      past, // the self-attention cache (newCache), as the last step left it
+      past,
+      beams: [0], // the row of the past each row continues (gathered in the graph)
     };
     let scores = [0]; // (kk,) cumulative log-probabilities of the live beams
     let history = [[]]; // (kk, t) their tokens
@@ -348,8 +299,9 @@ export class OfflineTranslator {
       const out = await this.decoder.run({
         tokens: new ort.Tensor("int64", BigInt64Array.from(last, BigInt), [kk]),
         src_ids: rows.src,
+        beam_index: new ort.Tensor("int64", BigInt64Array.from(rows.beams, BigInt), [kk]),
         ...rows.cross,
-        ...this.cacheFeeds(rows.past),
+        ...rows.past,
       });
       const logits = out.logits.data; // (kk, V)
       const top = []; // the 2K best candidates [value, beam, token], best first
@@ -376,7 +328,8 @@ export class OfflineTranslator {
       rows = {
         src: step === 0 ? repeatRows(rows.src, K) : rows.src, // then beams stay in their sentence
         cross: step === 0 ? mapValues(rows.cross, (t) => repeatRows(t, K)) : rows.cross,
-        past: this.nextCache(rows.past, out, beams), // the step written in, beams' rows kept
+        past: this.nextPast(out), // as it came out: the next step gathers `beams`
+        beams,
       };
       // the stop test (beam_done)
       const bestLive = Math.max(...scores);
