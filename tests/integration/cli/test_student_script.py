@@ -86,7 +86,7 @@ def test_the_pipeline_runs_skips_refuses_and_resumes(tmp_path: Path) -> None:
         f"stage 4/4 export: skipped, done in {out / 'exports'}",
     ]
 
-    changed = pipeline(corpus, out, cache, "mix_references=true")
+    changed = pipeline(corpus, out, cache, "mix_references=false")
     assert changed.returncode == 2
     assert changed.stderr.strip().splitlines()[-1] == (
         f"error: {out} holds a student stage run with other settings (differs in: "

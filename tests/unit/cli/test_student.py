@@ -77,7 +77,9 @@ def test_the_student_reads_the_distilled_train_split_and_the_original_valid_test
         (orig / f"{split}.de").write_text(f"{split} de\n")
     (kd / "train.en").write_text("train en\n")
     (kd / "train.de").write_text("teacher de\n")
-    settings = StudentConfig(out=str(tmp_path / "run"), data=StudentData(dir=str(orig)))
+    settings = StudentConfig(
+        out=str(tmp_path / "run"), data=StudentData(dir=str(orig)), mix_references=False
+    )
     overrides = student_data_overrides(settings, kd)
     assert overrides == [
         f"data.dir={quoted(orig)}", "data.src_lang=en", "data.tgt_lang=de",
@@ -90,7 +92,8 @@ def test_the_student_reads_the_distilled_train_split_and_the_original_valid_test
     )  # fmt: skip
     assert list(corpus.load("train")["tgt"]) == ["teacher de"]
     assert list(corpus.load("valid")["tgt"]) == ["valid de"]
-    settings.mix_references = True
+    settings.mix_references = True  # the default: the original training split too
+    assert StudentConfig().mix_references
     assert student_data_overrides(settings, kd)[-1] == (
         f"data.extra_train=[{{name: references, dir: {quoted(orig)}}}]"
     )

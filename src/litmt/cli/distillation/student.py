@@ -8,8 +8,9 @@
    (`teacher_models`: the one its finalize chose, its best, its average, or its kept
    checkpoints decoded as an ensemble on the torch engine);
 3. student: ``scripts/train.py experiment={student_experiment}`` into ``{out}/student``, its
-   training split the distilled one (``data.splits.train={out}/distilled/train``; with
-   ``mix_references`` the original split too, through ``data.extra_train``), valid and test
+   training split the distilled one (``data.splits.train={out}/distilled/train``) and, with
+   ``mix_references`` (the default), the original split too, through ``data.extra_train``;
+   valid and test
    the original ones, its budget ``trainer.max_time={student_max_time}`` unless
    ``student_overrides`` sets it;
 4. export: the student's chosen checkpoint and decoding (its ``scores.json``) as a
@@ -88,8 +89,9 @@ class StudentConfig:
     student_max_time: str | None = "00:00:58:00"
     """the student's training budget (trainer.max_time, DD:HH:MM:SS), the teacher recipe's;
     a trainer.max_time in student_overrides wins; null = the student recipe's own"""
-    mix_references: bool = False
-    """the student also trains on the original training split (data.extra_train)"""
+    mix_references: bool = True
+    """the student also trains on the original training split (data.extra_train); false = on
+    the distilled corpus only"""
     quantization: str = "int8"
     """the exported student's weights (scripts/export.py quantization)"""
     argos: bool = True
