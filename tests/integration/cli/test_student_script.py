@@ -66,15 +66,17 @@ def test_the_pipeline_runs_skips_refuses_and_resumes(tmp_path: Path) -> None:
     assert (kd / "train.en").is_file() and (kd / "train.de").is_file()
     provenance = json.loads((kd / "distill.json").read_text(encoding="utf-8"))
     assert provenance["source"]["dir"] == str(corpus) and provenance["counts"]["kept"] > 0
-    # the student trained on the distilled split, validated on the original corpus
+    # the student trained on the distilled split and the original one (mix_references, the
+    # default), validated on the original corpus
     saved = yaml.safe_load((out / "student" / ".hydra" / "config.yaml").read_text())
     assert saved["data"]["splits"]["train"] == str(kd / "train")
+    assert [extra["dir"] for extra in saved["data"]["extra_train"]] == [str(corpus)]
     assert saved["data"]["dir"] == str(corpus)
     assert (out / "student" / "scores.json").is_file()
     meta = json.loads((out / "exports" / "student-int8" / "litmt.json").read_text())
     assert meta["quantization"] == "int8"
     shape = [meta["model_config"][k] for k in ("d_model", "n_encoder_layers", "n_decoder_layers")]
-    assert shape == [32, 6, 1]  # the student recipe's depth with the tiny width
+    assert shape == [32, 6, 2]  # the student recipe's depth with the tiny width
     assert (out / "exports" / "student.argosmodel").stat().st_size > 0
 
     again = pipeline(corpus, out, cache)
