@@ -201,6 +201,7 @@ def median_timed(fn: Callable[[], T], reps: int) -> tuple[T, float]:
 # working directory): their values are this machine's paths and change no measured number,
 # so a record's command leaves them out.
 LOCAL_OUTPUT_OPTIONS = ("--json", "--out", "--work")
+_LOCAL_OUTPUT_PREFIXES = tuple(f"{option}=" for option in LOCAL_OUTPUT_OPTIONS)
 
 
 def published_argv(argv: list[str]) -> list[str]:
@@ -212,7 +213,7 @@ def published_argv(argv: list[str]) -> list[str]:
             skip = False
         elif arg in LOCAL_OUTPUT_OPTIONS:
             skip = True
-        elif not arg.startswith(tuple(f"{o}=" for o in LOCAL_OUTPUT_OPTIONS)):
+        elif not arg.startswith(_LOCAL_OUTPUT_PREFIXES):
             kept.append(arg)
     return kept
 

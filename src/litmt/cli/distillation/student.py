@@ -10,9 +10,8 @@
 3. student: ``scripts/train.py experiment={student_experiment}`` into ``{out}/student``, its
    training split the distilled one (``data.splits.train={out}/distilled/train``) and, with
    ``mix_references`` (the default), the original split too, through ``data.extra_train``;
-   valid and test
-   the original ones, its budget ``trainer.max_time={student_max_time}`` unless
-   ``student_overrides`` sets it;
+   valid and test the original ones, its budget ``trainer.max_time={student_max_time}``
+   unless ``student_overrides`` sets it;
 4. export: the student's chosen checkpoint and decoding (its ``scores.json``) as a
    CTranslate2 directory ``{out}/exports/student-{quantization}`` and an Argos package
    ``{out}/exports/student.argosmodel``.
