@@ -14,7 +14,7 @@ from tiny_corpora import make_pairs, write_text_corpus
 from litmt.data import TranslationDataModule
 from litmt.data.corpora.parallel import ParallelCorpus
 from litmt.data.corpora.sources import TrainSource, split_fingerprint
-from litmt.data.tokenization.tokenizer import Tokenizer, TokenizerConfig
+from litmt.data.tokenization.tokenizer import UNK_ID, Tokenizer, TokenizerConfig
 from litmt.errors import ConfigError, DataError
 
 SIZES = {"main": 120, "extra": 50, "bt": 40}
@@ -176,3 +176,21 @@ def test_a_tag_the_given_tokenizer_lacks_is_a_one_line_error(
         ConfigError, match=r"<BT> of data\.extra_train is not a user-defined symbol"
     ):
         TranslationDataModule(**{**mixed_kwargs, "tokenizer": {"model": str(path)}})
+
+
+def test_the_tokenizer_learns_from_every_training_source(tmp_path: Path, dm_kwargs: dict) -> None:
+    """A letter found only in an extra source is in the tokenizer's alphabet (not <unk>): the
+    student's tokenizer, for one, sees the references mixed into its distilled corpus."""
+    main = write_text_corpus(tmp_path / "main", {"train": SIZES["main"], "valid": 20, "test": 20})
+    assert "ž" not in (main / "train.en").read_text(encoding="utf-8")
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "train.en").write_text("žaba skače\n" * 40, encoding="utf-8")
+    (extra / "train.de").write_text("der Frosch springt\n" * 40, encoding="utf-8")
+    dm = TranslationDataModule(
+        **{**dm_kwargs, "dir": str(main), "extra_train": [{"name": "extra", "dir": str(extra)}]}
+    )
+    dm.prepare_data()
+    dm.setup("fit")
+    (ids,) = dm.tokenizer.encode_src(["žaba"])
+    assert UNK_ID not in ids
