@@ -28,6 +28,11 @@ QUOTE = re.compile(
     r"\[(?P<text>[^\]]+)\]\((?P<href>[^)\s]*results\.md#(?P<anchor>[A-Za-z0-9_-]+))"
     r"\s+\"(?P<ref>[^\"]+)\"\)"
 )
+# a quote's link whose title is not on its line: a line break inside a quote hides it from QUOTE
+BROKEN = re.compile(r"\]\([^)\s]*results\.md#[A-Za-z0-9_-]+\s*$")
+BROKEN_WHY = (
+    'a quote broken across lines is not checked: keep [N](results.md#ID "ID.key") on one line'
+)
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.(?P<decimals>\d+))?")
 # a measured number stated in prose: a number, then a metric or a speed unit
 MEASURED = re.compile(
@@ -56,13 +61,23 @@ def check_quote(text: str, anchor: str, ref: str, records: Mapping[str, Record])
     return None
 
 
+def quote_problems(line: str, records: Mapping[str, Record], where: str) -> list[Problem]:
+    """The wrong quotes of one line, and a quote broken across lines (which QUOTE cannot see)."""
+    problems = [
+        Problem(where, why)
+        for m in QUOTE.finditer(line)
+        if (why := check_quote(m["text"], m["anchor"], m["ref"], records))
+    ]
+    if BROKEN.search(line):
+        problems.append(Problem(where, BROKEN_WHY))
+    return problems
+
+
 def check_text(text: str, records: Mapping[str, Record], name: str) -> list[Problem]:
     """Every problem of one Markdown file: wrong quotes and unquoted measured numbers."""
     problems = []
     for number, line in prose_lines(text):
-        for m in QUOTE.finditer(line):
-            if why := check_quote(m["text"], m["anchor"], m["ref"], records):
-                problems.append(Problem(f"{name}:{number}", why))
+        problems += quote_problems(line, records, f"{name}:{number}")
         bare = QUOTE.sub("", line)
         bare = re.sub(r"`[^`]*`", "", bare)  # inline code: commands and settings, not results
         for m in MEASURED.finditer(bare):
@@ -100,9 +115,7 @@ def check_all(root: Path = ROOT) -> list[Problem]:
     for path in others:  # quotes only: these pages may describe runs in their own words
         name = str(path.relative_to(root))
         for number, line in prose_lines(path.read_text(encoding="utf-8")):
-            for m in QUOTE.finditer(line):
-                if why := check_quote(m["text"], m["anchor"], m["ref"], records):
-                    problems.append(Problem(f"{name}:{number}", why))
+            problems += quote_problems(line, records, f"{name}:{number}")
     return problems
 
 

@@ -73,6 +73,7 @@ def test_a_number_changed_by_hand_in_the_readme_fails() -> None:
         ("ct2 is 4.6× the torch engine", "no record"),
         ("`beam_size=5` on 4 layers, 2 threads and BLEU on valid", None),
         ("```\n550 sentences/s in a code block\n```", None),
+        ('[40.61](results.md#multi30k_cpu\n"multi30k_cpu.test_bleu")', "broken across lines"),
     ],
 )
 def test_quotes_and_unquoted_numbers(line: str, why: str | None) -> None:
