@@ -16,9 +16,11 @@ The self-attention cache never leaves onnxruntime: each step runs with an IOBind
 (``run_with_iobinding``) whose outputs ``new_self_k_i``/``new_self_v_i`` (one per decoder
 layer) stay onnxruntime values (`OrtValue`) and are bound as the next step's
 ``self_k_i``/``self_v_i`` as they are; a beam search's reorder only composes the rows the next
-step gathers (``beam_index``, inside the graph: `OnnxState.reorder`). The inputs that live in
-torch (tokens, the source ids, the cross-attention keys and values) are bound by their memory,
-without a copy; only the logits (R, V) come back into torch.
+step gathers (``beam_index``, inside the graph: `OnnxState.reorder`). The source side (the
+source ids, the cross-attention keys and values) is kept once per sentence for all its beams,
+and the graph reads it once for them (`OnnxState.group`). The inputs that live in torch
+(tokens, the source side) are bound by their memory, without a copy; only the logits (R, V)
+come back into torch.
 
 What the engine lacks: word alignments and the attention explorer (no torch model; use
 engine=torch), GPUs (the CPU execution provider only).
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,30 +68,63 @@ def default_onnx_cache_dir() -> Path:
 
 @dataclass
 class OnnxState:
-    """The decoder state of the ONNX step: L layers, R rows, H heads, S source, P past, D.
+    """The decoder state of the ONNX step: L layers, R rows, N sources, H heads, S source
+    length, P past, D head dim.
 
     Attributes:
-        src_ids: (R, S) source ids (the step masks their padding).
-        cross: 2L tensors (R, H, S, D): every layer's cross-attention keys, then its values,
-            from the encoder (the graph's ``cross_k_i``, ``cross_v_i`` order).
+        src_ids: (N, S) source ids (the step masks their padding).
+        cross: 2L tensors (N, H, S, D): every layer's cross-attention keys, then its values,
+            from the encoder (the graph's ``cross_k_i``, ``cross_v_i`` order), once per source.
         past: 2L values (R0, H, P, D): the self-attention cache as the last step left it
             (onnxruntime values; numpy arrays with P = 0 before the first step).
         beam_index: (R,) the row of `past` each row continues (the next step gathers them).
+        group: G = R / N, the rows of each source: rows n * G ... n * G + G - 1 read source n
+            (a beam search's beams; 1 when rows and sources are one to one).
     """
 
     src_ids: Tensor
     cross: list[Tensor]
     past: list[Any]
     beam_index: Tensor
+    group: int = 1
+    # the decoder's IOBinding, reused step to step, and the numpy views of the source side
+    # bound in it (None: bind them again at the next step, after the source side changed)
+    binding: Any = field(default=None, repr=False)
+    source_bound: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
     def reorder(self, index: Tensor, *, cross: bool = True) -> None:
         """Keep rows `index` (R',) in that order (`litmt.models.transformer.DecoderState`'s
-        contract: ``cross=False`` leaves the source side as it is). The cache is not touched:
-        the next step gathers its rows (``beam_index``)."""
+        contract: ``cross=False`` leaves the source side as it is, each row keeping its
+        source). The cache is not touched: the next step gathers its rows (``beam_index``).
+
+        With ``cross=True`` the source side follows the rows: when the new rows come in runs
+        of equal length G, one run per source (a beam search's fan-out to K beams, or a drop
+        of whole sentences), the sources are kept once each (`group` = G, and no copy when
+        they are the same sources in the same order); otherwise each row gets its own copy
+        of its source (`group` = 1)."""
         self.beam_index = self.beam_index.index_select(0, index)
-        if cross:
-            self.src_ids = self.src_ids.index_select(0, index)
-            self.cross = [t.index_select(0, index) for t in self.cross]
+        if not cross:
+            return
+        source = torch.div(index, self.group, rounding_mode="floor")  # (R',) old source ids
+        keep, self.group = _source_runs(source)
+        if not torch.equal(keep, torch.arange(self.src_ids.size(0))):
+            self.src_ids = self.src_ids.index_select(0, keep)
+            self.cross = [t.index_select(0, keep) for t in self.cross]
+            self.source_bound = None
+
+
+def _source_runs(source: Tensor) -> tuple[Tensor, int]:
+    """The sources (N,) and the group G of rows whose sources are `source` (R,): when
+    `source` is N runs of G equal ids, each run's id and G; otherwise `source` itself and 1."""
+    if source.numel() == 0:
+        return source, 1
+    other = source.ne(source[0]).nonzero()  # where the first run ends
+    group = int(other[0, 0]) if other.numel() else source.numel()
+    if group > 1 and source.numel() % group == 0:
+        runs = source.view(-1, group)  # (N, G)
+        if bool(runs.eq(runs[:, :1]).all()):
+            return runs[:, 0].contiguous(), group
+    return source, 1
 
 
 def _np(t: Tensor) -> np.ndarray:
@@ -111,11 +146,14 @@ class OnnxStepModel:
         if check_threads(threads) > 0:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
-        # Between two decoder steps the search runs in torch on the same cores; onnxruntime's
-        # workers spinning there for their next task took the cores from torch's threads and
-        # made each step wait (measured on 2 cores: greedy 2.7x slower with spinning; notebook
-        # 2026-12-05, "ONNX format 3"). Idle workers sleep instead.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # Inside a run, onnxruntime's workers spin between its operators (waking a sleeping
+        # worker for each of a step's ~100 small operators cost 4 % at beam 5 and 9 % greedy);
+        # when the run returns they stop (``force_spinning_stop``), because between two
+        # decoder steps the search runs in torch on the same cores, and workers spinning
+        # there took the cores from torch's threads (greedy 2.7x slower when they spun on).
+        # Notebook 2026-12-05, "ONNX format 5".
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        options.add_session_config_entry("session.force_spinning_stop", "1")
         providers = ["CPUExecutionProvider"]
         files = meta["files"]
         self.encoder = ort.InferenceSession(
@@ -145,14 +183,18 @@ class OnnxStepModel:
     def decode_step(self, tokens: Tensor, state: OnnxState) -> Tensor:
         """One step: tokens (R,) -> logits (R, V); the state's cache grows by one position
         and stays in onnxruntime (module docstring)."""
-        binding = self.decoder.io_binding()
-        inputs = {  # numpy views of torch's memory: kept alive until the run is over
-            "tokens": _np(tokens.view(-1)),
-            "src_ids": _np(state.src_ids),
-            "beam_index": _np(state.beam_index),
-        }
-        inputs |= {name: _np(t) for name, t in zip(self.names["cross"], state.cross, strict=True)}
-        for name, array in inputs.items():
+        if state.binding is None:
+            state.binding = self.decoder.io_binding()
+        binding = state.binding
+        if state.source_bound is None:  # the first step, or the source side changed
+            # numpy views of torch's memory, kept alive (in the state) while they are bound
+            state.source_bound = {"src_ids": _np(state.src_ids)} | {
+                name: _np(t) for name, t in zip(self.names["cross"], state.cross, strict=True)
+            }
+            for name, array in state.source_bound.items():
+                binding.bind_cpu_input(name, array)
+        inputs = {"tokens": _np(tokens.view(-1)), "beam_index": _np(state.beam_index)}
+        for name, array in inputs.items():  # kept alive until the run is over
             binding.bind_cpu_input(name, array)
         for name, cache in zip(self.names["past"], state.past, strict=True):
             if isinstance(cache, np.ndarray):  # the first step's empty cache

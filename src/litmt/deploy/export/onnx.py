@@ -7,14 +7,18 @@ An export directory holds:
 - ``encoder.onnx``: ``src_ids`` int64 (batch, src_len) -> ``cross_k_0`` ... ``cross_k_{L-1}``,
   ``cross_v_0`` ... float32 (batch, heads, src_len, head_dim) each: the encoder and every
   decoder layer's cross-attention keys and values, computed once per sentence.
-- ``decoder.onnx``: one step. ``tokens`` int64 (batch,), ``src_ids``, ``beam_index`` int64
-  (batch,): the row of the past each row continues, then ``cross_k_i``/``cross_v_i`` and
-  ``self_k_i``/``self_v_i`` float32 (past_batch, heads, past_len, head_dim; an empty
-  past_len=0 tensor at the first step), one per decoder layer -> ``logits`` float32
-  (batch, tgt_vocab), ``new_self_k_i``/``new_self_v_i`` (past_len + 1). The new token's
-  position is past_len, read inside the graph; the padding mask is ``src_ids == pad``. A
-  caller passes the previous step's ``new_self_k_i``/``new_self_v_i`` back unchanged, with the
-  reorder in ``beam_index``. ``config.json`` lists every input and output name in order.
+- ``decoder.onnx``: one step. ``tokens`` int64 (batch,), ``src_ids`` int64 (sources,
+  src_len), ``beam_index`` int64 (batch,): the row of the past each row continues, then
+  ``cross_k_i``/``cross_v_i`` (sources, heads, src_len, head_dim) and ``self_k_i``/``self_v_i``
+  float32 (past_batch, heads, past_len, head_dim; an empty past_len=0 tensor at the first
+  step), one per decoder layer -> ``logits`` float32 (batch, tgt_vocab),
+  ``new_self_k_i``/``new_self_v_i`` (past_len + 1). The batch is G rows per source, in order
+  (rows n * G ... n * G + G - 1 read source n: a beam search's beams share their sentence's
+  cross-attention keys and values, stored and read once; G = 1 for a source per row). The
+  new token's position is past_len, read inside the graph; the padding mask is
+  ``src_ids == pad``. A caller passes the previous step's ``new_self_k_i``/``new_self_v_i``
+  back unchanged, with the reorder in ``beam_index``. ``config.json`` lists every input and
+  output name in order.
 - ``shared.bin``: the weights both graphs hold (the embedding of a model with shared
   embeddings: the encoder's source embedding, the decoder's target embedding and tied output
   projection), stored once as ONNX external data that both graphs name (`share_weights`);
@@ -35,9 +39,11 @@ specialise (it treats sizes 0 and 1 as constants), and it needs no ``onnxscript`
 projection's Gemm, activations quantized at run time) to both graphs, under the same file
 names.
 
-Format version 3 (one cache tensor per decoder layer; version 2 stacked them, version 1 had no
-``beam_index`` and no ``shared.bin``); exports of another version are refused with one line
-saying to export again.
+Format version 5 (the decoder reads each source's cross-attention keys and values once for
+its G rows; version 3 took them once per row, version 2 stacked the layers' caches, version 1
+had no ``beam_index`` and no ``shared.bin``; a version 4 with a cache the caller owned was
+measured and not released); exports of another version are refused with one line saying to
+export again.
 
 Refused with one line (`ExportError`): an approximate attention kernel at any site (local,
 sparse, linear, flex with a window), whose outputs the graphs' full softmax attention would
@@ -74,7 +80,7 @@ log = logging.getLogger("litmt.deploy.export.onnx")
 
 CONFIG_FILE = "config.json"
 FORMAT_NAME = "litmt-onnx"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 5
 OPSET = 17
 SHARED_FILE = "shared.bin"  # the weights both graphs hold, stored once (external data)
 SHARE_MIN_BYTES = 4096  # smaller equal initializers stay in each graph
@@ -111,9 +117,9 @@ def _dynamic_axes(layers: int) -> tuple[dict[str, dict[int, str]], dict[str, dic
     cache = cache_names(layers)
     kv = {0: "batch", 2: "src_len"}  # cross_k_i/cross_v_i: (batch, heads, src_len, head_dim)
     encoder = {"src_ids": {0: "batch", 1: "src_len"}} | {name: kv for name in cache["cross"]}
-    decoder = {"tokens": {0: "batch"}, "src_ids": {0: "batch", 1: "src_len"}}
+    decoder = {"tokens": {0: "batch"}, "src_ids": {0: "sources", 1: "src_len"}}
     decoder |= {"beam_index": {0: "batch"}, "logits": {0: "batch"}}
-    decoder |= {name: kv for name in cache["cross"]}
+    decoder |= {name: {0: "sources", 2: "src_len"} for name in cache["cross"]}
     decoder |= {name: {0: "past_batch", 2: "past_len"} for name in cache["past"]}
     decoder |= {name: {0: "batch", 2: "new_len"} for name in cache["new"]}
     return encoder, decoder

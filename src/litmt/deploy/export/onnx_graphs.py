@@ -14,7 +14,7 @@ page reads too) are one tensor per decoder layer and kind, (B, H, P, D) each: ``
 ``cross_v_0``, ..., ``self_k_0``, ... (`layer_names`), so a step reads and writes each layer's
 keys and values where they are, with no split of stacked inputs and no stack of its outputs.
 
-Three more choices keep the runtime's work and the files small:
+Four more choices keep the runtime's work and the files small:
 
 - The decoder step takes ``beam_index`` (B,): the rows of the previous step's cache each row
   continues (a beam search's reorder, or rows dropped), gathered inside the graph, so a
@@ -26,6 +26,10 @@ Three more choices keep the runtime's work and the files small:
   (`litmt.deploy.export.onnx` then stores the weights both graphs share once).
 - Self-attention's fused ``qkv_proj`` runs as three projections (`_qkv`): its weight's three
   row blocks become three initializers, so no ``Split`` copies the projected activations.
+- The decoder step's cross-attention keys and values, and ``src_ids``, come once per source
+  (N rows), the step's R rows being G = R / N consecutive rows per source (`_attend_sources`):
+  a beam search's K beams read their sentence's keys and values once, in one (K, D) x (D, S)
+  product per head, instead of K copies of them.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.onnx.operators import reshape_from_tensor_shape, shape_as_tensor
 
 from litmt.models import Seq2SeqTransformer
 from litmt.models.mha import MultiHeadAttention
@@ -84,6 +89,49 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None, scale: float) -
     return out.transpose(1, 2).flatten(2)
 
 
+def _step_heads(x: Tensor, mha: MultiHeadAttention) -> Tensor:
+    """One position's (B, 1, C) -> (B, H, 1, D): with one position the two layouts are the
+    same memory, so a single ``Reshape`` to a constant shape (no ``Transpose``, and no
+    ``Shape``/``Slice``/``Concat`` to build a traced shape)."""
+    return x.reshape(-1, mha.n_heads, 1, mha.head_dim)
+
+
+def _attend_step(q: Tensor, k: Tensor, v: Tensor, mha: MultiHeadAttention) -> Tensor:
+    """One decoder query of `mha` over its past (no mask): q (B, H, 1, D), k/v (B, H, P, D).
+
+    Returns:
+        (B, 1, H * D), by a constant-shape ``Reshape`` (`_step_heads`)
+    """
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(mha.head_dim)  # (B, H, 1, P)
+    out = torch.matmul(scores.softmax(dim=-1), v)  # (B, H, 1, D)
+    return out.reshape(-1, 1, mha.n_heads * mha.head_dim)
+
+
+def _attend_sources(
+    q: Tensor, k: Tensor, v: Tensor, pad_bias: Tensor, grouped: Tensor, mha: MultiHeadAttention
+) -> Tensor:
+    """Cross-attention of R rows over the keys and values of N sources, the rows of each
+    source consecutive and as many for every source (G = R / N: a beam search's beams, 1 for
+    greedy or a source per row), so each source's keys and values are stored and read once
+    for all its rows: q (R, 1, H * D) as (N, H, G, D) against k/v (N, H, S, D).
+
+    Each row's scores are its own query's dot products with its source's keys, as in
+    `_attend`; only the batching differs (one (G, D) x (D, S) product per source and head).
+
+    Args:
+        pad_bias: (N, 1, 1, S) added to the scores: 0, or `_MASKED` at padding.
+        grouped: the shape (N, G, H, D) as a tensor (`torch.onnx.operators`), built once
+            for every layer.
+
+    Returns:
+        (R, 1, H * D)
+    """
+    q = reshape_from_tensor_shape(q, grouped).transpose(1, 2)  # (N, H, G, D); r = n * G + g
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(mha.head_dim)  # (N, H, G, S)
+    out = torch.matmul((scores + pad_bias).softmax(dim=-1), v)  # (N, H, G, D)
+    return out.transpose(1, 2).reshape(-1, 1, mha.n_heads * mha.head_dim)
+
+
 def _split_heads(x: Tensor, mha: MultiHeadAttention) -> Tensor:
     """(B, T, C) -> (B, T, H, D)."""
     return x.unflatten(-1, (mha.n_heads, mha.head_dim))
@@ -113,6 +161,19 @@ def _qkv(
     if mha.rotary:
         q, k = _rotate(model, q, pos), _rotate(model, k, pos)
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+
+
+def _step_qkv(
+    model: Seq2SeqTransformer, mha: MultiHeadAttention, x: Tensor, pos: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`_qkv` of one position x (B, 1, C) at `pos` (1,): q, k, v (B, H, 1, D) by constant-shape
+    reshapes (`_step_heads`), rotated for rotary models."""
+    q, k, v = (_step_heads(_project(x, mha.qkv_proj, i, 3), mha) for i in range(3))
+    if (
+        mha.rotary
+    ):  # one position: (B, H, 1, D) broadcasts with the (1, 1, D) tables as (B, 1, H, D)
+        q, k = _rotate(model, q, pos), _rotate(model, k, pos)
+    return q, k, v
 
 
 def layer_names(kind: str, layers: int) -> list[str]:
@@ -158,15 +219,18 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderStepGraph(nn.Module):
-    """One decoder step: ``tokens`` (B,), ``src_ids`` (B, S), ``beam_index`` (B,) rows of the
-    past, then per layer ``cross_k_i`` ..., ``cross_v_i`` ... (B, H, S, D) and ``self_k_i``
+    """One decoder step: ``tokens`` (B,), ``src_ids`` (N, S), ``beam_index`` (B,) rows of the
+    past, then per layer ``cross_k_i`` ..., ``cross_v_i`` ... (N, H, S, D) and ``self_k_i``
     ..., ``self_v_i`` ... (B0, H, P, D) -> ``logits`` (B, V), then ``new_self_k_i`` ...,
-    ``new_self_v_i`` ... (B, H, P + 1, D). The new token sits at position P."""
+    ``new_self_v_i`` ... (B, H, P + 1, D). The new token sits at position P; rows
+    n * G ... n * G + G - 1 (G = B / N) read source n."""
 
     def __init__(self, model: Seq2SeqTransformer) -> None:
         super().__init__()
         self.model = model
-        self.scale = math.sqrt(model.config.head_dim)
+        cfg = model.config
+        # (-1, H, D): the (G, H, D) tail of the shape that groups a step's rows by source
+        self.register_buffer("rows_heads", torch.tensor([-1, cfg.n_heads, cfg.head_dim]))
 
     def forward(
         self, tokens: Tensor, src_ids: Tensor, beam_index: Tensor, *caches: Tensor
@@ -175,25 +239,29 @@ class DecoderStepGraph(nn.Module):
         n = len(m.decoder_layers)
         cross_k, cross_v = caches[:n], caches[n : 2 * n]
         self_k, self_v = caches[2 * n : 3 * n], caches[3 * n :]
-        pad = src_ids.eq(m.pad_id)  # (B, S)
+        # computed once for every layer: the padding as an additive bias (N, 1, 1, S), and
+        # the shape (N, G, H, D) that groups the rows by source
+        pad_bias = src_ids.eq(m.pad_id)[:, None, None, :].float() * _MASKED
+        grouped = torch.cat([shape_as_tensor(src_ids)[:1], self.rows_heads])
         # the new token's position P, counted from the cache's data (the trace stays dynamic)
         pos = torch.ones_like(self_k[0][0, 0, :, 0], dtype=torch.long).sum(0, keepdim=True)
         x = _embed(m, tokens.view(-1, 1), m.tgt_embed, "tgt_pos", pos)  # (B, 1, C)
         new_k, new_v = [], []
         for i, layer in enumerate(m.decoder_layers):
             h = layer.norm1(x) if layer.norm_first else x
-            q, k, v = _qkv(m, layer.self_attn, h, pos)  # (B, H, 1, D)
+            q, k, v = _step_qkv(m, layer.self_attn, h, pos)  # (B, H, 1, D)
             # the rows each continues (a beam's reorder), then the new position
             k = torch.cat([self_k[i].index_select(0, beam_index), k], dim=2)  # (B, H, P+1, D)
             v = torch.cat([self_v[i].index_select(0, beam_index), v], dim=2)
             new_k.append(k)
             new_v.append(v)
-            h = layer.self_attn.out_proj(_attend(q, k, v, None, self.scale))
+            h = layer.self_attn.out_proj(_attend_step(q, k, v, layer.self_attn))
             x = x + h if layer.norm_first else layer.norm1(x + h)
             h = layer.norm2(x) if layer.norm_first else x
             cross = layer.cross_attn
-            q = _heads(cross.q_proj(h), cross)  # (B, H, 1, D)
-            h = cross.out_proj(_attend(q, cross_k[i], cross_v[i], pad, self.scale))
+            q = cross.q_proj(h)  # (B, 1, C)
+            h = _attend_sources(q, cross_k[i], cross_v[i], pad_bias, grouped, cross)
+            h = cross.out_proj(h)
             x = x + h if layer.norm_first else layer.norm2(x + h)
             x = _residual(layer.norm_first, layer.norm3, x, layer.ffn)
         return (self.project(m.decoder_norm(x)[:, 0]), *new_k, *new_v)

@@ -104,13 +104,50 @@ def test_step_logits_equal_torch(ckpt, onnx_dir):
     assert [tuple(v.shape()) for v in state.past] == [(3, 4, 6, 16)] * 4  # 2L of (R, H, P, D)
 
 
+def test_beams_read_their_sentence_once(ckpt, onnx_dir):
+    """A beam search's fan-out to K rows per sentence keeps each sentence's source side once
+    (the graph reads it for the K rows), a drop of whole sentences keeps the others once, and
+    rows in uneven runs get a copy each; the logits equal the torch model's throughout."""
+    model = load_model(ckpt).model
+    step = OnnxStepModel(onnx_dir, read_onnx_config(onnx_dir), threads=1)
+    src = padded([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], 0)
+    memory, mask = model.encode(src)
+    ref_state = model.init_state(memory, mask)
+    state = step.init_state(*step.encode(src))
+    tokens = torch.full((3,), BOS_ID)
+    reorders = {
+        0: ([0, 0, 0, 1, 1, 1, 2, 2, 2], True, 3, [0, 1, 2]),  # fan-out to K = 3
+        1: ([2, 1, 0, 3, 3, 5, 8, 6, 7], False, 3, [0, 1, 2]),  # beams move in their sentence
+        2: ([0, 1, 2, 6, 7, 8], True, 3, [0, 2]),  # sentence 1 is done
+        3: ([0, 0, 3, 4, 5, 5], False, 3, [0, 2]),
+        4: ([0, 1, 2, 3, 4, 1], True, 1, [0, 0, 0, 2, 2, 0]),  # uneven runs: a copy per row
+    }
+    for t in range(6):
+        with torch.no_grad():
+            ref = model.decode_step(tokens, ref_state)
+        got = step.decode_step(tokens, state)
+        torch.testing.assert_close(got, ref, atol=STEP_ATOL, rtol=0)
+        tokens = ref.argmax(-1)
+        if t in reorders:
+            rows, cross, group, sources = reorders[t]
+            index = torch.tensor(rows)
+            ref_state.reorder(index, cross=cross)
+            state.reorder(index, cross=cross)
+            tokens = tokens.index_select(0, index)
+            assert state.group == group
+            assert state.src_ids.tolist() == [src[i].tolist() for i in sources]
+            assert all(t.size(0) == len(sources) for t in state.cross)
+
+
 def test_sessions_do_not_spin_between_steps(onnx_dir):
-    """The engine's sessions let idle workers sleep: spinning ones take the cores from the
-    search's torch threads between two decoder steps."""
+    """The engine's sessions spin only inside a run: their workers stop when a run returns
+    (spinning ones take the cores from the search's torch threads between two decoder
+    steps), and spin between a step's operators (waking a sleeping one for each is slower)."""
     step = OnnxStepModel(onnx_dir, read_onnx_config(onnx_dir), threads=2)
     for session in (step.encoder, step.decoder):
         options = session.get_session_options()
-        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+        assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
 
 
 def test_shared_weights_are_stored_once(ckpt, onnx_dir):
@@ -213,7 +250,7 @@ def test_imported_marian(tmp_path):
 def test_config_json(onnx_dir, ckpt):
     meta = read_onnx_config(onnx_dir)
     cfg = load_model(ckpt).model.config
-    assert meta["format"] == "litmt-onnx" and meta["format_version"] == 3
+    assert meta["format"] == "litmt-onnx" and meta["format_version"] == 5
     assert meta["special_ids"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
     assert (meta["src_lang"], meta["tgt_lang"]) == ("en", "de")
     assert meta["model"]["n_decoder_layers"] == cfg.n_decoder_layers
@@ -245,7 +282,7 @@ def test_an_older_export_is_refused_saying_to_export_again(onnx_dir, tmp_path):
     old = shutil.copytree(onnx_dir, tmp_path / "v2")
     meta = json.loads((old / "config.json").read_text())
     (old / "config.json").write_text(json.dumps({**meta, "format_version": 2}))
-    with pytest.raises(ExportError, match=r"version 2, this litmt reads 3: export it again"):
+    with pytest.raises(ExportError, match=r"version 2, this litmt reads 5: export it again"):
         OnnxTranslator(old)
 
 
@@ -313,5 +350,5 @@ def test_a_cached_export_of_another_version_is_exported_again(ckpt, tmp_path):
     meta = json.loads((entry / "config.json").read_text())
     (entry / "config.json").write_text(json.dumps({**meta, "format_version": 2}))
     again = OnnxTranslator.from_pretrained(ckpt, cache_dir=tmp_path)
-    assert read_onnx_config(entry)["format_version"] == 3
+    assert read_onnx_config(entry)["format_version"] == 5
     assert again.translate(["A red dog runs."])

@@ -15,7 +15,7 @@ import * as ort from "./vendor/ort.wasm.bundle.min.mjs";
 import { SentencePieceProcessor } from "./vendor/sentencepiece.js";
 
 const RUNTIME_WASM = "vendor/ort-wasm-simd-threaded.wasm"; // relative to the page
-const FORMAT_VERSION = 3; // of config.json (litmt.deploy.export.onnx.FORMAT_VERSION)
+const FORMAT_VERSION = 5; // of config.json (litmt.deploy.export.onnx.FORMAT_VERSION)
 const SPECIAL = 4; // ids 0..3 (pad, unk, bos, eos) are never text
 const YIELD_EVERY = 8; // decoder steps between two looks at the message queue (a cancel)
 const ROW0 = new ort.Tensor("int64", BigInt64Array.of(0n), [1]); // greedy: the one row goes on
@@ -326,8 +326,8 @@ export class OfflineTranslator {
       const beams = live.map(([, j]) => j);
       history = live.map(([, j, v]) => [...history[j], v]);
       rows = {
-        src: step === 0 ? repeatRows(rows.src, K) : rows.src, // then beams stay in their sentence
-        cross: step === 0 ? mapValues(rows.cross, (t) => repeatRows(t, K)) : rows.cross,
+        src: rows.src, // one source for every beam: the graph reads it once for all kk rows
+        cross: rows.cross,
         past: this.nextPast(out), // as it came out: the next step gathers `beams`
         beams,
       };
@@ -405,25 +405,6 @@ function pushTop(top, n, value, beam, token) {
 // Finished hypotheses by score, best first; a stable sort keeps the order of arrival on ties.
 function bestFirst(hyps) {
   return hyps.slice().sort((a, b) => b.score - a.score);
-}
-
-// A tensor (R', ...) holding rows `index` (R',) of `tensor` (R, ...) in order.
-function gatherRows(tensor, index) {
-  const inner = tensor.dims.slice(1).reduce((a, b) => a * b, 1);
-  const data = tensor.data;
-  const out = new data.constructor(index.length * inner);
-  index.forEach((row, r) => out.set(data.subarray(row * inner, (row + 1) * inner), r * inner));
-  return new ort.Tensor(tensor.type, out, [index.length, ...tensor.dims.slice(1)]);
-}
-
-// An object with `f` applied to each of its values.
-function mapValues(object, f) {
-  return Object.fromEntries(Object.entries(object).map(([key, value]) => [key, f(value)]));
-}
-
-// `tensor` (1, ...) with its one row repeated n times (the first step's fan-out to K beams).
-function repeatRows(tensor, n) {
-  return gatherRows(tensor, new Array(n).fill(0));
 }
 
 // Index of the largest value (the first one on ties, as torch.argmax and numpy.argmax);
