@@ -75,18 +75,19 @@ def _rotate(model: Seq2SeqTransformer, x: Tensor, pos: Tensor) -> Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None, scale: float) -> Tensor:
-    """Softmax attention, no causal mask (the encoder, or one decoder query over its past):
-    q (B, H, Tq, D), k/v (B, H, Tk, D), pad (B, Tk) True = padding, scale sqrt(D).
+def _attend(
+    q: Tensor, k: Tensor, v: Tensor, pad_bias: Tensor, merged: Tensor, mha: MultiHeadAttention
+) -> Tensor:
+    """The encoder's softmax attention (no causal mask): q, k, v (B, H, S, D), pad_bias
+    (B, 1, 1, S) added to the scores (0, or `_MASKED` at padding), `merged` the shape
+    (B, S, H * D) as a tensor.
 
     Returns:
-        (B, Tq, H * D)
+        (B, S, H * D)
     """
-    scores = torch.matmul(q, k.transpose(-1, -2)) / scale  # (B, H, Tq, Tk)
-    if pad is not None:
-        scores = scores.masked_fill(pad[:, None, None, :], _MASKED)
-    out = torch.matmul(scores.softmax(dim=-1), v)  # (B, H, Tq, D)
-    return out.transpose(1, 2).flatten(2)
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(mha.head_dim)  # (B, H, S, S)
+    out = torch.matmul((scores + pad_bias).softmax(dim=-1), v)  # (B, H, S, D)
+    return reshape_from_tensor_shape(out.transpose(1, 2), merged)
 
 
 def _step_heads(x: Tensor, mha: MultiHeadAttention) -> Tensor:
@@ -132,14 +133,9 @@ def _attend_sources(
     return out.transpose(1, 2).reshape(-1, 1, mha.n_heads * mha.head_dim)
 
 
-def _split_heads(x: Tensor, mha: MultiHeadAttention) -> Tensor:
-    """(B, T, C) -> (B, T, H, D)."""
-    return x.unflatten(-1, (mha.n_heads, mha.head_dim))
-
-
-def _heads(x: Tensor, mha: MultiHeadAttention) -> Tensor:
-    """(B, T, C) -> (B, H, T, D)."""
-    return _split_heads(x, mha).transpose(1, 2)
+def _heads(x: Tensor, split: Tensor) -> Tensor:
+    """(B, S, C) -> (B, H, S, D), `split` the shape (B, S, H, D) as a tensor."""
+    return reshape_from_tensor_shape(x, split).transpose(1, 2)
 
 
 def _project(x: Tensor, linear: nn.Linear, part: int, parts: int) -> Tensor:
@@ -153,14 +149,15 @@ def _project(x: Tensor, linear: nn.Linear, part: int, parts: int) -> Tensor:
 
 
 def _qkv(
-    model: Seq2SeqTransformer, mha: MultiHeadAttention, x: Tensor, pos: Tensor
+    model: Seq2SeqTransformer, mha: MultiHeadAttention, x: Tensor, pos: Tensor, split: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Self-attention's q, k, v (B, H, T, D) of x (B, T, C) at positions `pos` (T,),
-    rotated for rotary models: the fused ``qkv_proj`` as three projections."""
-    q, k, v = (_split_heads(_project(x, mha.qkv_proj, i, 3), mha) for i in range(3))
+    """The encoder's self-attention q, k, v (B, H, S, D) of x (B, S, C) at positions `pos`
+    (S,), rotated for rotary models: the fused ``qkv_proj`` as three projections, each
+    reshaped to `split`, the shape (B, S, H, D) as a tensor."""
+    q, k, v = (reshape_from_tensor_shape(_project(x, mha.qkv_proj, i, 3), split) for i in range(3))
     if mha.rotary:
         q, k = _rotate(model, q, pos), _rotate(model, k, pos)
-    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, S, D)
 
 
 def _step_qkv(
@@ -195,26 +192,34 @@ class EncoderGraph(nn.Module):
     def __init__(self, model: Seq2SeqTransformer) -> None:
         super().__init__()
         self.model = model
-        self.scale = math.sqrt(model.config.head_dim)
+        cfg = model.config
+        # the (H, D) and (H * D,) tails of the shapes that split and merge the heads
+        self.register_buffer("heads", torch.tensor([cfg.n_heads, cfg.head_dim]))
+        self.register_buffer("width", torch.tensor([cfg.n_heads * cfg.head_dim]))
 
     def forward(self, src_ids: Tensor) -> tuple[Tensor, ...]:
         m = self.model
-        pad = src_ids.eq(m.pad_id)  # (B, S)
+        # built once for every layer: the padding as an additive bias (B, 1, 1, S), and the
+        # shapes (B, S, H, D) and (B, S, H * D) that split and merge the heads
+        pad_bias = src_ids.eq(m.pad_id)[:, None, None, :].float() * _MASKED
+        split = torch.cat([shape_as_tensor(src_ids), self.heads])
+        merged = torch.cat([shape_as_tensor(src_ids), self.width])
         # positions 0..S-1 computed from the data (no Python ints: the trace stays dynamic)
         pos = torch.ones_like(src_ids[0]).cumsum(0) - 1  # (S,)
         x = _embed(m, src_ids, m.src_embed, "src_pos", pos)
         for layer in m.encoder_layers:
+            mha = layer.self_attn
             h = layer.norm1(x) if layer.norm_first else x
-            q, k, v = _qkv(m, layer.self_attn, h, pos)
-            h = layer.self_attn.out_proj(_attend(q, k, v, pad, self.scale))
+            q, k, v = _qkv(m, mha, h, pos, split)
+            h = mha.out_proj(_attend(q, k, v, pad_bias, merged, mha))
             x = x + h if layer.norm_first else layer.norm1(x + h)
             x = _residual(layer.norm_first, layer.norm2, x, layer.ffn)
         memory = m.encoder_norm(x)  # (B, S, C)
         keys, values = [], []
         for layer in m.decoder_layers:
-            cross = layer.cross_attn
-            keys.append(_heads(_project(memory, cross.kv_proj, 0, 2), cross))  # (B, H, S, D)
-            values.append(_heads(_project(memory, cross.kv_proj, 1, 2), cross))
+            kv = layer.cross_attn.kv_proj
+            keys.append(_heads(_project(memory, kv, 0, 2), split))  # (B, H, S, D)
+            values.append(_heads(_project(memory, kv, 1, 2), split))
         return (*keys, *values)
 
 
