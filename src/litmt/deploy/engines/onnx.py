@@ -28,6 +28,7 @@ engine=torch), GPUs (the CPU execution provider only).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -59,6 +60,16 @@ from litmt.models import TransformerConfig
 from litmt.runtime.threads import check_threads
 
 log = logging.getLogger("litmt.deploy.engines.onnx")
+
+
+# A search without a beam decodes in batches of at most this many padded source tokens. Each
+# step's graph copies the rows' whole self-attention cache twice (the gather, then the new
+# position's concat), where engine=torch writes the new position in place; in a batch of
+# 4,096 tokens those copies outgrow the processor's caches. On test2016 (500 lines, 2 threads)
+# greedy took 1.39 s at 4,096 tokens and 1.03 s at 1,024 (engine=torch: 1.00 and 0.97); beam
+# search, which needs its batch for its products, keeps the caller's budget. Notebook
+# 2026-12-05, "ONNX format 5".
+UNBEAMED_MAX_TOKENS = 1024
 
 
 def default_onnx_cache_dir() -> Path:
@@ -270,7 +281,11 @@ class OnnxTranslator(Translator):
         self, request: DecodeRequest
     ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
         """`decode` of ``request.todo`` over the ONNX step model, in token-budget batches
-        (with constraints, grouped by beam: `by_beam`), as the torch engine does."""
+        (with constraints, grouped by beam: `by_beam`), as the torch engine does; a search
+        without a beam (greedy, sampling) in batches of at most `UNBEAMED_MAX_TOKENS`."""
+        method = request.config.effective_method
+        if method in ("greedy", "sample") and request.max_tokens > UNBEAMED_MAX_TOKENS:
+            request = dataclasses.replace(request, max_tokens=UNBEAMED_MAX_TOKENS)
         yield from decode_request(self, self.step_model, request, PAD_ID)
 
 

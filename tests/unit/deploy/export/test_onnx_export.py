@@ -139,6 +139,40 @@ def test_beams_read_their_sentence_once(ckpt, onnx_dir):
             assert all(t.size(0) == len(sources) for t in state.cross)
 
 
+def test_searches_without_a_beam_run_in_smaller_batches(onnx_dir, monkeypatch):
+    """Greedy and sampling decode in batches of at most UNBEAMED_MAX_TOKENS padded source
+    tokens (their steps copy the whole cache), beam search in the caller's budget; the
+    outputs do not depend on the batching."""
+    from litmt.deploy.engines import onnx as onnx_engine
+    from litmt.deploy.engines.onnx import UNBEAMED_MAX_TOKENS
+
+    translator = OnnxTranslator(onnx_dir, threads=1)
+    sizes: list[int] = []
+    encode = translator.step_model.encode
+
+    def counting(src):
+        sizes.append(src.numel())  # (B, S) padded tokens of the batch
+        return encode(src)
+
+    translator.step_model.encode = counting
+    sources = _sources(translator, held_sentences(60) * 6)  # 360 sentences
+    assert sum(len(s) for s in sources) > 2 * UNBEAMED_MAX_TOKENS
+    options = dict(max_len_a=0.0, max_len_b=4, max_tokens=4096)
+    small = translator.search_ids(sources, beam_size=1, **options)
+    assert len(sizes) > 1 and max(sizes) <= UNBEAMED_MAX_TOKENS
+    sizes.clear()
+    translator.search_ids(sources, beam_size=2, **options)
+    assert max(sizes) > UNBEAMED_MAX_TOKENS
+    sizes.clear()
+    translator.search_ids(sources, method="sample", seed=3, **options)
+    assert max(sizes) <= UNBEAMED_MAX_TOKENS
+    monkeypatch.setattr(onnx_engine, "UNBEAMED_MAX_TOKENS", 1 << 20)  # one batch
+    sizes.clear()
+    whole = translator.search_ids(sources, beam_size=1, **{**options, "max_tokens": 1 << 16})
+    assert len(sizes) == 1
+    assert [h[0].tokens for h in small] == [h[0].tokens for h in whole]
+
+
 def test_sessions_do_not_spin_between_steps(onnx_dir):
     """The engine's sessions spin only inside a run: their workers stop when a run returns
     (spinning ones take the cores from the search's torch threads between two decoder
