@@ -14,7 +14,8 @@ Every engine decodes the same sentences (Multi30k test2016 English, or synthetic
 ``--beam`` (1: greedy), length penalty 0 and the same output limit (40 tokens; random weights
 rarely emit eos, so their outputs run to it), in batches of 32 sentences, on `--threads`
 threads. Tokens/s counts the generated tokens (eos excluded) over the median of `--reps` timed
-runs after one warm-up; sentences/s counts the sentences. Prints a markdown table and the
+runs after one warm-up, the runs of all engines interleaved (`model_rows`); sentences/s counts
+the sentences. Prints a markdown table and the
 goals: onnx at least litmt torch, litmt torch at least ``generate``.
 """
 
@@ -23,8 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -41,6 +44,7 @@ from litmt.deploy.loader import load_translator
 from litmt.models import Seq2SeqTransformer
 
 LIMIT = 40  # output tokens before eos, every engine
+PAUSE_S = 0.5  # before each timed run: the previous engine's idle threads stop spinning
 # engine row -> (litmt engine, export quantization); None: transformers' generate
 ENGINES = {
     "litmt torch": ("torch", None),
@@ -120,8 +124,13 @@ def litmt_runner(translator, texts: Sequence[str], beam: int) -> Callable[[], in
 def model_rows(
     name: str, ckpt: Path, hf_dir: Path, work: Path, texts: Sequence[str], args
 ) -> list[dict]:
-    """Every engine of `ENGINES` x every ``--beam`` on one model: its rows of the table."""
-    rows = []
+    """Every engine of `ENGINES` x every ``--beam`` on one model: its rows of the table.
+
+    The runs are interleaved: after one warm-up of each, every repetition times each engine
+    and search once, in turn, after a pause of `PAUSE_S`, and a row keeps its median. So a
+    slow spell of the machine falls on every engine alike instead of on whichever engine ran
+    then, and no run starts while the previous engine's threads still spin."""
+    runs: list[tuple[str, int, Callable[[], int]]] = []
     for engine, how in ENGINES.items():
         if how is None:
             make = lambda beam: hf_runner(hf_dir, texts, beam)  # noqa: E731
@@ -137,12 +146,19 @@ def model_rows(
         for beam in args.beam:
             run = make(beam)
             run()  # warm-up
-            tokens, seconds = median_timed(run, args.reps)
-            rows.append(
-                {"model": name, "engine": engine, "beam": beam, "tokens": tokens,
-                 "seconds": seconds, "sentences": len(texts)}
-            )  # fmt: skip
-    return rows
+            runs.append((engine, beam, run))
+    seconds: dict[tuple[str, int], list[float]] = {(e, b): [] for e, b, _ in runs}
+    tokens: dict[tuple[str, int], int] = {}
+    for _ in range(args.reps):
+        for engine, beam, run in runs:
+            time.sleep(PAUSE_S)
+            tokens[(engine, beam)], took = median_timed(run, 1)
+            seconds[(engine, beam)].append(took)
+    return [
+        {"model": name, "engine": engine, "beam": beam, "tokens": tokens[(engine, beam)],
+         "seconds": statistics.median(seconds[(engine, beam)]), "sentences": len(texts)}
+        for engine, beam, _ in runs
+    ]  # fmt: skip
 
 
 def goals(rows: list[dict]) -> list[str]:

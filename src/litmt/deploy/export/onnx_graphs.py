@@ -76,17 +76,18 @@ def _rotate(model: Seq2SeqTransformer, x: Tensor, pos: Tensor) -> Tensor:
 
 
 def _attend(
-    q: Tensor, k: Tensor, v: Tensor, pad_bias: Tensor, merged: Tensor, mha: MultiHeadAttention
+    q: Tensor, k: Tensor, v: Tensor, pad: Tensor, merged: Tensor, mha: MultiHeadAttention
 ) -> Tensor:
-    """The encoder's softmax attention (no causal mask): q, k, v (B, H, S, D), pad_bias
-    (B, 1, 1, S) added to the scores (0, or `_MASKED` at padding), `merged` the shape
+    """The encoder's softmax attention (no causal mask): q, k, v (B, H, S, D), pad
+    (B, 1, 1, S) True at padding (its scores become `_MASKED`), `merged` the shape
     (B, S, H * D) as a tensor.
 
     Returns:
         (B, S, H * D)
     """
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(mha.head_dim)  # (B, H, S, S)
-    out = torch.matmul((scores + pad_bias).softmax(dim=-1), v)  # (B, H, S, D)
+    scores = scores.masked_fill(pad, _MASKED)
+    out = torch.matmul(scores.softmax(dim=-1), v)  # (B, H, S, D)
     return reshape_from_tensor_shape(out.transpose(1, 2), merged)
 
 
@@ -109,7 +110,7 @@ def _attend_step(q: Tensor, k: Tensor, v: Tensor, mha: MultiHeadAttention) -> Te
 
 
 def _attend_sources(
-    q: Tensor, k: Tensor, v: Tensor, pad_bias: Tensor, grouped: Tensor, mha: MultiHeadAttention
+    q: Tensor, k: Tensor, v: Tensor, pad: Tensor, grouped: Tensor, mha: MultiHeadAttention
 ) -> Tensor:
     """Cross-attention of R rows over the keys and values of N sources, the rows of each
     source consecutive and as many for every source (G = R / N: a beam search's beams, 1 for
@@ -120,7 +121,7 @@ def _attend_sources(
     `_attend`; only the batching differs (one (G, D) x (D, S) product per source and head).
 
     Args:
-        pad_bias: (N, 1, 1, S) added to the scores: 0, or `_MASKED` at padding.
+        pad: (N, 1, 1, S) True at padding (its scores become `_MASKED`).
         grouped: the shape (N, G, H, D) as a tensor (`torch.onnx.operators`), built once
             for every layer.
 
@@ -129,7 +130,8 @@ def _attend_sources(
     """
     q = reshape_from_tensor_shape(q, grouped).transpose(1, 2)  # (N, H, G, D); r = n * G + g
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(mha.head_dim)  # (N, H, G, S)
-    out = torch.matmul((scores + pad_bias).softmax(dim=-1), v)  # (N, H, G, D)
+    scores = scores.masked_fill(pad, _MASKED)
+    out = torch.matmul(scores.softmax(dim=-1), v)  # (N, H, G, D)
     return out.transpose(1, 2).reshape(-1, 1, mha.n_heads * mha.head_dim)
 
 
@@ -199,9 +201,9 @@ class EncoderGraph(nn.Module):
 
     def forward(self, src_ids: Tensor) -> tuple[Tensor, ...]:
         m = self.model
-        # built once for every layer: the padding as an additive bias (B, 1, 1, S), and the
+        # built once for every layer: the padding mask (B, 1, 1, S), and the
         # shapes (B, S, H, D) and (B, S, H * D) that split and merge the heads
-        pad_bias = src_ids.eq(m.pad_id)[:, None, None, :].float() * _MASKED
+        pad = src_ids.eq(m.pad_id)[:, None, None, :]
         split = torch.cat([shape_as_tensor(src_ids), self.heads])
         merged = torch.cat([shape_as_tensor(src_ids), self.width])
         # positions 0..S-1 computed from the data (no Python ints: the trace stays dynamic)
@@ -211,7 +213,7 @@ class EncoderGraph(nn.Module):
             mha = layer.self_attn
             h = layer.norm1(x) if layer.norm_first else x
             q, k, v = _qkv(m, mha, h, pos, split)
-            h = mha.out_proj(_attend(q, k, v, pad_bias, merged, mha))
+            h = mha.out_proj(_attend(q, k, v, pad, merged, mha))
             x = x + h if layer.norm_first else layer.norm1(x + h)
             x = _residual(layer.norm_first, layer.norm2, x, layer.ffn)
         memory = m.encoder_norm(x)  # (B, S, C)
@@ -244,9 +246,9 @@ class DecoderStepGraph(nn.Module):
         n = len(m.decoder_layers)
         cross_k, cross_v = caches[:n], caches[n : 2 * n]
         self_k, self_v = caches[2 * n : 3 * n], caches[3 * n :]
-        # computed once for every layer: the padding as an additive bias (N, 1, 1, S), and
+        # computed once for every layer: the padding mask (N, 1, 1, S), and
         # the shape (N, G, H, D) that groups the rows by source
-        pad_bias = src_ids.eq(m.pad_id)[:, None, None, :].float() * _MASKED
+        pad = src_ids.eq(m.pad_id)[:, None, None, :]
         grouped = torch.cat([shape_as_tensor(src_ids)[:1], self.rows_heads])
         # the new token's position P, counted from the cache's data (the trace stays dynamic)
         pos = torch.ones_like(self_k[0][0, 0, :, 0], dtype=torch.long).sum(0, keepdim=True)
@@ -265,7 +267,7 @@ class DecoderStepGraph(nn.Module):
             h = layer.norm2(x) if layer.norm_first else x
             cross = layer.cross_attn
             q = cross.q_proj(h)  # (B, 1, C)
-            h = _attend_sources(q, cross_k[i], cross_v[i], pad_bias, grouped, cross)
+            h = _attend_sources(q, cross_k[i], cross_v[i], pad, grouped, cross)
             h = cross.out_proj(h)
             x = x + h if layer.norm_first else layer.norm2(x + h)
             x = _residual(layer.norm_first, layer.norm3, x, layer.ffn)
