@@ -233,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
             values,
             units,
             notes=f"{len(texts)} test2016 sentences, {args.threads} threads, length penalty 0, "
-            f"at most {LIMIT} tokens, batches of 32; opus = a random-weight Marian of OPUS-MT "
-            "size, imported; ckpt = --ckpt",
+            f"at most {LIMIT} tokens, batches of 32; median of {args.reps} runs, the engines' "
+            "runs interleaved; opus = a random-weight Marian of OPUS-MT size, imported; "
+            "ckpt = --ckpt",
         )
         print(f"result record: {path}")
     return 0
