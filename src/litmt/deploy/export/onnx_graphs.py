@@ -35,6 +35,8 @@ Four more choices keep the runtime's work and the files small:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -68,26 +70,38 @@ def _embed(
 
 
 def _rotate(model: Seq2SeqTransformer, x: Tensor, pos: Tensor) -> Tensor:
-    """RoPE of x (B, T, H, D) at positions `pos` (T,) (rotate-half, as `RotaryEmbedding`)."""
-    cos = model.rotary.cos.index_select(0, pos).unsqueeze(1)  # (T, 1, D)
-    sin = model.rotary.sin.index_select(0, pos).unsqueeze(1)
+    """RoPE of x (B, H, T, D) at positions `pos` (T,) (rotate-half, as `RotaryEmbedding`)."""
+    cos = model.rotary.cos.index_select(0, pos)  # (T, D)
+    sin = model.rotary.sin.index_select(0, pos)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def _softmax_attention(
+    q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None, mha: MultiHeadAttention
+) -> Tensor:
+    """softmax(q k^T / sqrt(D)) v, no causal mask: q (..., Tq, D), k/v (..., Tk, D), pad
+    (broadcast to the scores) True at padding, whose scores become `_MASKED`, or None.
+
+    Returns:
+        (..., Tq, D)
+    """
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(mha.head_dim)  # (..., Tq, Tk)
+    if pad is not None:
+        scores = scores.masked_fill(pad, _MASKED)
+    return torch.matmul(scores.softmax(dim=-1), v)
 
 
 def _attend(
     q: Tensor, k: Tensor, v: Tensor, pad: Tensor, merged: Tensor, mha: MultiHeadAttention
 ) -> Tensor:
-    """The encoder's softmax attention (no causal mask): q, k, v (B, H, S, D), pad
-    (B, 1, 1, S) True at padding (its scores become `_MASKED`), `merged` the shape
+    """The encoder's attention: q, k, v (B, H, S, D), pad (B, 1, 1, S), `merged` the shape
     (B, S, H * D) as a tensor.
 
     Returns:
         (B, S, H * D)
     """
-    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(mha.head_dim)  # (B, H, S, S)
-    scores = scores.masked_fill(pad, _MASKED)
-    out = torch.matmul(scores.softmax(dim=-1), v)  # (B, H, S, D)
+    out = _softmax_attention(q, k, v, pad, mha)  # (B, H, S, D)
     return reshape_from_tensor_shape(out.transpose(1, 2), merged)
 
 
@@ -99,13 +113,12 @@ def _step_heads(x: Tensor, mha: MultiHeadAttention) -> Tensor:
 
 
 def _attend_step(q: Tensor, k: Tensor, v: Tensor, mha: MultiHeadAttention) -> Tensor:
-    """One decoder query of `mha` over its past (no mask): q (B, H, 1, D), k/v (B, H, P, D).
+    """One decoder query over its past (no mask): q (B, H, 1, D), k/v (B, H, P, D).
 
     Returns:
         (B, 1, H * D), by a constant-shape ``Reshape`` (`_step_heads`)
     """
-    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(mha.head_dim)  # (B, H, 1, P)
-    out = torch.matmul(scores.softmax(dim=-1), v)  # (B, H, 1, D)
+    out = _softmax_attention(q, k, v, None, mha)  # (B, H, 1, D)
     return out.reshape(-1, 1, mha.n_heads * mha.head_dim)
 
 
@@ -121,7 +134,7 @@ def _attend_sources(
     `_attend`; only the batching differs (one (G, D) x (D, S) product per source and head).
 
     Args:
-        pad: (N, 1, 1, S) True at padding (its scores become `_MASKED`).
+        pad: (N, 1, 1, S) True at padding.
         grouped: the shape (N, G, H, D) as a tensor (`torch.onnx.operators`), built once
             for every layer.
 
@@ -129,9 +142,7 @@ def _attend_sources(
         (R, 1, H * D)
     """
     q = reshape_from_tensor_shape(q, grouped).transpose(1, 2)  # (N, H, G, D); r = n * G + g
-    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(mha.head_dim)  # (N, H, G, S)
-    scores = scores.masked_fill(pad, _MASKED)
-    out = torch.matmul(scores.softmax(dim=-1), v)  # (N, H, G, D)
+    out = _softmax_attention(q, k, v, pad, mha)  # (N, H, G, D)
     return out.transpose(1, 2).reshape(-1, 1, mha.n_heads * mha.head_dim)
 
 
@@ -151,26 +162,17 @@ def _project(x: Tensor, linear: nn.Linear, part: int, parts: int) -> Tensor:
 
 
 def _qkv(
-    model: Seq2SeqTransformer, mha: MultiHeadAttention, x: Tensor, pos: Tensor, split: Tensor
+    model: Seq2SeqTransformer,
+    mha: MultiHeadAttention,
+    x: Tensor,
+    pos: Tensor,
+    heads: Callable[[Tensor], Tensor],
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The encoder's self-attention q, k, v (B, H, S, D) of x (B, S, C) at positions `pos`
-    (S,), rotated for rotary models: the fused ``qkv_proj`` as three projections, each
-    reshaped to `split`, the shape (B, S, H, D) as a tensor."""
-    q, k, v = (reshape_from_tensor_shape(_project(x, mha.qkv_proj, i, 3), split) for i in range(3))
+    """Self-attention's q, k, v (B, H, T, D) of x (B, T, C) at positions `pos` (T,), rotated
+    for rotary models: the fused ``qkv_proj`` as three projections, each split into heads by
+    `heads` ((B, T, C) -> (B, H, T, D): `_heads` in the encoder, `_step_heads` in the step)."""
+    q, k, v = (heads(_project(x, mha.qkv_proj, i, 3)) for i in range(3))
     if mha.rotary:
-        q, k = _rotate(model, q, pos), _rotate(model, k, pos)
-    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, S, D)
-
-
-def _step_qkv(
-    model: Seq2SeqTransformer, mha: MultiHeadAttention, x: Tensor, pos: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """`_qkv` of one position x (B, 1, C) at `pos` (1,): q, k, v (B, H, 1, D) by constant-shape
-    reshapes (`_step_heads`), rotated for rotary models."""
-    q, k, v = (_step_heads(_project(x, mha.qkv_proj, i, 3), mha) for i in range(3))
-    if (
-        mha.rotary
-    ):  # one position: (B, H, 1, D) broadcasts with the (1, 1, D) tables as (B, 1, H, D)
         q, k = _rotate(model, q, pos), _rotate(model, k, pos)
     return q, k, v
 
@@ -212,7 +214,7 @@ class EncoderGraph(nn.Module):
         for layer in m.encoder_layers:
             mha = layer.self_attn
             h = layer.norm1(x) if layer.norm_first else x
-            q, k, v = _qkv(m, mha, h, pos, split)
+            q, k, v = _qkv(m, mha, h, pos, partial(_heads, split=split))
             h = mha.out_proj(_attend(q, k, v, pad, merged, mha))
             x = x + h if layer.norm_first else layer.norm1(x + h)
             x = _residual(layer.norm_first, layer.norm2, x, layer.ffn)
@@ -256,13 +258,14 @@ class DecoderStepGraph(nn.Module):
         new_k, new_v = [], []
         for i, layer in enumerate(m.decoder_layers):
             h = layer.norm1(x) if layer.norm_first else x
-            q, k, v = _step_qkv(m, layer.self_attn, h, pos)  # (B, H, 1, D)
+            mha = layer.self_attn
+            q, k, v = _qkv(m, mha, h, pos, partial(_step_heads, mha=mha))  # (B, H, 1, D)
             # the rows each continues (a beam's reorder), then the new position
             k = torch.cat([self_k[i].index_select(0, beam_index), k], dim=2)  # (B, H, P+1, D)
             v = torch.cat([self_v[i].index_select(0, beam_index), v], dim=2)
             new_k.append(k)
             new_v.append(v)
-            h = layer.self_attn.out_proj(_attend_step(q, k, v, layer.self_attn))
+            h = mha.out_proj(_attend_step(q, k, v, mha))
             x = x + h if layer.norm_first else layer.norm1(x + h)
             h = layer.norm2(x) if layer.norm_first else x
             cross = layer.cross_attn

@@ -71,19 +71,25 @@ def _assert_parity(torch_engine: Translator, onnx_engine: OnnxTranslator, source
     return ref, got
 
 
-def test_step_logits_equal_torch(ckpt, onnx_dir):
-    """Encoder + decoder steps of the ONNX graphs give the torch model's logits (STEP_ATOL) on
-    a padded batch, and follow row reorders (a beam step's, with and without the source side)
-    like the torch state, while the cache stays an onnxruntime value between the steps."""
-    import onnxruntime
-
+def _torch_and_onnx_states(ckpt, onnx_dir):
+    """The torch model and the ONNX step model, each with its decoder state of the same
+    padded batch of 3 sources (src), and the first step's tokens (bos)."""
     model = load_model(ckpt).model
     step = OnnxStepModel(onnx_dir, read_onnx_config(onnx_dir), threads=1)
     src = padded([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], 0)
     memory, mask = model.encode(src)
     ref_state = model.init_state(memory, mask)
     state = step.init_state(*step.encode(src))
-    tokens = torch.full((3,), BOS_ID)
+    return model, step, src, ref_state, state, torch.full((3,), BOS_ID)
+
+
+def test_step_logits_equal_torch(ckpt, onnx_dir):
+    """Encoder + decoder steps of the ONNX graphs give the torch model's logits (STEP_ATOL) on
+    a padded batch, and follow row reorders (a beam step's, with and without the source side)
+    like the torch state, while the cache stays an onnxruntime value between the steps."""
+    import onnxruntime
+
+    model, step, _, ref_state, state, tokens = _torch_and_onnx_states(ckpt, onnx_dir)
     for t in range(6):
         with torch.no_grad():
             ref = model.decode_step(tokens, ref_state)
@@ -108,13 +114,7 @@ def test_beams_read_their_sentence_once(ckpt, onnx_dir):
     """A beam search's fan-out to K rows per sentence keeps each sentence's source side once
     (the graph reads it for the K rows), a drop of whole sentences keeps the others once, and
     rows in uneven runs get a copy each; the logits equal the torch model's throughout."""
-    model = load_model(ckpt).model
-    step = OnnxStepModel(onnx_dir, read_onnx_config(onnx_dir), threads=1)
-    src = padded([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], 0)
-    memory, mask = model.encode(src)
-    ref_state = model.init_state(memory, mask)
-    state = step.init_state(*step.encode(src))
-    tokens = torch.full((3,), BOS_ID)
+    model, step, src, ref_state, state, tokens = _torch_and_onnx_states(ckpt, onnx_dir)
     reorders = {
         0: ([0, 0, 0, 1, 1, 1, 2, 2, 2], True, 3, [0, 1, 2]),  # fan-out to K = 3
         1: ([2, 1, 0, 3, 3, 5, 8, 6, 7], False, 3, [0, 1, 2]),  # beams move in their sentence
