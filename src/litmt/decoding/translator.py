@@ -22,7 +22,7 @@ import torch
 from litmt.checkpoint.compat import tokenizer_difference
 from litmt.checkpoint.load import load_model, resolve_device
 from litmt.data.tokenization.tokenizer import Tokenizer
-from litmt.decoding.batching import padded, token_batches
+from litmt.decoding.batching import even_parts, padded, token_batches
 from litmt.decoding.config import DecodeConfig
 from litmt.decoding.languages import Languages
 from litmt.decoding.search.dispatch import decode
@@ -171,16 +171,20 @@ def decode_request(
     models: StepModel | Sequence[Seq2SeqTransformer],
     request: DecodeRequest,
     pad_id: int,
+    part_tokens: int | None = None,
 ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
     """`decode` of the sentences ``request.todo`` on `models` (a model, a list of them, or any
     `StepModel`: the onnx engine's) in token-budget batches (with constraints, batches of
     sentences that need the same beam: `by_beam`), on ``translator.device``; sampling draws
-    from one generator seeded with ``config.seed`` per call. The torch and onnx engines' loop."""
+    from one generator seeded with ``config.seed`` per call. The torch and onnx engines' loop.
+
+    `part_tokens` (None: no split): a batch of more padded source tokens is decoded in equal
+    parts of at most about that many (`litmt.decoding.batching.even_parts`)."""
     config, sources = request.config, request.sources
     sampling = config.effective_method == "sample"
     generator = make_generator(config, translator.device) if sampling else None
     words = translator.word_pieces(request.constraints) if request.constraints else None
-    for group, batch in _batches(request):
+    for group, batch in _batches(request, part_tokens):
         idx = [group[j] for j in batch]
         found = decode(
             models,
@@ -203,11 +207,20 @@ def by_beam(request: DecodeRequest) -> list[list[int]]:
     return [rows for _, rows in beam_groups(request.config, request.constraints, request.todo)]
 
 
-def _batches(request: DecodeRequest) -> Iterator[tuple[list[int], list[int]]]:
-    """(group, a token-budget batch of positions in it) for every group of `by_beam`."""
+def _batches(
+    request: DecodeRequest, part_tokens: int | None = None
+) -> Iterator[tuple[list[int], list[int]]]:
+    """(group, a token-budget batch of positions in it) for every group of `by_beam`, a batch
+    over `part_tokens` padded tokens in equal parts (`decode_request`)."""
     for group in by_beam(request):
-        for batch in token_batches([len(request.sources[i]) for i in group], request.max_tokens):
-            yield group, batch
+        lengths = [len(request.sources[i]) for i in group]
+        for batch in token_batches(lengths, request.max_tokens):
+            longest = lengths[batch[0]]  # token_batches: longest first
+            if part_tokens is None or len(batch) * longest <= part_tokens:
+                yield group, batch
+            else:
+                for part in even_parts(batch, longest, part_tokens):
+                    yield group, part
 
 
 __all__ = ["Aligned", "NBest", "Translation", "Translator", "by_beam", "decode_request"]

@@ -13,7 +13,7 @@ from tiny_checkpoint import corpus
 from litmt import Translator
 from litmt.cli.translate import format_result
 from litmt.data.text import read_lines, read_text_file, strip_line_end
-from litmt.decoding.batching import token_batches
+from litmt.decoding.batching import even_parts, token_batches
 from litmt.decoding.search.dispatch import decode
 from litmt.errors import CheckpointError, ConfigError, DataError
 
@@ -45,6 +45,19 @@ def test_token_batches_respect_the_budget_and_cover_every_sentence():
     assert token_batches([30], max_tokens=4) == [[0]]  # too long: alone, not dropped
     with pytest.raises(ConfigError, match="max_tokens must be positive"):
         token_batches([1], 0)
+
+
+def test_even_parts_split_a_batch_without_a_small_remainder():
+    """29 + 3 sentences is what filling up to the budget gives; even parts give 16 + 16."""
+    batch = list(range(32))
+    assert even_parts(batch, longest=35, max_tokens=1024) == [batch[:16], batch[16:]]
+    parts = even_parts(list(range(10)), longest=4, max_tokens=12)  # 40 tokens: 4 parts
+    assert [len(p) for p in parts] == [3, 3, 2, 2]
+    assert [i for p in parts for i in p] == list(range(10))  # every sentence, in order
+    assert even_parts([7, 8], longest=3, max_tokens=100) == [[7, 8]]  # under the budget
+    assert even_parts([7, 8], longest=300, max_tokens=100) == [[7], [8]]  # never empty
+    with pytest.raises(ConfigError, match="max_tokens must be positive"):
+        even_parts([1], 2, 0)
 
 
 def test_output_order_does_not_depend_on_batching(translator):

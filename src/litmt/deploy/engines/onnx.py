@@ -15,8 +15,11 @@ and out.
 The self-attention cache never leaves onnxruntime: each step runs with an IOBinding
 (``run_with_iobinding``) whose outputs ``new_self_k_i``/``new_self_v_i`` (one per decoder
 layer) stay onnxruntime values (`OrtValue`) and are bound as the next step's
-``self_k_i``/``self_v_i`` as they are; a beam search's reorder only composes the rows the next
-step gathers (``beam_index``, inside the graph: `OnnxState.reorder`). The source side (the
+``self_k_i``/``self_v_i`` as they are. A beam search's reorder only composes the rows the
+next step continues (`OnnxState.reorder`); that step first gathers them, in a one-``Gather``
+onnxruntime session of its own (`OnnxStepModel.reorder_past`, whose arena reuses its
+buffers), so a search whose rows never move (greedy, sampling) copies the cache only in the
+step's ``Concat``. The source side (the
 source ids, the cross-attention keys and values) is kept once per sentence for all its beams,
 and the graph reads it once for them (`OnnxState.group`). The inputs that live in torch
 (tokens, the source side) are bound by their memory, without a copy; only the logits (R, V)
@@ -28,7 +31,6 @@ engine=torch), GPUs (the CPU execution provider only).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,6 +50,7 @@ from litmt.decoding.translator_base import DecodeRequest
 from litmt.deploy.engines.cache import default_cache_dir
 from litmt.deploy.export.base import file_sha256
 from litmt.deploy.export.onnx import (
+    OPSET,
     cache_names,
     export_onnx,
     import_onnxruntime,
@@ -62,14 +65,17 @@ from litmt.runtime.threads import check_threads
 log = logging.getLogger("litmt.deploy.engines.onnx")
 
 
-# A search without a beam decodes in batches of at most this many padded source tokens. Each
-# step's graph copies the rows' whole self-attention cache twice (the gather, then the new
-# position's concat), where engine=torch writes the new position in place; in a batch of
-# 4,096 tokens those copies outgrow the processor's caches. On test2016 (500 lines, 2 threads)
-# greedy took 1.39 s at 4,096 tokens and 1.03 s at 1,024 (engine=torch: 1.00 and 0.97); beam
-# search, which needs its batch for its products, keeps the caller's budget. Notebook
-# 2026-12-05, "ONNX format 5".
-UNBEAMED_MAX_TOKENS = 1024
+# A search without a beam decodes a batch of more padded source tokens than this in equal
+# parts of at most about this many (`litmt.decoding.batching.even_parts`). Each step's graph
+# copies the rows' whole self-attention cache (the new position's concat), where engine=torch
+# writes the new position in place, and in a batch of 4,096 tokens that copy outgrows the
+# processor's caches; but a step also reads all the weights whatever its rows, so a part must
+# stay large: equal parts, not a small remainder, and not below 2,048 tokens, where OPUS-MT
+# size greedy lost to engine=torch on batches of 32 sentences split in two (0.96x against
+# 1.16x unsplit). On test2016, greedy against engine=torch: recipe 1.06x at 1,024 and 1.03x
+# at 2,048, OPUS-MT size 1.05x and 1.09x. Notebook 2026-12-05, "ONNX format 6". Beam search,
+# which needs its batch for its products, keeps the caller's budget.
+UNBEAMED_MAX_TOKENS = 2048
 
 
 def default_onnx_cache_dir() -> Path:
@@ -87,8 +93,10 @@ class OnnxState:
         cross: 2L tensors (N, H, S, D): every layer's cross-attention keys, then its values,
             from the encoder (the graph's ``cross_k_i``, ``cross_v_i`` order), once per source.
         past: 2L values (R0, H, P, D): the self-attention cache as the last step left it
-            (onnxruntime values; numpy arrays with P = 0 before the first step).
-        beam_index: (R,) the row of `past` each row continues (the next step gathers them).
+            (onnxruntime values; empty before the first step).
+        beam_index: (R,) the row of `past` each row continues (the next step gathers them
+            when `moved`).
+        moved: whether `beam_index` is other than the rows of `past` in their order.
         group: G = R / N, the rows of each source: rows n * G ... n * G + G - 1 read source n
             (a beam search's beams; 1 when rows and sources are one to one).
     """
@@ -98,6 +106,7 @@ class OnnxState:
     past: list[Any]
     beam_index: Tensor
     group: int = 1
+    moved: bool = False
     # the decoder's IOBinding, reused step to step, and the numpy views of the source side
     # bound in it (None: bind them again at the next step, after the source side changed)
     binding: Any = field(default=None, repr=False)
@@ -106,7 +115,8 @@ class OnnxState:
     def reorder(self, index: Tensor, *, cross: bool = True) -> None:
         """Keep rows `index` (R',) in that order (`litmt.models.transformer.DecoderState`'s
         contract: ``cross=False`` leaves the source side as it is, each row keeping its
-        source). The cache is not touched: the next step gathers its rows (``beam_index``).
+        source). The cache is not touched: the next step gathers its rows (``beam_index``),
+        unless they are the same rows in the same order.
 
         With ``cross=True`` the source side follows the rows: when the new rows come in runs
         of equal length G, one run per source (a beam search's fan-out to K beams, or a drop
@@ -114,6 +124,12 @@ class OnnxState:
         they are the same sources in the same order); otherwise each row gets its own copy
         of its source (`group` = 1)."""
         self.beam_index = self.beam_index.index_select(0, index)
+        if self.past:
+            rows = self.beam_index.numel()
+            same = rows == self.past[0].shape()[0] and torch.equal(
+                self.beam_index, torch.arange(rows)
+            )
+            self.moved = not same
         if not cross:
             return
         source = torch.div(index, self.group, rounding_mode="floor")  # (R',) old source ids
@@ -136,6 +152,31 @@ def _source_runs(source: Tensor) -> tuple[Tensor, int]:
         if bool(runs.eq(runs[:, :1]).all()):
             return runs[:, 0].contiguous(), group
     return source, 1
+
+
+def reorder_graph(names: list[str], heads: int, head_dim: int) -> bytes:
+    """A serialized ONNX graph that gathers rows: ``beam_index`` int64 (R,) and the caches
+    `names` float32 (R0, heads, P, head_dim) -> ``gathered_<name>`` (R, heads, P, head_dim),
+    row r being row ``beam_index[r]`` (one ``Gather`` per cache)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def cache(name: str, rows: str) -> Any:
+        return helper.make_tensor_value_info(
+            name, TensorProto.FLOAT, [rows, heads, "past_len", head_dim]
+        )
+
+    graph = helper.make_graph(
+        [helper.make_node("Gather", [n, "beam_index"], [f"gathered_{n}"], axis=0) for n in names],
+        "reorder",
+        [helper.make_tensor_value_info("beam_index", TensorProto.INT64, ["rows"])]
+        + [cache(n, "past_rows") for n in names],
+        [cache(f"gathered_{n}", "rows") for n in names],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = onnx.IR_VERSION_2023_5_5  # IR 9, read by onnxruntime >= 1.15
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
 
 
 def _np(t: Tensor) -> np.ndarray:
@@ -176,14 +217,16 @@ class OnnxStepModel:
         self.config = TransformerConfig.from_dict(meta["model_config"])
         self.pad_id = PAD_ID
         self.names = cache_names(self.config.n_decoder_layers)  # cross, past, new
+        self.reorder = ort.InferenceSession(
+            reorder_graph(self.names["past"], self.config.n_heads, self.config.head_dim),
+            options,
+            providers=providers,
+        )
 
     def encode(self, src: Tensor) -> tuple[OnnxState, Tensor]:
         """Run the encoder on src (B, S): the state's source side, and the padding mask."""
         cross = [torch.from_numpy(t) for t in self.encoder.run(None, {"src_ids": _np(src)})]
-        cfg = self.config
-        empty = np.zeros((src.size(0), cfg.n_heads, 0, cfg.head_dim), dtype=np.float32)
-        past = [empty] * len(self.names["past"])
-        return OnnxState(src, cross, past, torch.arange(src.size(0))), src.eq(self.pad_id)
+        return OnnxState(src, cross, [], torch.arange(src.size(0))), src.eq(self.pad_id)
 
     def init_state(
         self, memory: OnnxState, src_padding_mask: Tensor | None, capacity: int | None = None
@@ -204,20 +247,35 @@ class OnnxStepModel:
             }
             for name, array in state.source_bound.items():
                 binding.bind_cpu_input(name, array)
-        inputs = {"tokens": _np(tokens.view(-1)), "beam_index": _np(state.beam_index)}
-        for name, array in inputs.items():  # kept alive until the run is over
-            binding.bind_cpu_input(name, array)
-        for name, cache in zip(self.names["past"], state.past, strict=True):
-            if isinstance(cache, np.ndarray):  # the first step's empty cache
-                binding.bind_cpu_input(name, cache)
-            else:
+        token_ids = _np(tokens.view(-1))  # kept alive until the run is over
+        binding.bind_cpu_input("tokens", token_ids)
+        if not state.past:  # the first step: an empty cache (R, H, 0, D)
+            cfg = self.config
+            empty = np.zeros((tokens.numel(), cfg.n_heads, 0, cfg.head_dim), dtype=np.float32)
+            for name in self.names["past"]:
+                binding.bind_cpu_input(name, empty)
+        else:
+            past = self.reorder_past(state) if state.moved else state.past
+            for name, cache in zip(self.names["past"], past, strict=True):
                 binding.bind_ortvalue_input(name, cache)
         for name in ("logits", *self.names["new"]):
             binding.bind_output(name, "cpu")
         self.decoder.run_with_iobinding(binding)
         logits, *state.past = binding.get_outputs()
-        state.beam_index = torch.arange(tokens.numel())
+        state.beam_index, state.moved = torch.arange(tokens.numel()), False
         return torch.from_numpy(logits.numpy())
+
+    def reorder_past(self, state: OnnxState) -> list[Any]:
+        """The past's rows `state.beam_index` (R,), in that order: 2L onnxruntime values
+        (R, H, P, D), gathered by the reorder session, the cache staying in onnxruntime."""
+        binding = self.reorder.io_binding()
+        index = _np(state.beam_index)  # kept alive until the run is over
+        binding.bind_cpu_input("beam_index", index)
+        for name, cache in zip(self.names["past"], state.past, strict=True):
+            binding.bind_ortvalue_input(name, cache)
+            binding.bind_output(f"gathered_{name}", "cpu")
+        self.reorder.run_with_iobinding(binding)
+        return binding.get_outputs()
 
 
 class OnnxTranslator(Translator):
@@ -282,11 +340,17 @@ class OnnxTranslator(Translator):
     ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
         """`decode` of ``request.todo`` over the ONNX step model, in token-budget batches
         (with constraints, grouped by beam: `by_beam`), as the torch engine does; a search
-        without a beam (greedy, sampling) in batches of at most `UNBEAMED_MAX_TOKENS`."""
-        method = request.config.effective_method
-        if method in ("greedy", "sample") and request.max_tokens > UNBEAMED_MAX_TOKENS:
-            request = dataclasses.replace(request, max_tokens=UNBEAMED_MAX_TOKENS)
-        yield from decode_request(self, self.step_model, request, PAD_ID)
+        without a beam (greedy, sampling) splits a batch into equal parts of at most about
+        `UNBEAMED_MAX_TOKENS`."""
+        unbeamed = request.config.effective_method in ("greedy", "sample")
+        part = UNBEAMED_MAX_TOKENS if unbeamed else None
+        yield from decode_request(self, self.step_model, request, PAD_ID, part_tokens=part)
 
 
-__all__ = ["OnnxState", "OnnxStepModel", "OnnxTranslator", "default_onnx_cache_dir"]
+__all__ = [
+    "OnnxState",
+    "OnnxStepModel",
+    "OnnxTranslator",
+    "default_onnx_cache_dir",
+    "reorder_graph",
+]

@@ -8,16 +8,17 @@ An export directory holds:
   ``cross_v_0`` ... float32 (batch, heads, src_len, head_dim) each: the encoder and every
   decoder layer's cross-attention keys and values, computed once per sentence.
 - ``decoder.onnx``: one step. ``tokens`` int64 (batch,), ``src_ids`` int64 (sources,
-  src_len), ``beam_index`` int64 (batch,): the row of the past each row continues, then
-  ``cross_k_i``/``cross_v_i`` (sources, heads, src_len, head_dim) and ``self_k_i``/``self_v_i``
-  float32 (past_batch, heads, past_len, head_dim; an empty past_len=0 tensor at the first
-  step), one per decoder layer -> ``logits`` float32 (batch, tgt_vocab),
+  src_len), then ``cross_k_i``/``cross_v_i`` (sources, heads, src_len, head_dim) and
+  ``self_k_i``/``self_v_i`` float32 (batch, heads, past_len, head_dim: row b's past in row b;
+  an empty past_len=0 tensor at the first step), one per decoder layer -> ``logits`` float32
+  (batch, tgt_vocab),
   ``new_self_k_i``/``new_self_v_i`` (past_len + 1). The batch is G rows per source, in order
   (rows n * G ... n * G + G - 1 read source n: a beam search's beams share their sentence's
   cross-attention keys and values, stored and read once; G = 1 for a source per row). The
   new token's position is past_len, read inside the graph; the padding mask is
   ``src_ids == pad``. A caller passes the previous step's ``new_self_k_i``/``new_self_v_i``
-  back unchanged, with the reorder in ``beam_index``. ``config.json`` lists every input and
+  back as they came out, or, at a step after its rows moved (a beam search's reorder, rows
+  dropped), their rows gathered in the new order. ``config.json`` lists every input and
   output name in order.
 - ``shared.bin``: the weights both graphs hold (the embedding of a model with shared
   embeddings: the encoder's source embedding, the decoder's target embedding and tied output
@@ -39,11 +40,12 @@ specialise (it treats sizes 0 and 1 as constants), and it needs no ``onnxscript`
 projection's Gemm, activations quantized at run time) to both graphs, under the same file
 names.
 
-Format version 5 (the decoder reads each source's cross-attention keys and values once for
-its G rows; version 3 took them once per row, version 2 stacked the layers' caches, version 1
-had no ``beam_index`` and no ``shared.bin``; a version 4 with a cache the caller owned was
-measured and not released); exports of another version are refused with one line saying to
-export again.
+Format version 6 (the caller reorders the past, only at the steps whose rows moved; version 5
+gathered it at every step inside the graph by a ``beam_index`` input, version 3 took the
+cross-attention keys and values once per row instead of once per source, version 2 stacked
+the layers' caches, version 1 had no ``beam_index`` and no ``shared.bin``; a version 4 with a
+cache the caller owned was measured and not released); exports of another version are
+refused with one line saying to export again.
 
 Refused with one line (`ExportError`): an approximate attention kernel at any site (local,
 sparse, linear, flex with a window), whose outputs the graphs' full softmax attention would
@@ -80,7 +82,7 @@ log = logging.getLogger("litmt.deploy.export.onnx")
 
 CONFIG_FILE = "config.json"
 FORMAT_NAME = "litmt-onnx"
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 OPSET = 17
 SHARED_FILE = "shared.bin"  # the weights both graphs hold, stored once (external data)
 SHARE_MIN_BYTES = 4096  # smaller equal initializers stay in each graph
@@ -106,7 +108,7 @@ def graph_names(layers: int) -> dict[str, dict[str, list[str]]]:
     return {
         "inputs": {
             "encoder": ENCODER_INPUTS,
-            "decoder": ["tokens", "src_ids", "beam_index", *cache["cross"], *cache["past"]],
+            "decoder": ["tokens", "src_ids", *cache["cross"], *cache["past"]],
         },
         "outputs": {"encoder": cache["cross"], "decoder": ["logits", *cache["new"]]},
     }
@@ -118,9 +120,9 @@ def _dynamic_axes(layers: int) -> tuple[dict[str, dict[int, str]], dict[str, dic
     kv = {0: "batch", 2: "src_len"}  # cross_k_i/cross_v_i: (batch, heads, src_len, head_dim)
     encoder = {"src_ids": {0: "batch", 1: "src_len"}} | {name: kv for name in cache["cross"]}
     decoder = {"tokens": {0: "batch"}, "src_ids": {0: "sources", 1: "src_len"}}
-    decoder |= {"beam_index": {0: "batch"}, "logits": {0: "batch"}}
+    decoder |= {"logits": {0: "batch"}}
     decoder |= {name: {0: "sources", 2: "src_len"} for name in cache["cross"]}
-    decoder |= {name: {0: "past_batch", 2: "past_len"} for name in cache["past"]}
+    decoder |= {name: {0: "batch", 2: "past_len"} for name in cache["past"]}
     decoder |= {name: {0: "batch", 2: "new_len"} for name in cache["new"]}
     return encoder, decoder
 
@@ -229,7 +231,7 @@ def _trace(model: torch.nn.Module, directory: Path) -> None:
         )
         torch.onnx.export(
             decoder,
-            (torch.full((2,), BOS_ID), src, torch.tensor([1, 0]), *cross, *past),
+            (torch.full((2,), BOS_ID), src, *cross, *past),
             str(directory / DECODER_FILE),
             input_names=names["inputs"]["decoder"],
             output_names=names["outputs"]["decoder"],

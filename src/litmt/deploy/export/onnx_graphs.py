@@ -16,11 +16,12 @@ keys and values where they are, with no split of stacked inputs and no stack of 
 
 Four more choices keep the runtime's work and the files small:
 
-- The decoder step takes ``beam_index`` (B,): the rows of the previous step's cache each row
-  continues (a beam search's reorder, or rows dropped), gathered inside the graph, so a
-  caller hands the previous step's ``new_self_k_i``/``new_self_v_i`` back as they came out
-  (onnxruntime's IOBinding in python, the same tensors in the page) instead of reordering
-  them itself.
+- The decoder step only appends: its past comes in the order of its rows, and the one copy
+  of the cache a step makes is the new position's ``Concat``. A search that moves rows (a
+  beam search's reorder, rows dropped) gathers the past itself, and only at the steps that
+  move them (`litmt.deploy.engines.onnx.OnnxStepModel.reorder_past`, the page's
+  ``gatherRows``), so greedy search and sampling copy the cache once per step, not twice
+  (format 5 gathered every step inside the graph, by a ``beam_index`` input).
 - The output projection is a ``Gemm`` reading the (V, C) weight as stored (``transB``), so a
   tied output projection is the target embedding's own initializer, not a transposed copy
   (`litmt.deploy.export.onnx` then stores the weights both graphs share once).
@@ -228,11 +229,11 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderStepGraph(nn.Module):
-    """One decoder step: ``tokens`` (B,), ``src_ids`` (N, S), ``beam_index`` (B,) rows of the
-    past, then per layer ``cross_k_i`` ..., ``cross_v_i`` ... (N, H, S, D) and ``self_k_i``
-    ..., ``self_v_i`` ... (B0, H, P, D) -> ``logits`` (B, V), then ``new_self_k_i`` ...,
-    ``new_self_v_i`` ... (B, H, P + 1, D). The new token sits at position P; rows
-    n * G ... n * G + G - 1 (G = B / N) read source n."""
+    """One decoder step: ``tokens`` (B,), ``src_ids`` (N, S), then per layer ``cross_k_i``
+    ..., ``cross_v_i`` ... (N, H, S, D) and ``self_k_i`` ..., ``self_v_i`` ... (B, H, P, D),
+    row b's past in row b -> ``logits`` (B, V), then ``new_self_k_i`` ..., ``new_self_v_i``
+    ... (B, H, P + 1, D). The new token sits at position P; rows n * G ... n * G + G - 1
+    (G = B / N) read source n."""
 
     def __init__(self, model: Seq2SeqTransformer) -> None:
         super().__init__()
@@ -241,9 +242,7 @@ class DecoderStepGraph(nn.Module):
         # (-1, H, D): the (G, H, D) tail of the shape that groups a step's rows by source
         self.register_buffer("rows_heads", torch.tensor([-1, cfg.n_heads, cfg.head_dim]))
 
-    def forward(
-        self, tokens: Tensor, src_ids: Tensor, beam_index: Tensor, *caches: Tensor
-    ) -> tuple[Tensor, ...]:
+    def forward(self, tokens: Tensor, src_ids: Tensor, *caches: Tensor) -> tuple[Tensor, ...]:
         m = self.model
         n = len(m.decoder_layers)
         cross_k, cross_v = caches[:n], caches[n : 2 * n]
@@ -260,9 +259,8 @@ class DecoderStepGraph(nn.Module):
             h = layer.norm1(x) if layer.norm_first else x
             mha = layer.self_attn
             q, k, v = _qkv(m, mha, h, pos, partial(_step_heads, mha=mha))  # (B, H, 1, D)
-            # the rows each continues (a beam's reorder), then the new position
-            k = torch.cat([self_k[i].index_select(0, beam_index), k], dim=2)  # (B, H, P+1, D)
-            v = torch.cat([self_v[i].index_select(0, beam_index), v], dim=2)
+            k = torch.cat([self_k[i], k], dim=2)  # the new position: (B, H, P + 1, D)
+            v = torch.cat([self_v[i], v], dim=2)
             new_k.append(k)
             new_v.append(v)
             h = mha.out_proj(_attend_step(q, k, v, mha))

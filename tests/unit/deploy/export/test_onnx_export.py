@@ -103,11 +103,61 @@ def test_step_logits_equal_torch(ckpt, onnx_dir):
             index = torch.tensor([1, 1, 0])
             ref_state.reorder(index, cross=False)
             state.reorder(index, cross=False)
-            assert state.beam_index.tolist() == [1, 1, 0]  # the next step gathers them
+            assert state.beam_index.tolist() == [1, 1, 0] and state.moved  # gathered next
         tokens = ref.argmax(-1)
         # one value per layer and kind, never copied out to numpy
         assert all(isinstance(v, onnxruntime.OrtValue) for v in state.past)
     assert [tuple(v.shape()) for v in state.past] == [(3, 4, 6, 16)] * 4  # 2L of (R, H, P, D)
+
+
+class _CountingSession:
+    """An onnxruntime session that counts its runs (`OnnxStepModel.reorder`'s spy)."""
+
+    def __init__(self, session) -> None:
+        self.session, self.runs = session, 0
+
+    def io_binding(self):
+        return self.session.io_binding()
+
+    def run_with_iobinding(self, binding) -> None:
+        self.runs += 1
+        self.session.run_with_iobinding(binding)
+
+
+def test_only_moved_rows_are_gathered(ckpt, onnx_dir):
+    """The graph only appends: a step after rows moved gathers the past first (the reorder
+    session, once), a reorder that keeps every row in place gathers nothing, and the logits
+    equal the torch model's either way."""
+    model, step, _, ref_state, state, tokens = _torch_and_onnx_states(ckpt, onnx_dir)
+    step.reorder = spy = _CountingSession(step.reorder)
+    reorders = {1: [0, 1, 2], 2: [2, 0, 0], 3: [0, 1, 2], 4: [1, 2]}
+    runs_after = {0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 2}  # reorders run by step t
+    for t in range(6):
+        with torch.no_grad():
+            ref = model.decode_step(tokens, ref_state)
+        got = step.decode_step(tokens, state)
+        assert spy.runs == runs_after[t]
+        torch.testing.assert_close(got, ref, atol=STEP_ATOL, rtol=0)
+        tokens = ref.argmax(-1)
+        if t in reorders:
+            index = torch.tensor(reorders[t])
+            ref_state.reorder(index, cross=True)
+            state.reorder(index, cross=True)
+            tokens = tokens.index_select(0, index)
+            assert state.moved == (t in (2, 4))
+
+
+def test_greedy_never_gathers_and_beams_do(ckpt, onnx_dir):
+    """A search whose rows never move (greedy) runs no reorder; beam search does, and
+    still gives the torch engine's outputs."""
+    torch_engine = Translator.from_checkpoint(ckpt, device="cpu")
+    onnx_engine = OnnxTranslator(onnx_dir, threads=1)
+    onnx_engine.step_model.reorder = spy = _CountingSession(onnx_engine.step_model.reorder)
+    sources = _sources(torch_engine, held_sentences(20))
+    _assert_parity(torch_engine, onnx_engine, sources, beam_size=1)
+    assert spy.runs == 0
+    _assert_parity(torch_engine, onnx_engine, sources, beam_size=3)
+    assert spy.runs > 0
 
 
 def test_beams_read_their_sentence_once(ckpt, onnx_dir):
@@ -140,9 +190,10 @@ def test_beams_read_their_sentence_once(ckpt, onnx_dir):
 
 
 def test_searches_without_a_beam_run_in_smaller_batches(onnx_dir, monkeypatch):
-    """Greedy and sampling decode in batches of at most UNBEAMED_MAX_TOKENS padded source
-    tokens (their steps copy the whole cache), beam search in the caller's budget; the
-    outputs do not depend on the batching."""
+    """Greedy and sampling split a batch into equal parts of about UNBEAMED_MAX_TOKENS padded
+    source tokens or fewer (their steps copy the whole cache; the parts' sizes differ by at
+    most one sentence, so at most one sentence's tokens over), beam search keeps the caller's
+    budget; the outputs do not depend on the batching."""
     from litmt.deploy.engines import onnx as onnx_engine
     from litmt.deploy.engines.onnx import UNBEAMED_MAX_TOKENS
 
@@ -152,20 +203,25 @@ def test_searches_without_a_beam_run_in_smaller_batches(onnx_dir, monkeypatch):
 
     def counting(src):
         sizes.append(src.numel())  # (B, S) padded tokens of the batch
+        rows.append(src.size(0))
         return encode(src)
 
+    rows: list[int] = []
+
     translator.step_model.encode = counting
-    sources = _sources(translator, held_sentences(60) * 6)  # 360 sentences
-    assert sum(len(s) for s in sources) > 2 * UNBEAMED_MAX_TOKENS
-    options = dict(max_len_a=0.0, max_len_b=4, max_tokens=4096)
+    sources = _sources(translator, held_sentences(60) * 12)  # 720 sentences, one length
+    sources = [s[:8] + [s[0]] * (8 - len(s[:8])) for s in sources]  # of 8 tokens each
+    budget = 3 * UNBEAMED_MAX_TOKENS  # 768 sentences of 8 a batch: one batch of all 720
+    options = dict(max_len_a=0.0, max_len_b=4, max_tokens=budget)
     small = translator.search_ids(sources, beam_size=1, **options)
-    assert len(sizes) > 1 and max(sizes) <= UNBEAMED_MAX_TOKENS
-    sizes.clear()
+    # 5,760 tokens in 3 parts of 240 sentences (filling up to the budget: 256 + 256 + 208)
+    assert rows == [240] * 3 and max(sizes) <= UNBEAMED_MAX_TOKENS
+    sizes.clear(), rows.clear()
     translator.search_ids(sources, beam_size=2, **options)
-    assert max(sizes) > UNBEAMED_MAX_TOKENS
-    sizes.clear()
+    assert rows == [720]
+    sizes.clear(), rows.clear()
     translator.search_ids(sources, method="sample", seed=3, **options)
-    assert max(sizes) <= UNBEAMED_MAX_TOKENS
+    assert rows == [240] * 3
     monkeypatch.setattr(onnx_engine, "UNBEAMED_MAX_TOKENS", 1 << 20)  # one batch
     sizes.clear()
     whole = translator.search_ids(sources, beam_size=1, **{**options, "max_tokens": 1 << 16})
@@ -178,7 +234,7 @@ def test_sessions_do_not_spin_between_steps(onnx_dir):
     (spinning ones take the cores from the search's torch threads between two decoder
     steps), and spin between a step's operators (waking a sleeping one for each is slower)."""
     step = OnnxStepModel(onnx_dir, read_onnx_config(onnx_dir), threads=2)
-    for session in (step.encoder, step.decoder):
+    for session in (step.encoder, step.decoder, step.reorder):
         options = session.get_session_options()
         assert options.get_session_config_entry("session.force_spinning_stop") == "1"
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
@@ -284,7 +340,7 @@ def test_imported_marian(tmp_path):
 def test_config_json(onnx_dir, ckpt):
     meta = read_onnx_config(onnx_dir)
     cfg = load_model(ckpt).model.config
-    assert meta["format"] == "litmt-onnx" and meta["format_version"] == 5
+    assert meta["format"] == "litmt-onnx" and meta["format_version"] == 6
     assert meta["special_ids"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
     assert (meta["src_lang"], meta["tgt_lang"]) == ("en", "de")
     assert meta["model"]["n_decoder_layers"] == cfg.n_decoder_layers
@@ -292,8 +348,8 @@ def test_config_json(onnx_dir, ckpt):
     assert cfg.n_decoder_layers == 2
     assert meta["inputs"] == {
         "encoder": ["src_ids"],
-        "decoder": ["tokens", "src_ids", "beam_index", "cross_k_0", "cross_k_1", "cross_v_0",
-                    "cross_v_1", "self_k_0", "self_k_1", "self_v_0", "self_v_1"],
+        "decoder": ["tokens", "src_ids", "cross_k_0", "cross_k_1", "cross_v_0", "cross_v_1",
+                    "self_k_0", "self_k_1", "self_v_0", "self_v_1"],
     }  # fmt: skip
     assert meta["outputs"] == {
         "encoder": ["cross_k_0", "cross_k_1", "cross_v_0", "cross_v_1"],
@@ -316,7 +372,7 @@ def test_an_older_export_is_refused_saying_to_export_again(onnx_dir, tmp_path):
     old = shutil.copytree(onnx_dir, tmp_path / "v2")
     meta = json.loads((old / "config.json").read_text())
     (old / "config.json").write_text(json.dumps({**meta, "format_version": 2}))
-    with pytest.raises(ExportError, match=r"version 2, this litmt reads 5: export it again"):
+    with pytest.raises(ExportError, match=r"version 2, this litmt reads 6: export it again"):
         OnnxTranslator(old)
 
 
@@ -384,5 +440,5 @@ def test_a_cached_export_of_another_version_is_exported_again(ckpt, tmp_path):
     meta = json.loads((entry / "config.json").read_text())
     (entry / "config.json").write_text(json.dumps({**meta, "format_version": 2}))
     again = OnnxTranslator.from_pretrained(ckpt, cache_dir=tmp_path)
-    assert read_onnx_config(entry)["format_version"] == 5
+    assert read_onnx_config(entry)["format_version"] == 6
     assert again.translate(["A red dog runs."])

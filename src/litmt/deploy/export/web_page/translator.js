@@ -15,10 +15,9 @@ import * as ort from "./vendor/ort.wasm.bundle.min.mjs";
 import { SentencePieceProcessor } from "./vendor/sentencepiece.js";
 
 const RUNTIME_WASM = "vendor/ort-wasm-simd-threaded.wasm"; // relative to the page
-const FORMAT_VERSION = 5; // of config.json (litmt.deploy.export.onnx.FORMAT_VERSION)
+const FORMAT_VERSION = 6; // of config.json (litmt.deploy.export.onnx.FORMAT_VERSION)
 const SPECIAL = 4; // ids 0..3 (pad, unk, bos, eos) are never text
 const YIELD_EVERY = 8; // decoder steps between two looks at the message queue (a cancel)
-const ROW0 = new ort.Tensor("int64", BigInt64Array.of(0n), [1]); // greedy: the one row goes on
 // Control characters but tab, removed from input as litmt.data.text.clean_line does.
 const CONTROL = /[\u0000-\u0008\u000A-\u001F\u007F-\u009F]/g;
 
@@ -231,11 +230,25 @@ export class OfflineTranslator {
     return { src, cross, prefix, budget, minLen: decoding.min_len || 0, past };
   }
 
-  // A step's new cache (new_self_k_i..., new_self_v_i...) as the next step's cache inputs
-  // (self_k_i..., self_v_i...), as it came out (the next step gathers its rows by beam_index).
-  nextPast(out) {
+  // A step's new cache (new_self_k_i..., new_self_v_i... (R0, H, P, D)) as the next step's
+  // cache inputs (self_k_i..., self_v_i...): as it came out, or its rows `beams` (R,) in that
+  // order (a beam search's reorder; the graph only appends). A row (H, P, D) is one
+  // contiguous block of the tensor, copied as it is; the same rows in the same order are
+  // passed on uncopied.
+  nextPast(out, beams = null) {
     const past = {};
-    for (const name of this.pastNames) past[name] = out[`new_${name}`];
+    for (const name of this.pastNames) {
+      const cache = out[`new_${name}`];
+      const [rows, heads, len, dim] = cache.dims;
+      if (beams === null || (beams.length === rows && beams.every((j, r) => j === r))) {
+        past[name] = cache;
+        continue;
+      }
+      const size = heads * len * dim;
+      const data = new Float32Array(beams.length * size);
+      beams.forEach((j, r) => data.set(cache.data.subarray(j * size, (j + 1) * size), r * size));
+      past[name] = new ort.Tensor("float32", data, [beams.length, heads, len, dim]);
+    }
     return past;
   }
 
@@ -252,7 +265,6 @@ export class OfflineTranslator {
       const step = await this.decoder.run({
         tokens: new ort.Tensor("int64", BigInt64Array.of(BigInt(token)), [1]),
         src_ids: src,
-        beam_index: ROW0,
         ...cross,
         ...past,
       });
@@ -287,7 +299,6 @@ export class OfflineTranslator {
       src,
       cross,
       past,
-      beams: [0], // the row of the past each row continues (gathered in the graph)
     };
     let scores = [0]; // (kk,) cumulative log-probabilities of the live beams
     let history = [[]]; // (kk, t) their tokens
@@ -299,7 +310,6 @@ export class OfflineTranslator {
       const out = await this.decoder.run({
         tokens: new ort.Tensor("int64", BigInt64Array.from(last, BigInt), [kk]),
         src_ids: rows.src,
-        beam_index: new ort.Tensor("int64", BigInt64Array.from(rows.beams, BigInt), [kk]),
         ...rows.cross,
         ...rows.past,
       });
@@ -328,8 +338,7 @@ export class OfflineTranslator {
       rows = {
         src: rows.src, // one source for every beam: the graph reads it once for all kk rows
         cross: rows.cross,
-        past: this.nextPast(out), // as it came out: the next step gathers `beams`
-        beams,
+        past: this.nextPast(out, beams), // row r continues beam beams[r]
       };
       // the stop test (beam_done)
       const bestLive = Math.max(...scores);
