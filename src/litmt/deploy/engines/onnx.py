@@ -53,6 +53,7 @@ from litmt.deploy.export.onnx import (
     OPSET,
     cache_names,
     export_onnx,
+    import_onnx,
     import_onnxruntime,
     is_current_onnx_dir,
     is_onnx_dir,
@@ -158,8 +159,8 @@ def reorder_graph(names: list[str], heads: int, head_dim: int) -> bytes:
     """A serialized ONNX graph that gathers rows: ``beam_index`` int64 (R,) and the caches
     `names` float32 (R0, heads, P, head_dim) -> ``gathered_<name>`` (R, heads, P, head_dim),
     row r being row ``beam_index[r]`` (one ``Gather`` per cache)."""
-    import onnx
-    from onnx import TensorProto, helper
+    onnx = import_onnx()
+    TensorProto, helper = onnx.TensorProto, onnx.helper
 
     def cache(name: str, rows: str) -> Any:
         return helper.make_tensor_value_info(

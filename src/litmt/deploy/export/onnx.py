@@ -89,6 +89,7 @@ SHARE_MIN_BYTES = 4096  # smaller equal initializers stay in each graph
 ONNX_QUANTIZATIONS = ("none", "int8")
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
 ENCODER_INPUTS = ["src_ids"]
+ONNX_MISSING = "format=onnx and engine=onnx need onnx and onnxruntime: pip install 'litmt[onnx]'"
 
 
 def cache_names(layers: int) -> dict[str, list[str]]:
@@ -132,10 +133,17 @@ def import_onnxruntime() -> Any:
     try:
         import onnxruntime
     except ImportError as exc:
-        raise ExportError(
-            "format=onnx and engine=onnx need onnx and onnxruntime: pip install 'litmt[onnx]'"
-        ) from exc
+        raise ExportError(ONNX_MISSING) from exc
     return onnxruntime
+
+
+def import_onnx() -> Any:
+    """The onnx module, or `ExportError` saying how to install it."""
+    try:
+        import onnx
+    except ImportError as exc:
+        raise ExportError(ONNX_MISSING) from exc
+    return onnx
 
 
 def check_onnx_exportable(config: Any) -> None:
@@ -398,6 +406,7 @@ __all__ = [
     "check_onnx_exportable",
     "export_onnx",
     "graph_names",
+    "import_onnx",
     "import_onnxruntime",
     "is_current_onnx_dir",
     "is_onnx_dir",

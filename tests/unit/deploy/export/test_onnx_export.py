@@ -5,6 +5,7 @@ config.json and the refusals."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,16 @@ def test_greedy_never_gathers_and_beams_do(ckpt, onnx_dir):
     assert spy.runs == 0
     _assert_parity(torch_engine, onnx_engine, sources, beam_size=3)
     assert spy.runs > 0
+
+
+def test_engine_without_onnx_says_how_to_install_it(onnx_dir, monkeypatch):
+    """engine=onnx builds its reorder graph with onnx: without the package, one line says
+    which extra to install."""
+    monkeypatch.setitem(sys.modules, "onnx", None)  # `import onnx` raises ImportError
+    with pytest.raises(
+        ExportError, match=r"need onnx and onnxruntime: pip install 'litmt\[onnx\]'"
+    ):
+        OnnxTranslator(onnx_dir, threads=1)
 
 
 def test_beams_read_their_sentence_once(ckpt, onnx_dir):
