@@ -18,8 +18,8 @@ layer) stay onnxruntime values (`OrtValue`) and are bound as the next step's
 ``self_k_i``/``self_v_i`` as they are. A beam search's reorder only composes the rows the
 next step continues (`OnnxState.reorder`); that step first gathers them, in a one-``Gather``
 onnxruntime session of its own (`OnnxStepModel.reorder_past`, whose arena reuses its
-buffers), so a search whose rows never move (greedy, sampling) copies the cache only in the
-step's ``Concat``. The source side (the
+buffers), so a search whose rows do not move (sampling; greedy between the steps where it
+drops finished rows) copies the cache only in the step's ``Concat``. The source side (the
 source ids, the cross-attention keys and values) is kept once per sentence for all its beams,
 and the graph reads it once for them (`OnnxState.group`). The inputs that live in torch
 (tokens, the source side) are bound by their memory, without a copy; only the logits (R, V)

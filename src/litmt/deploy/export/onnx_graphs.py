@@ -20,8 +20,8 @@ Four more choices keep the runtime's work and the files small:
   of the cache a step makes is the new position's ``Concat``. A search that moves rows (a
   beam search's reorder, rows dropped) gathers the past itself, and only at the steps that
   move them (`litmt.deploy.engines.onnx.OnnxStepModel.reorder_past`, the page's
-  ``gatherRows``), so greedy search and sampling copy the cache once per step, not twice
-  (format 5 gathered every step inside the graph, by a ``beam_index`` input).
+  ``nextPast``), so a step whose rows did not move copies the cache once, not twice (format 5
+  gathered at every step inside the graph, by a ``beam_index`` input).
 - The output projection is a ``Gemm`` reading the (V, C) weight as stored (``transB``), so a
   tied output projection is the target embedding's own initializer, not a transposed copy
   (`litmt.deploy.export.onnx` then stores the weights both graphs share once).

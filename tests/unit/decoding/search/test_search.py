@@ -111,6 +111,38 @@ def test_beam_size_one_equals_greedy(seed):
     assert decode(model, src, DecodeConfig(beam_size=1)) == [[h] for h in greedy]
 
 
+def test_greedy_drops_finished_rows_without_changing_outputs(monkeypatch):
+    """Greedy search drops finished rows from the state once DROP_FINISHED_SHARE of the live
+    rows are done: the steps run on fewer rows, and every output, log-probability and score
+    (with prefixes, min_len and budgets indexed by sentence) is the one without the drop."""
+    import litmt.decoding.search.greedy as greedy
+
+    model = tiny_model(4)
+    src = sources(8, seed=12)
+    options = dict(max_len_a=1.0, max_len_b=6, min_len=2, prefixes=[[5], [], [7, 8]] + [[]] * 5)
+    rows: list[int] = []
+    step = model.decode_step
+
+    def counting(tokens, state):
+        rows.append(tokens.numel())
+        return step(tokens, state)
+
+    monkeypatch.setattr(model, "decode_step", counting)
+    dropped = greedy_search(model, src, **options)
+    assert rows[0] == 8 and min(rows) < 8  # rows were dropped on the way
+    assert rows == sorted(rows, reverse=True)
+    rows.clear()
+    monkeypatch.setattr(greedy, "DROP_FINISHED_SHARE", 2.0)  # never
+    kept = greedy_search(model, src, **options)
+    assert set(rows) == {8}
+    assert len({len(h.tokens) for h in kept}) > 1, "outputs should end at varied lengths"
+    for a, b in zip(dropped, kept, strict=True):
+        assert a.tokens == b.tokens
+        assert a.log_prob == pytest.approx(b.log_prob, abs=1e-5)
+        assert a.score == pytest.approx(b.score, abs=1e-5)
+    assert kept[0].tokens[:1] == [5] and kept[2].tokens[:2] == [7, 8]
+
+
 # Decoder self-attention kernels with their own decode state: local keeps a window of 2
 # keys (shorter than the outputs), linear keeps running sums; sdpa keeps every K/V.
 DECODER_SELF = {

@@ -148,15 +148,25 @@ def test_only_moved_rows_are_gathered(ckpt, onnx_dir):
             assert state.moved == (t in (2, 4))
 
 
-def test_greedy_never_gathers_and_beams_do(ckpt, onnx_dir):
-    """A search whose rows never move (greedy) runs no reorder; beam search does, and
-    still gives the torch engine's outputs."""
+def test_only_searches_that_move_rows_gather(ckpt, onnx_dir, monkeypatch):
+    """A search whose rows never move (sampling; greedy that keeps its finished rows) runs
+    no reorder; greedy that drops finished rows and beam search do, and still give the
+    torch engine's outputs."""
+    import litmt.decoding.search.greedy as greedy
+
     torch_engine = Translator.from_checkpoint(ckpt, device="cpu")
     onnx_engine = OnnxTranslator(onnx_dir, threads=1)
     onnx_engine.step_model.reorder = spy = _CountingSession(onnx_engine.step_model.reorder)
     sources = _sources(torch_engine, held_sentences(20))
-    _assert_parity(torch_engine, onnx_engine, sources, beam_size=1)
+    onnx_engine.search_ids(sources, method="sample", seed=3)
     assert spy.runs == 0
+    with monkeypatch.context() as patch:
+        patch.setattr(greedy, "DROP_FINISHED_SHARE", 2.0)  # never
+        _assert_parity(torch_engine, onnx_engine, sources, beam_size=1)
+    assert spy.runs == 0
+    _assert_parity(torch_engine, onnx_engine, sources, beam_size=1)
+    assert spy.runs > 0
+    spy.runs = 0
     _assert_parity(torch_engine, onnx_engine, sources, beam_size=3)
     assert spy.runs > 0
 
