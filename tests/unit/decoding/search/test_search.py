@@ -118,7 +118,7 @@ def test_greedy_drops_finished_rows_without_changing_outputs(monkeypatch):
     import litmt.decoding.search.greedy as greedy
 
     model = tiny_model(4)
-    src = sources(8, seed=12)
+    src = sources(8, seed=12).flip(0)  # the longest last: the live rows are not a prefix
     options = dict(max_len_a=1.0, max_len_b=6, min_len=2, prefixes=[[5], [], [7, 8]] + [[]] * 5)
     rows: list[int] = []
     step = model.decode_step
