@@ -96,8 +96,7 @@ class OnnxState:
         past: 2L values (R0, H, P, D): the self-attention cache as the last step left it
             (onnxruntime values; empty before the first step).
         beam_index: (R,) the row of `past` each row continues (the next step gathers them
-            when `moved`).
-        moved: whether `beam_index` is other than the rows of `past` in their order.
+            when they `moved`).
         group: G = R / N, the rows of each source: rows n * G ... n * G + G - 1 read source n
             (a beam search's beams; 1 when rows and sources are one to one).
     """
@@ -107,7 +106,6 @@ class OnnxState:
     past: list[Any]
     beam_index: Tensor
     group: int = 1
-    moved: bool = False
     # the decoder's IOBinding, reused step to step, and the numpy views of the source side
     # bound in it (None: bind them again at the next step, after the source side changed)
     binding: Any = field(default=None, repr=False)
@@ -125,12 +123,6 @@ class OnnxState:
         they are the same sources in the same order); otherwise each row gets its own copy
         of its source (`group` = 1)."""
         self.beam_index = self.beam_index.index_select(0, index)
-        if self.past:
-            rows = self.beam_index.numel()
-            same = rows == self.past[0].shape()[0] and torch.equal(
-                self.beam_index, torch.arange(rows)
-            )
-            self.moved = not same
         if not cross:
             return
         source = torch.div(index, self.group, rounding_mode="floor")  # (R',) old source ids
@@ -139,6 +131,16 @@ class OnnxState:
             self.src_ids = self.src_ids.index_select(0, keep)
             self.cross = [t.index_select(0, keep) for t in self.cross]
             self.source_bound = None
+
+    @property
+    def moved(self) -> bool:
+        """Whether the rows are other than the rows of `past` in their order (so the next step
+        gathers them); False before the first step."""
+        if not self.past:
+            return False
+        rows = self.beam_index.numel()
+        same_rows = rows == self.past[0].shape()[0]
+        return not (same_rows and torch.equal(self.beam_index, torch.arange(rows)))
 
 
 def _source_runs(source: Tensor) -> tuple[Tensor, int]:
@@ -263,7 +265,7 @@ class OnnxStepModel:
             binding.bind_output(name, "cpu")
         self.decoder.run_with_iobinding(binding)
         logits, *state.past = binding.get_outputs()
-        state.beam_index, state.moved = torch.arange(tokens.numel()), False
+        state.beam_index = torch.arange(tokens.numel())
         return torch.from_numpy(logits.numpy())
 
     def reorder_past(self, state: OnnxState) -> list[Any]:

@@ -54,6 +54,7 @@ change; other quantizations.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import warnings
@@ -128,22 +129,22 @@ def _dynamic_axes(layers: int) -> tuple[dict[str, dict[int, str]], dict[str, dic
     return encoder, decoder
 
 
-def import_onnxruntime() -> Any:
-    """The onnxruntime module, or `ExportError` saying how to install it."""
+def _import_required(name: str) -> Any:
+    """Module `name` of the ``onnx`` extra, or `ExportError` saying how to install it."""
     try:
-        import onnxruntime
+        return importlib.import_module(name)
     except ImportError as exc:
         raise ExportError(ONNX_MISSING) from exc
-    return onnxruntime
+
+
+def import_onnxruntime() -> Any:
+    """The onnxruntime module, or `ExportError` saying how to install it."""
+    return _import_required("onnxruntime")
 
 
 def import_onnx() -> Any:
     """The onnx module, or `ExportError` saying how to install it."""
-    try:
-        import onnx
-    except ImportError as exc:
-        raise ExportError(ONNX_MISSING) from exc
-    return onnx
+    return _import_required("onnx")
 
 
 def check_onnx_exportable(config: Any) -> None:
@@ -276,7 +277,7 @@ def share_weights(directory: Path) -> bool:
 
     onnxruntime reads external data relative to the graph's file (python), or from the
     ``externalData`` session option (onnxruntime-web: the page passes the file's bytes)."""
-    import onnx
+    onnx = import_onnx()
     from onnx.external_data_helper import set_external_data
 
     graphs = {name: onnx.load(str(directory / name)) for name in (ENCODER_FILE, DECODER_FILE)}
